@@ -1,0 +1,152 @@
+//! Provider-neutral chat types. They mirror the OpenAI chat-completions shapes because that is
+//! the API every supported endpoint (OpenAI, Ollama, vLLM, llama.cpp, LiteLLM) speaks.
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// Who wrote a message in the conversation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    System,
+    User,
+    Assistant,
+    Tool,
+}
+
+/// One tool call requested by the model. `arguments` is the raw JSON text the model produced:
+/// it is untrusted and is parsed and validated by the tool layer, never here.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCall {
+    pub id: String,
+    pub name: String,
+    pub arguments: String,
+}
+
+/// One message of the conversation. Content is an `Arc<str>` so that a transcript can be handed
+/// to every model call of a turn without copying its text.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Message {
+    pub role: Role,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<Arc<str>>,
+    /// The agent that wrote an assistant message (OpenAI's `name` field).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<Arc<str>>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    /// For `Role::Tool`: the id of the call this message answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+}
+
+impl Message {
+    /// A message with text content and nothing else.
+    pub fn text(role: Role, content: impl Into<Arc<str>>) -> Self {
+        Self { role, content: Some(content.into()), name: None, tool_calls: Vec::new(), tool_call_id: None }
+    }
+
+    /// An assistant message written by `agent`.
+    pub fn assistant(agent: impl Into<Arc<str>>, content: impl Into<Arc<str>>) -> Self {
+        Self { name: Some(agent.into()), ..Self::text(Role::Assistant, content) }
+    }
+
+    /// The result of tool call `call_id`, as the model will read it.
+    pub fn tool_result(call_id: impl Into<String>, content: impl Into<Arc<str>>) -> Self {
+        Self { tool_call_id: Some(call_id.into()), ..Self::text(Role::Tool, content) }
+    }
+
+    /// The text content, or "" when there is none (e.g. a pure tool-call message).
+    pub fn content_str(&self) -> &str {
+        self.content.as_deref().unwrap_or("")
+    }
+}
+
+/// A tool offered to the model (OpenAI function-calling shape).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolSpec {
+    pub name: String,
+    pub description: String,
+    /// JSON Schema of the arguments.
+    pub parameters: Value,
+}
+
+/// How the model may use the offered tools.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolChoice {
+    Auto,
+    None,
+    Required,
+    /// Force one named tool.
+    Function(String),
+}
+
+/// Ask for output that matches a JSON Schema (OpenAI `response_format: json_schema`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ResponseFormat {
+    pub name: String,
+    pub schema: Value,
+    pub strict: bool,
+}
+
+/// Everything one model call needs. `agent` is metadata for routing, logs and the scripted
+/// model; it is not sent to the provider.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatRequest {
+    pub agent: String,
+    /// Model name; `None` uses the client's configured default.
+    pub model: Option<String>,
+    pub messages: Vec<Message>,
+    pub tools: Vec<ToolSpec>,
+    pub tool_choice: Option<ToolChoice>,
+    pub response_format: Option<ResponseFormat>,
+    pub temperature: Option<f32>,
+    /// Ask the provider to stream; deltas go to the sink passed to `ChatModel::complete`.
+    pub stream: bool,
+}
+
+impl ChatRequest {
+    /// A request for `agent` over `messages` with no tools, format or overrides.
+    pub fn new(agent: impl Into<String>, messages: Vec<Message>) -> Self {
+        Self {
+            agent: agent.into(),
+            model: None,
+            messages,
+            tools: Vec::new(),
+            tool_choice: None,
+            response_format: None,
+            temperature: None,
+            stream: false,
+        }
+    }
+}
+
+/// Token counts reported by the provider for one call.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+}
+
+impl Usage {
+    pub fn total(&self) -> u64 {
+        self.prompt_tokens + self.completion_tokens
+    }
+}
+
+/// The model's answer to one request: one assistant message (text, tool calls, or both).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatResponse {
+    pub message: Message,
+    pub usage: Usage,
+    pub finish_reason: Option<String>,
+    /// The model that answered, as the provider named it.
+    pub model: String,
+}
+
+/// Receives streamed text fragments as they arrive. Tool-call argument fragments are not
+/// passed here: they are assembled into the final `ChatResponse`.
+pub type DeltaSink = Box<dyn FnMut(&str) + Send>;

@@ -1,1 +1,26 @@
-//! tessera-engine
+//! The Tessera engine: chat actors exchanging typed messages.
+//!
+//! - [`ChatSession`](session::ChatSession), one per chat, owns its state and event log.
+//! - [`AgentRunner`](runner::AgentRunner) drives one agent turn ([`turn::TurnMachine`], pure).
+//! - [`AutoToolHandler`](auto_tool::AutoToolHandler) invokes UI tools for structured output.
+//! - [`DedupCache`](dedup::DedupCache) makes every tool run at most once per turn.
+//! - [`UiCorrelator`](correlator::UiCorrelator) owns the browser round trips.
+//!
+//! State lives in the actor that owns it: no locks around engine state.
+
+pub mod auto_tool;
+mod config;
+pub mod correlator;
+pub mod dedup;
+pub mod engine;
+mod error;
+pub mod events;
+pub mod plan;
+pub mod runner;
+pub mod secrets;
+pub mod session;
+pub mod turn;
+
+pub use config::{DisconnectPolicy, EngineConfig};
+pub use engine::{ChatHandle, Engine, NewChat, Shard};
+pub use error::EngineError;

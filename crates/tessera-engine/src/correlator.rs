@@ -1,0 +1,259 @@
+//! `UiCorrelator`: the spec's `use_ui_tool` plus the transport's pending futures, as an actor.
+//!
+//! A UI call is registered under an unguessable correlation id (`corr`), announced to the
+//! browser with `chat.tool_call` (`awaiting_response: true`), and ended by exactly one of: the
+//! matching answer, its timeout, a cancel, or (by policy) a disconnect. An answer for an
+//! unknown or already-resolved corr, or one arriving on another chat, changes nothing.
+
+use std::collections::HashMap;
+use std::num::NonZeroUsize;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use lru::LruCache;
+use serde_json::{Value, json};
+use tessera_protocol::{PendingUiCall, ServerEvent};
+use tokio::sync::oneshot;
+
+use crate::config::DisconnectPolicy;
+use crate::session::Publish;
+
+/// How a UI wait ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum UiOutcome {
+    /// The browser answered (the response object, contract-checked).
+    Answered(Value),
+    /// Nobody answered in time.
+    TimedOut(Duration),
+    /// The chat cancelled the call.
+    Cancelled,
+    /// The client went away and the policy says fail.
+    Disconnected,
+}
+
+/// Why an answer was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CorrelationError {
+    #[error("no UI call is waiting under this correlation id")]
+    Unknown,
+    #[error("this UI call was already answered")]
+    AlreadyResolved,
+    /// Reported to the client exactly like `Unknown`, so ids of other chats cannot be probed.
+    #[error("no UI call is waiting under this correlation id")]
+    ForeignChat,
+    #[error("invalid tool response: {0}")]
+    InvalidResponse(String),
+}
+
+/// Register a UI call and wait for its end. Resolves when the call ends.
+#[derive(Message)]
+#[rtype(result = "UiOutcome")]
+pub struct AwaitUiResponse {
+    pub chat_id: Arc<str>,
+    pub call: PendingUiCall,
+    pub timeout: Option<Duration>,
+    /// Where `chat.tool_call` is published (the chat's session).
+    pub publish: Recipient<Publish>,
+}
+
+/// A browser's answer to `corr`, received on chat `chat_id`.
+#[derive(Message)]
+#[rtype(result = "Result<(), CorrelationError>")]
+pub struct ResolveUiCall {
+    pub chat_id: Arc<str>,
+    pub corr: String,
+    pub response: Value,
+}
+
+/// End every pending call of a chat with `Cancelled`.
+#[derive(Message)]
+#[rtype(result = "usize")]
+pub struct CancelUiCalls {
+    pub chat_id: Arc<str>,
+}
+
+/// The chat's last client went away.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ChatDisconnected {
+    pub chat_id: Arc<str>,
+}
+
+/// The pending UI calls of a chat, oldest first.
+#[derive(Message)]
+#[rtype(result = "Vec<PendingUiCall>")]
+pub struct ListPendingUiCalls {
+    pub chat_id: Arc<str>,
+}
+
+struct Pending {
+    chat_id: Arc<str>,
+    call: PendingUiCall,
+    reply: oneshot::Sender<UiOutcome>,
+    timer: Option<SpawnHandle>,
+    order: u64,
+}
+
+/// Owns every UI wait of the chats on its arbiter.
+pub struct UiCorrelator {
+    pending: HashMap<String, Pending>,
+    /// Recently resolved ids, to tell "already answered" from "never existed".
+    resolved: LruCache<String, Arc<str>>,
+    policy: DisconnectPolicy,
+    counter: u64,
+}
+
+impl UiCorrelator {
+    /// A correlator with the given disconnect policy.
+    pub fn new(policy: DisconnectPolicy) -> Self {
+        let capacity = NonZeroUsize::new(4096).unwrap_or(NonZeroUsize::MIN);
+        Self {
+            pending: HashMap::new(),
+            resolved: LruCache::new(capacity),
+            policy,
+            counter: 0,
+        }
+    }
+
+    /// A fresh, unguessable correlation id (122 random bits).
+    pub fn new_corr() -> String {
+        format!("ui_{}", uuid::Uuid::new_v4().simple())
+    }
+
+    fn finish(&mut self, corr: &str, outcome: UiOutcome, ctx: &mut Context<Self>) -> bool {
+        let Some(pending) = self.pending.remove(corr) else {
+            return false;
+        };
+        if let Some(timer) = pending.timer {
+            ctx.cancel_future(timer);
+        }
+        self.resolved.put(corr.to_owned(), pending.chat_id);
+        // The waiter may be gone (its turn was cancelled); nothing else to do then.
+        let _ = pending.reply.send(outcome);
+        true
+    }
+
+    fn corrs_of(&self, chat_id: &str) -> Vec<String> {
+        let mut corrs: Vec<(u64, &String)> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| &*p.chat_id == chat_id)
+            .map(|(c, p)| (p.order, c))
+            .collect();
+        corrs.sort_unstable();
+        corrs.into_iter().map(|(_, c)| c.clone()).collect()
+    }
+}
+
+impl Actor for UiCorrelator {
+    type Context = Context<Self>;
+}
+
+/// The `chat.tool_call` a browser renders (UI form, `ui_tool_pipeline.md` phase 3).
+pub fn ui_tool_call_event(call: &PendingUiCall) -> ServerEvent {
+    ServerEvent::ToolCall(json!({
+        "kind": "tool_call",
+        "tool_name": call.tool_name,
+        "component_type": call.component_type,
+        "agent": call.agent,
+        "payload": call.payload,
+        "corr": call.corr,
+        "awaiting_response": true,
+        "display": call.display,
+        "timeout_s": call.timeout_s,
+    }))
+}
+
+impl Handler<AwaitUiResponse> for UiCorrelator {
+    type Result = ResponseFuture<UiOutcome>;
+
+    fn handle(&mut self, msg: AwaitUiResponse, ctx: &mut Self::Context) -> Self::Result {
+        let (reply, wait) = oneshot::channel();
+        let corr = msg.call.corr.clone();
+        let timer = msg.timeout.map(|after| {
+            let corr = corr.clone();
+            ctx.run_later(after, move |act, ctx| {
+                tracing::info!(corr = %corr, "UI tool wait timed out");
+                act.finish(&corr, UiOutcome::TimedOut(after), ctx);
+            })
+        });
+        msg.publish.do_send(Publish(ui_tool_call_event(&msg.call)));
+        self.counter += 1;
+        self.pending.insert(
+            corr,
+            Pending {
+                chat_id: msg.chat_id,
+                call: msg.call,
+                reply,
+                timer,
+                order: self.counter,
+            },
+        );
+        // A dropped sender (actor stopped) reads as a cancel.
+        Box::pin(async move { wait.await.unwrap_or(UiOutcome::Cancelled) })
+    }
+}
+
+impl Handler<ResolveUiCall> for UiCorrelator {
+    type Result = Result<(), CorrelationError>;
+
+    fn handle(&mut self, msg: ResolveUiCall, ctx: &mut Self::Context) -> Self::Result {
+        let Some(pending) = self.pending.get(&msg.corr) else {
+            return match self.resolved.get(&msg.corr) {
+                Some(owner) if *owner == msg.chat_id => Err(CorrelationError::AlreadyResolved),
+                Some(_) => {
+                    tracing::warn!(chat_id = %msg.chat_id, "tool response names a corr of another chat");
+                    Err(CorrelationError::ForeignChat)
+                }
+                None => Err(CorrelationError::Unknown),
+            };
+        };
+        if pending.chat_id != msg.chat_id {
+            // Logged without the payload: it may carry another user's secret.
+            tracing::warn!(chat_id = %msg.chat_id, "tool response names a corr of another chat");
+            return Err(CorrelationError::ForeignChat);
+        }
+        let response = tessera_tools::normalize_ui_response(&msg.response)
+            .map_err(CorrelationError::InvalidResponse)?;
+        self.finish(&msg.corr, UiOutcome::Answered(response), ctx);
+        Ok(())
+    }
+}
+
+impl Handler<CancelUiCalls> for UiCorrelator {
+    type Result = usize;
+
+    fn handle(&mut self, msg: CancelUiCalls, ctx: &mut Self::Context) -> usize {
+        let corrs = self.corrs_of(&msg.chat_id);
+        corrs
+            .iter()
+            .filter(|corr| self.finish(corr, UiOutcome::Cancelled, ctx))
+            .count()
+    }
+}
+
+impl Handler<ChatDisconnected> for UiCorrelator {
+    type Result = ();
+
+    fn handle(&mut self, msg: ChatDisconnected, ctx: &mut Self::Context) {
+        if self.policy == DisconnectPolicy::Fail {
+            for corr in self.corrs_of(&msg.chat_id) {
+                self.finish(&corr, UiOutcome::Disconnected, ctx);
+            }
+        }
+    }
+}
+
+impl Handler<ListPendingUiCalls> for UiCorrelator {
+    type Result = MessageResult<ListPendingUiCalls>;
+
+    fn handle(&mut self, msg: ListPendingUiCalls, _ctx: &mut Self::Context) -> Self::Result {
+        let calls = self
+            .corrs_of(&msg.chat_id)
+            .iter()
+            .filter_map(|corr| self.pending.get(corr).map(|p| p.call.clone()))
+            .collect();
+        MessageResult(calls)
+    }
+}

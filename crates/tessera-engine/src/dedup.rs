@@ -1,0 +1,195 @@
+//! `DedupCache`: turn idempotency. A key is `{chat_id}:{turn_idempotency_key}` (or, for agent
+//! tools, `{chat_id}:{invocation_key}`), and a tool may run only after its key was claimed.
+//!
+//! The original runtime checks the key before running the tool and records it only after, so
+//! two concurrent duplicates both run. Here the claim *is* the check: one message, handled
+//! atomically by this actor, marks the key in flight before anything awaits. The LRU bounds
+//! memory; a [`DedupRecordStore`] (the store's durable records) can stand behind it so a claim
+//! survives restarts.
+
+use std::num::NonZeroUsize;
+use std::sync::Arc;
+
+use actix::prelude::*;
+use futures::future::BoxFuture;
+use lru::LruCache;
+
+/// The answer to a claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClaimOutcome {
+    /// The caller owns the key and must run the tool, then send [`CompleteKey`].
+    Claimed,
+    /// Another invocation holds the key and is still running.
+    InFlight,
+    /// The key already ran to completion.
+    Completed,
+    /// A durable record says the tool started but never completed (a crash): it must be
+    /// reported as interrupted, never silently re-run.
+    Interrupted,
+}
+
+impl ClaimOutcome {
+    /// True when the caller may run the tool.
+    pub fn is_claimed(self) -> bool {
+        self == Self::Claimed
+    }
+}
+
+/// A durable record of tool invocations behind the cache (the store implements it).
+pub trait DedupRecordStore: Send + Sync + 'static {
+    /// Inserts the record `started` unless one exists; says which.
+    fn claim(&self, key: &str) -> BoxFuture<'static, Result<ClaimOutcome, String>>;
+    /// Marks the record completed.
+    fn complete(&self, key: &str) -> BoxFuture<'static, Result<(), String>>;
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum KeyState {
+    InFlight,
+    Completed,
+}
+
+/// Claim `key` before running a tool.
+#[derive(Message)]
+#[rtype(result = "ClaimOutcome")]
+pub struct ClaimKey(pub String);
+
+/// The tool of `key` finished (whatever its result).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct CompleteKey(pub String);
+
+/// The bounded idempotency cache actor.
+pub struct DedupCache {
+    keys: LruCache<String, KeyState>,
+    durable: Option<Arc<dyn DedupRecordStore>>,
+}
+
+impl DedupCache {
+    /// A cache remembering up to `capacity` keys, optionally backed by durable records.
+    pub fn new(capacity: usize, durable: Option<Arc<dyn DedupRecordStore>>) -> Self {
+        let capacity = NonZeroUsize::new(capacity).unwrap_or(NonZeroUsize::MIN);
+        Self {
+            keys: LruCache::new(capacity),
+            durable,
+        }
+    }
+}
+
+impl Actor for DedupCache {
+    type Context = Context<Self>;
+}
+
+impl Handler<ClaimKey> for DedupCache {
+    type Result = ResponseFuture<ClaimOutcome>;
+
+    fn handle(&mut self, ClaimKey(key): ClaimKey, _ctx: &mut Self::Context) -> Self::Result {
+        if let Some(state) = self.keys.get(&key) {
+            let outcome = match state {
+                KeyState::InFlight => ClaimOutcome::InFlight,
+                KeyState::Completed => ClaimOutcome::Completed,
+            };
+            tracing::warn!(key = %key, ?outcome, "duplicate tool invocation suppressed");
+            return Box::pin(async move { outcome });
+        }
+        // Claimed here, synchronously: a duplicate handled after this line sees InFlight.
+        self.keys.put(key.clone(), KeyState::InFlight);
+        match &self.durable {
+            None => Box::pin(async { ClaimOutcome::Claimed }),
+            Some(store) => {
+                let claim = store.claim(&key);
+                Box::pin(async move {
+                    match claim.await {
+                        Ok(outcome) => outcome,
+                        Err(error) => {
+                            // Refuse rather than risk a second execution.
+                            tracing::error!(key = %key, %error, "durable dedup claim failed");
+                            ClaimOutcome::InFlight
+                        }
+                    }
+                })
+            }
+        }
+    }
+}
+
+impl Handler<CompleteKey> for DedupCache {
+    type Result = ();
+
+    fn handle(&mut self, CompleteKey(key): CompleteKey, ctx: &mut Self::Context) {
+        if let Some(store) = &self.durable {
+            let done = store.complete(&key);
+            let log_key = key.clone();
+            ctx.spawn(
+                async move {
+                    if let Err(error) = done.await {
+                        tracing::error!(key = %log_key, %error, "durable dedup completion failed");
+                    }
+                }
+                .into_actor(self),
+            );
+        }
+        self.keys.put(key, KeyState::Completed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[actix::test]
+    async fn second_claim_of_a_key_is_refused() {
+        let cache = DedupCache::new(8, None).start();
+        assert_eq!(
+            cache.send(ClaimKey("c:t1".into())).await.ok(),
+            Some(ClaimOutcome::Claimed)
+        );
+        assert_eq!(
+            cache.send(ClaimKey("c:t1".into())).await.ok(),
+            Some(ClaimOutcome::InFlight)
+        );
+        cache.do_send(CompleteKey("c:t1".into()));
+        assert_eq!(
+            cache.send(ClaimKey("c:t1".into())).await.ok(),
+            Some(ClaimOutcome::Completed)
+        );
+        assert_eq!(
+            cache.send(ClaimKey("c:t2".into())).await.ok(),
+            Some(ClaimOutcome::Claimed)
+        );
+    }
+
+    #[actix::test]
+    async fn concurrent_claims_yield_exactly_one_owner() {
+        let cache = DedupCache::new(8, None).start();
+        let claims: Vec<_> = (0..50)
+            .map(|_| cache.send(ClaimKey("c:same".into())))
+            .collect();
+        let outcomes = futures::future::join_all(claims).await;
+        let owners = outcomes
+            .iter()
+            .filter(|o| matches!(o, Ok(ClaimOutcome::Claimed)))
+            .count();
+        assert_eq!(owners, 1);
+    }
+
+    #[actix::test]
+    async fn capacity_bounds_memory_by_evicting_oldest() {
+        let cache = DedupCache::new(2, None).start();
+        for key in ["a", "b", "c"] {
+            assert_eq!(
+                cache.send(ClaimKey(key.into())).await.ok(),
+                Some(ClaimOutcome::Claimed)
+            );
+        }
+        // "a" was evicted, so it can be claimed again; "c" is still remembered.
+        assert_eq!(
+            cache.send(ClaimKey("a".into())).await.ok(),
+            Some(ClaimOutcome::Claimed)
+        );
+        assert_eq!(
+            cache.send(ClaimKey("c".into())).await.ok(),
+            Some(ClaimOutcome::InFlight)
+        );
+    }
+}

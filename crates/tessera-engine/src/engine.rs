@@ -1,0 +1,175 @@
+//! The [`Engine`] handle: compiled workflows, one [`Shard`] of helper actors per arbiter, and
+//! chat creation. Chats are spread round-robin over the arbiters (one per core); a chat's
+//! runner, dedup cache, correlator and auto-tool handler live on the chat's own arbiter, so
+//! every hop of a turn is a local mailbox send.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use actix::prelude::*;
+use serde_json::{Map, Value};
+use tessera_llm::ChatModel;
+use tessera_manifest::Workflow;
+use tessera_tools::BuiltinRegistry;
+
+use crate::auto_tool::AutoToolHandler;
+use crate::correlator::UiCorrelator;
+use crate::dedup::{DedupCache, DedupRecordStore};
+use crate::plan::CompiledWorkflow;
+use crate::session::{ChatIdentity, ChatSession};
+use crate::{EngineConfig, EngineError};
+
+/// The helper actors of one arbiter.
+#[derive(Clone)]
+pub struct Shard {
+    pub arbiter: ArbiterHandle,
+    pub dedup: Addr<DedupCache>,
+    pub correlator: Addr<UiCorrelator>,
+    pub auto_tools: Addr<AutoToolHandler>,
+}
+
+impl Shard {
+    /// Starts a shard's actors on `arbiter`.
+    pub fn start(
+        arbiter: ArbiterHandle,
+        config: &EngineConfig,
+        durable: Option<Arc<dyn DedupRecordStore>>,
+    ) -> Self {
+        let capacity = config.dedup_capacity;
+        let policy = config.disconnect_policy;
+        let ui_timeout = config.ui_timeout;
+        let dedup =
+            DedupCache::start_in_arbiter(&arbiter, move |_| DedupCache::new(capacity, durable));
+        let correlator =
+            UiCorrelator::start_in_arbiter(&arbiter, move |_| UiCorrelator::new(policy));
+        let (d, c) = (dedup.clone(), correlator.clone());
+        let auto_tools = AutoToolHandler::start_in_arbiter(&arbiter, move |_| {
+            AutoToolHandler::new(d, c, ui_timeout)
+        });
+        Self {
+            arbiter,
+            dedup,
+            correlator,
+            auto_tools,
+        }
+    }
+}
+
+/// What a new chat needs.
+#[derive(Debug, Clone)]
+pub struct NewChat {
+    pub tenant: String,
+    pub user: String,
+    pub workflow: String,
+    /// Initial values for declared context variables.
+    pub context: Map<String, Value>,
+    /// A chosen id (e.g. when rehydrating); a fresh one otherwise.
+    pub chat_id: Option<String>,
+}
+
+/// A started chat.
+#[derive(Clone)]
+pub struct ChatHandle {
+    pub identity: ChatIdentity,
+    pub workflow: String,
+    pub addr: Addr<ChatSession>,
+}
+
+struct EngineInner {
+    workflows: BTreeMap<String, Arc<CompiledWorkflow>>,
+    shards: Vec<Shard>,
+    next: AtomicUsize,
+    config: Arc<EngineConfig>,
+    _arbiters: Vec<Arbiter>,
+}
+
+/// A cheap-to-clone handle on the running engine. Must be created inside an actix `System`.
+#[derive(Clone)]
+pub struct Engine {
+    inner: Arc<EngineInner>,
+}
+
+impl Engine {
+    /// Compiles `workflows` (each with the model its chats use) and starts one shard per
+    /// arbiter.
+    pub fn start(
+        workflows: Vec<(Workflow, Arc<dyn ChatModel>)>,
+        builtins: &BuiltinRegistry,
+        config: EngineConfig,
+        durable: Option<Arc<dyn DedupRecordStore>>,
+    ) -> Result<Self, EngineError> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(std::time::Duration::from_secs(5))
+            .build()
+            .map_err(|e| EngineError::Workflow(format!("cannot build the HTTP client: {e}")))?;
+        let mut compiled = BTreeMap::new();
+        for (workflow, model) in workflows {
+            let name = workflow.name.clone();
+            let wf =
+                CompiledWorkflow::compile(workflow, model, builtins, &http, config.tool_timeout)?;
+            compiled.insert(name, Arc::new(wf));
+        }
+        let count = if config.arbiters == 0 {
+            std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+        } else {
+            config.arbiters
+        };
+        let arbiters: Vec<Arbiter> = (0..count).map(|_| Arbiter::new()).collect();
+        let shards = arbiters
+            .iter()
+            .map(|a| Shard::start(a.handle(), &config, durable.clone()))
+            .collect();
+        Ok(Self {
+            inner: Arc::new(EngineInner {
+                workflows: compiled,
+                shards,
+                next: AtomicUsize::new(0),
+                config: Arc::new(config),
+                _arbiters: arbiters,
+            }),
+        })
+    }
+
+    /// Starts a chat on the next arbiter.
+    pub fn start_chat(&self, new: NewChat) -> Result<ChatHandle, EngineError> {
+        let wf = self
+            .inner
+            .workflows
+            .get(&new.workflow)
+            .cloned()
+            .ok_or_else(|| EngineError::UnknownWorkflow(new.workflow.clone()))?;
+        let index = self.inner.next.fetch_add(1, Ordering::Relaxed) % self.inner.shards.len();
+        let shard = self.inner.shards[index].clone();
+        let chat_id: Arc<str> = Arc::from(
+            new.chat_id
+                .unwrap_or_else(|| format!("chat_{}", uuid::Uuid::new_v4().simple())),
+        );
+        let identity = ChatIdentity {
+            chat_id,
+            tenant: Arc::from(new.tenant),
+            user: Arc::from(new.user),
+        };
+        let config = self.inner.config.clone();
+        let (id, context) = (identity.clone(), new.context);
+        let arbiter = shard.arbiter.clone();
+        let addr = ChatSession::start_in_arbiter(&arbiter, move |_| {
+            ChatSession::new(id, wf, shard, config, context)
+        });
+        Ok(ChatHandle {
+            identity,
+            workflow: new.workflow,
+            addr,
+        })
+    }
+
+    /// The compiled workflows, by name.
+    pub fn workflows(&self) -> impl Iterator<Item = &Arc<CompiledWorkflow>> {
+        self.inner.workflows.values()
+    }
+
+    /// The engine's configuration.
+    pub fn config(&self) -> &EngineConfig {
+        &self.inner.config
+    }
+}

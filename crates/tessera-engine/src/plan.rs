@@ -1,0 +1,252 @@
+//! Workflows prepared for running: everything a turn needs is resolved once at start-up
+//! (tool implementations, argument schemas, tool specs for the model, output validators), so
+//! the hot path never parses a manifest or compiles a schema.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Map, Value};
+use tessera_llm::{ChatModel, ToolSpec};
+use tessera_manifest::{Agent, CompiledModel, ToolCalling, ToolDef, ToolImpl, ToolType, Workflow};
+use tessera_tools::{ArgSchema, BuiltinRegistry, HttpTool, Tool};
+
+use crate::EngineError;
+
+/// How an agent calls tools.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ToolCallingMode {
+    /// OpenAI function calling.
+    Native,
+    /// The text protocol of `structured_tool_loop.md`.
+    Json,
+}
+
+/// An agent tool ready to run.
+pub struct PlannedTool {
+    pub name: Arc<str>,
+    pub args: ArgSchema,
+    pub exec: Arc<dyn Tool>,
+    pub timeout: Duration,
+}
+
+impl std::fmt::Debug for PlannedTool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PlannedTool")
+            .field("name", &self.name)
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
+/// An agent's output model.
+#[derive(Debug, Clone)]
+pub struct OutputPlan {
+    pub model_name: Arc<str>,
+    pub model: CompiledModel,
+}
+
+/// One agent, prepared.
+#[derive(Debug)]
+pub struct AgentPlan {
+    pub name: Arc<str>,
+    pub system_message: String,
+    pub context_variables: Vec<String>,
+    pub model: Option<String>,
+    pub temperature: Option<f32>,
+    pub tool_calling: ToolCallingMode,
+    pub tools: Vec<PlannedTool>,
+    pub tool_specs: Vec<ToolSpec>,
+    /// The tool catalogue text appended to the system prompt in `json` mode.
+    pub json_mode_catalogue: Option<String>,
+    pub output: Option<OutputPlan>,
+    pub structured_required: bool,
+    pub auto_tool_mode: bool,
+    pub max_consecutive_auto_reply: u32,
+}
+
+impl AgentPlan {
+    /// The system prompt for a turn: the agent's message, the context variables it may read,
+    /// and in `json` mode the tool protocol.
+    pub fn system_prompt(&self, context: &Map<String, Value>) -> String {
+        let mut prompt = self.system_message.clone();
+        if !self.context_variables.is_empty() {
+            prompt.push_str("\n\n[CONTEXT VARIABLES]");
+            for name in &self.context_variables {
+                let value = context.get(name).unwrap_or(&Value::Null);
+                let _ = write!(prompt, "\n{name}: {value}");
+            }
+        }
+        if let Some(catalogue) = &self.json_mode_catalogue {
+            prompt.push_str("\n\n");
+            prompt.push_str(catalogue);
+        }
+        prompt
+    }
+}
+
+/// A workflow with all its agents prepared, and the model its chats use.
+pub struct CompiledWorkflow {
+    pub workflow: Arc<Workflow>,
+    pub agents: HashMap<String, Arc<AgentPlan>>,
+    pub model: Arc<dyn ChatModel>,
+    /// Executable pre-steps of UI tools (e.g. the bundle builder before FileDownloadCenter).
+    pub ui_presteps: HashMap<String, Arc<dyn Tool>>,
+}
+
+impl CompiledWorkflow {
+    /// Prepares `workflow`; fails when a tool's implementation cannot be resolved.
+    pub fn compile(
+        workflow: Workflow,
+        model: Arc<dyn ChatModel>,
+        builtins: &BuiltinRegistry,
+        http: &reqwest::Client,
+        default_tool_timeout: Duration,
+    ) -> Result<Self, EngineError> {
+        let mut agents = HashMap::new();
+        for agent in workflow.agents.values() {
+            let plan = plan_agent(&workflow, agent, builtins, http, default_tool_timeout)?;
+            agents.insert(agent.name.clone(), Arc::new(plan));
+        }
+        let mut ui_presteps = HashMap::new();
+        for tool in workflow
+            .tools
+            .iter()
+            .filter(|t| t.tool_type == ToolType::UiTool)
+        {
+            if let Some(implementation) = &tool.implementation {
+                let exec = resolve_exec(
+                    &workflow.name,
+                    tool,
+                    implementation,
+                    builtins,
+                    http,
+                    default_tool_timeout,
+                )?;
+                ui_presteps.insert(tool.function.clone(), exec);
+            }
+        }
+        Ok(Self {
+            workflow: Arc::new(workflow),
+            agents,
+            model,
+            ui_presteps,
+        })
+    }
+
+    /// The prepared agent `name`.
+    pub fn agent(&self, name: &str) -> Option<&Arc<AgentPlan>> {
+        self.agents.get(name)
+    }
+}
+
+fn plan_agent(
+    workflow: &Workflow,
+    agent: &Agent,
+    builtins: &BuiltinRegistry,
+    http: &reqwest::Client,
+    default_timeout: Duration,
+) -> Result<AgentPlan, EngineError> {
+    let mut tools = Vec::new();
+    let mut tool_specs = Vec::new();
+    for def in workflow.agent_tools_of(&agent.name) {
+        let Some(implementation) = &def.implementation else {
+            return Err(EngineError::Workflow(format!(
+                "{}: tool {} has no implementation",
+                workflow.name, def.function
+            )));
+        };
+        let exec = resolve_exec(
+            &workflow.name,
+            def,
+            implementation,
+            builtins,
+            http,
+            default_timeout,
+        )?;
+        let args = ArgSchema::new(&def.parameters).map_err(|e| {
+            EngineError::Workflow(format!("{}: tool {}: {e}", workflow.name, def.function))
+        })?;
+        tool_specs.push(ToolSpec {
+            name: def.function.clone(),
+            description: def.description.clone(),
+            parameters: (*def.parameters).clone(),
+        });
+        tools.push(PlannedTool {
+            name: Arc::from(def.function.as_str()),
+            args,
+            exec,
+            timeout: def
+                .timeout_s
+                .map(Duration::from_secs_f64)
+                .unwrap_or(default_timeout),
+        });
+    }
+    let tool_calling = match agent.tool_calling {
+        ToolCalling::Native => ToolCallingMode::Native,
+        ToolCalling::Json => ToolCallingMode::Json,
+    };
+    let json_mode_catalogue = (tool_calling == ToolCallingMode::Json && !tool_specs.is_empty())
+        .then(|| json_catalogue(&tool_specs));
+    let output = workflow
+        .output_model_of(&agent.name)
+        .map(|model: &CompiledModel| OutputPlan {
+            model_name: Arc::from(model.name.as_str()),
+            model: model.clone(),
+        });
+    Ok(AgentPlan {
+        name: Arc::from(agent.name.as_str()),
+        system_message: agent.system_message.clone(),
+        context_variables: agent.context_variables.clone(),
+        model: agent.model.clone(),
+        temperature: agent.temperature,
+        tool_calling,
+        tools,
+        tool_specs,
+        json_mode_catalogue,
+        output,
+        structured_required: agent.structured_outputs_required,
+        auto_tool_mode: agent.auto_tool_mode,
+        max_consecutive_auto_reply: agent.max_consecutive_auto_reply,
+    })
+}
+
+fn resolve_exec(
+    workflow: &str,
+    def: &ToolDef,
+    implementation: &ToolImpl,
+    builtins: &BuiltinRegistry,
+    http: &reqwest::Client,
+    default_timeout: Duration,
+) -> Result<Arc<dyn Tool>, EngineError> {
+    match implementation {
+        ToolImpl::Builtin { name } => builtins.get(name).ok_or_else(|| {
+            EngineError::Workflow(format!(
+                "{workflow}: tool {} names unknown built-in {name:?}",
+                def.function
+            ))
+        }),
+        ToolImpl::Http { url, timeout_s } => {
+            let timeout = timeout_s
+                .or(def.timeout_s)
+                .map(Duration::from_secs_f64)
+                .unwrap_or(default_timeout);
+            Ok(Arc::new(HttpTool::new(url.clone(), timeout, http.clone())))
+        }
+    }
+}
+
+fn json_catalogue(specs: &[ToolSpec]) -> String {
+    let mut text = String::from(
+        "[TOOLS]\nYou may call one tool at a time. To call a tool, reply with ONLY a JSON object {\"tool\": \"<name>\", \"args\": {...}} and nothing else. To answer the user, reply with plain text.\nAvailable tools:",
+    );
+    for spec in specs {
+        let _ = write!(
+            text,
+            "\n- {}: {} Arguments schema: {}",
+            spec.name, spec.description, spec.parameters
+        );
+    }
+    text
+}

@@ -1,0 +1,229 @@
+//! `AgentRunner`: drives one [`TurnMachine`] — calls the model, runs agent tools, and reports
+//! the outcome to its `ChatSession`. One runner lives for one turn, on the chat's arbiter; all
+//! waiting happens in spawned futures that report back into the actor, never in a handler.
+
+use std::sync::Arc;
+
+use actix::prelude::*;
+use futures::future::join_all;
+use serde_json::{Map, Value};
+use tessera_llm::{ChatModel, DeltaSink, Message};
+use tessera_protocol::ServerEvent;
+use tessera_tools::{ToolContext, ToolError};
+
+use crate::dedup::{ClaimKey, ClaimOutcome, CompleteKey, DedupCache};
+use crate::events::{InteractionType, ToolCallInfo, tool_call_event, tool_response_event};
+use crate::plan::AgentPlan;
+use crate::session::{ChatSession, Publish, TurnFinished};
+use crate::turn::{Step, ToolInvocation, ToolResult, TurnFailure, TurnLimits, TurnMachine};
+
+/// Stop the turn at the next opportunity (in-flight model calls are dropped).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct CancelTurn;
+
+/// Everything a runner needs besides the machine.
+pub struct RunnerParts {
+    pub session: Addr<ChatSession>,
+    pub dedup: Addr<DedupCache>,
+    pub model: Arc<dyn ChatModel>,
+    pub tool_ctx: ToolContext,
+    pub turn: u32,
+    pub workflow_name: Arc<str>,
+}
+
+/// Runs one agent turn.
+pub struct AgentRunner {
+    machine: TurnMachine,
+    first: Option<Step>,
+    parts: RunnerParts,
+    in_flight: Option<SpawnHandle>,
+    finished: bool,
+}
+
+impl AgentRunner {
+    /// Starts a turn of `plan`; the runner reports with [`TurnFinished`] and stops.
+    pub fn new(
+        plan: Arc<AgentPlan>,
+        history: &[Message],
+        context: &Map<String, Value>,
+        limits: TurnLimits,
+        parts: RunnerParts,
+    ) -> Self {
+        let (machine, first) = TurnMachine::start(
+            plan,
+            history,
+            context,
+            parts.tool_ctx.turn_idempotency_key.clone(),
+            limits,
+        );
+        Self {
+            machine,
+            first: Some(first),
+            parts,
+            in_flight: None,
+            finished: false,
+        }
+    }
+
+    fn drive(&mut self, step: Step, ctx: &mut Context<Self>) {
+        self.in_flight = None;
+        match step {
+            Step::CallModel(request) => {
+                let sink = request.stream.then(|| self.delta_sink());
+                let call = self.parts.model.complete(request, sink);
+                let handle = ctx.spawn(call.into_actor(self).map(|result, act, ctx| {
+                    let step = match result {
+                        Ok(reply) => {
+                            act.publish_usage(&reply.model, reply.usage);
+                            act.machine.on_model_reply(reply)
+                        }
+                        Err(err) => {
+                            tracing::warn!(agent = %act.machine.plan().name, code = err.code(), "model call failed");
+                            act.machine.on_model_error(&err)
+                        }
+                    };
+                    act.drive(step, ctx);
+                }));
+                self.in_flight = Some(handle);
+            }
+            Step::RunTools(calls) => {
+                let runs: Vec<_> = calls.into_iter().map(|call| self.run_tool(call)).collect();
+                let handle = ctx.spawn(join_all(runs).into_actor(self).map(|results, act, ctx| {
+                    let step = act.machine.on_tool_results(results);
+                    act.drive(step, ctx);
+                }));
+                self.in_flight = Some(handle);
+            }
+            Step::Finished(output) => self.report(Ok(output), ctx),
+            Step::Failed(failure) => self.report(Err(failure), ctx),
+        }
+    }
+
+    fn report(
+        &mut self,
+        result: Result<crate::turn::TurnOutput, TurnFailure>,
+        ctx: &mut Context<Self>,
+    ) {
+        if self.finished {
+            return;
+        }
+        self.finished = true;
+        let partial = if result.is_err() {
+            self.machine.take_added()
+        } else {
+            Vec::new()
+        };
+        self.parts.session.do_send(TurnFinished {
+            turn: self.parts.turn,
+            result,
+            partial,
+        });
+        ctx.stop();
+    }
+
+    /// Claims the invocation key, announces the call, runs the tool under its timeout, and
+    /// announces the result. A refused claim never runs the tool.
+    fn run_tool(&self, call: ToolInvocation) -> impl Future<Output = ToolResult> + 'static {
+        let plan = self.machine.plan().clone();
+        let session = self.parts.session.clone();
+        let dedup = self.parts.dedup.clone();
+        let mut tool_ctx = self.parts.tool_ctx.clone();
+        let workflow = self.parts.workflow_name.clone();
+        let key = format!("{}:{}", tool_ctx.chat_id, call.invocation_key);
+        tool_ctx.turn_idempotency_key = Arc::from(call.invocation_key.as_str());
+        let claim = dedup.send(ClaimKey(key.clone()));
+        async move {
+            let tool = &plan.tools[call.tool_index];
+            let info = ToolCallInfo {
+                agent: &plan.name,
+                tool_name: &tool.name,
+                corr: &call.invocation_key,
+                component_type: None,
+                workflow_name: &workflow,
+                interaction: InteractionType::AgentTool,
+            };
+            let claimed = claim.await.unwrap_or(ClaimOutcome::InFlight);
+            if !claimed.is_claimed() {
+                let result = Err(ToolError::Failed(format!(
+                    "duplicate invocation refused ({claimed:?})"
+                )));
+                return ToolResult {
+                    call_id: call.call_id,
+                    result,
+                };
+            }
+            session.do_send(Publish(tool_call_event(&info, &call.args)));
+            let result =
+                match tokio::time::timeout(tool.timeout, tool.exec.invoke(call.args, tool_ctx))
+                    .await
+                {
+                    Ok(result) => result,
+                    Err(_) => Err(ToolError::Timeout(tool.timeout)),
+                };
+            dedup.do_send(CompleteKey(key));
+            let (ok, shown) = match &result {
+                Ok(value) => (true, value.clone()),
+                Err(err) => (
+                    false,
+                    serde_json::json!({"status": "error", "code": err.code(), "message": err.to_string()}),
+                ),
+            };
+            session.do_send(Publish(tool_response_event(&info, ok, &shown)));
+            ToolResult {
+                call_id: call.call_id,
+                result,
+            }
+        }
+    }
+
+    fn delta_sink(&self) -> DeltaSink {
+        let session = self.parts.session.clone();
+        let agent = self.machine.plan().name.to_string();
+        let message_id = message_id(&self.parts.tool_ctx.turn_idempotency_key);
+        Box::new(move |delta: &str| {
+            session.do_send(Publish(ServerEvent::TextDelta {
+                message_id: message_id.clone(),
+                agent: agent.clone(),
+                delta: delta.to_owned(),
+            }));
+        })
+    }
+
+    fn publish_usage(&self, model: &str, usage: tessera_llm::Usage) {
+        self.parts.session.do_send(Publish(ServerEvent::Usage {
+            agent: self.machine.plan().name.to_string(),
+            model: model.to_owned(),
+            prompt_tokens: usage.prompt_tokens,
+            completion_tokens: usage.completion_tokens,
+            total_tokens: usage.total(),
+        }));
+    }
+}
+
+/// The id of the message a turn's final text is published under.
+pub fn message_id(turn_key: &str) -> String {
+    format!("msg_{turn_key}")
+}
+
+impl Actor for AgentRunner {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        if let Some(step) = self.first.take() {
+            self.drive(step, ctx);
+        }
+    }
+}
+
+impl Handler<CancelTurn> for AgentRunner {
+    type Result = ();
+
+    fn handle(&mut self, _: CancelTurn, ctx: &mut Self::Context) {
+        if let Some(handle) = self.in_flight.take() {
+            ctx.cancel_future(handle);
+        }
+        let step = self.machine.cancel();
+        self.drive(step, ctx);
+    }
+}

@@ -1,0 +1,820 @@
+//! `ChatSession`: one actor per chat. It owns the transcript, context variables, current
+//! agent, turn counter and event log; assigns every event its `seq`; and decides what happens
+//! after each turn (derived variables, `ui_response` triggers, handoffs, `max_turns`).
+
+use std::sync::Arc;
+
+use actix::prelude::*;
+use serde_json::{Map, Value};
+use tessera_llm::{Message, Role};
+use tessera_manifest::{HandoffKind, HandoffTarget};
+use tessera_protocol::{Envelope, ErrorCode, PendingUiCall, ServerEvent, rfc3339_now};
+use tessera_tools::ToolContext;
+
+use crate::auto_tool::{AutoToolOutcome, InvokeAutoTool};
+use crate::correlator::{
+    CancelUiCalls, ChatDisconnected, CorrelationError, ListPendingUiCalls, ResolveUiCall,
+};
+use crate::engine::Shard;
+use crate::runner::{AgentRunner, CancelTurn, RunnerParts, message_id};
+use crate::secrets::SecretVault;
+use crate::turn::{TurnFailure, TurnLimits, TurnOutput};
+use crate::{EngineConfig, EngineError, plan::CompiledWorkflow};
+
+/// An event, serialized once, on its way to a subscriber.
+#[derive(Message, Clone)]
+#[rtype(result = "()")]
+pub struct Deliver(pub Arc<str>);
+
+/// Publish an event to the chat: it gets the next `seq`, enters the log, and goes to every
+/// subscriber. Helpers (runner, auto tools, correlator) publish only through this.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Publish(pub ServerEvent);
+
+/// Where a chat stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ChatStatus {
+    /// Waiting for the user to type.
+    AwaitingUser,
+    /// An agent turn is running.
+    Running,
+    /// A UI tool is waiting for the browser.
+    AwaitingTool,
+    /// The run ended; the reason is kept.
+    Completed(String),
+}
+
+impl ChatStatus {
+    /// The status as clients see it.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::AwaitingUser => "awaiting_user",
+            Self::Running => "running",
+            Self::AwaitingTool => "awaiting_tool",
+            Self::Completed(_) => "completed",
+        }
+    }
+}
+
+/// Identity of a chat: who owns it, which workflow it runs.
+#[derive(Debug, Clone)]
+pub struct ChatIdentity {
+    pub chat_id: Arc<str>,
+    pub tenant: Arc<str>,
+    pub user: Arc<str>,
+}
+
+/// Attach a subscriber; it receives `chat.session`, every logged event after `after_seq`,
+/// then `chat.resume_boundary`, then live events.
+#[derive(Message)]
+#[rtype(result = "u64")]
+pub struct Subscribe {
+    pub recipient: Recipient<Deliver>,
+    pub after_seq: u64,
+}
+
+/// Detach subscriber `id` (returned by [`Subscribe`]).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Unsubscribe(pub u64);
+
+/// The user typed something.
+#[derive(Message)]
+#[rtype(result = "Result<(), EngineError>")]
+pub struct UserInput {
+    pub content: String,
+    pub client_msg_id: Option<String>,
+}
+
+/// The browser answered a UI tool call.
+#[derive(Message)]
+#[rtype(result = "Result<(), EngineError>")]
+pub struct ToolAnswer {
+    pub corr: String,
+    pub response: Value,
+}
+
+/// Stop the running turn (and any UI wait) and hand control back to the user.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct CancelRun;
+
+/// A read-only view of the chat, for REST.
+#[derive(Debug, Clone)]
+pub struct ChatSnapshot {
+    pub chat_id: Arc<str>,
+    pub workflow: String,
+    pub status: ChatStatus,
+    pub current_agent: Arc<str>,
+    pub turn: u32,
+    pub last_seq: u64,
+    /// Context variables the manifest lets clients see.
+    pub visible_context: Map<String, Value>,
+    pub pending_ui_calls: Vec<PendingUiCall>,
+    /// (message id, role, agent, content, ui_hidden)
+    pub transcript: Vec<TranscriptEntry>,
+}
+
+/// One transcript message as clients see it.
+#[derive(Debug, Clone)]
+pub struct TranscriptEntry {
+    pub message_id: String,
+    pub role: &'static str,
+    pub agent: Option<String>,
+    pub content: String,
+    pub ui_hidden: bool,
+}
+
+/// Ask for a [`ChatSnapshot`].
+#[derive(Message)]
+#[rtype(result = "ChatSnapshot")]
+pub struct GetSnapshot;
+
+/// The runner's report (sent by `AgentRunner`).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct TurnFinished {
+    pub turn: u32,
+    pub result: Result<TurnOutput, TurnFailure>,
+    /// Messages a failed turn had added.
+    pub partial: Vec<Message>,
+}
+
+struct Subscriber {
+    id: u64,
+    recipient: Recipient<Deliver>,
+}
+
+/// The chat actor.
+pub struct ChatSession {
+    id: ChatIdentity,
+    wf: Arc<CompiledWorkflow>,
+    shard: Shard,
+    config: Arc<EngineConfig>,
+    history: Vec<Message>,
+    /// Parallel to `history`: message id and hidden flag of each visible-kind message.
+    meta: Vec<(String, bool)>,
+    context: Map<String, Value>,
+    current_agent: Arc<str>,
+    turn: u32,
+    /// Agent turns since the user last spoke.
+    consecutive: u32,
+    status: ChatStatus,
+    runner: Option<Addr<AgentRunner>>,
+    log: Vec<Arc<str>>,
+    subscribers: Vec<Subscriber>,
+    next_subscriber: u64,
+    secrets: SecretVault,
+}
+
+impl ChatSession {
+    /// A new chat of workflow `wf`; `context` overrides initial context variables.
+    pub fn new(
+        id: ChatIdentity,
+        wf: Arc<CompiledWorkflow>,
+        shard: Shard,
+        config: Arc<EngineConfig>,
+        context_overrides: Map<String, Value>,
+    ) -> Self {
+        let mut context = wf.workflow.initial_context();
+        for (key, value) in context_overrides {
+            // Only declared variables may be set by the creator of a chat.
+            if context.contains_key(&key) {
+                context.insert(key, value);
+            }
+        }
+        let current_agent = Arc::from(wf.workflow.initial_agent.as_str());
+        Self {
+            id,
+            wf,
+            shard,
+            config,
+            history: Vec::new(),
+            meta: Vec::new(),
+            context,
+            current_agent,
+            turn: 0,
+            consecutive: 0,
+            status: ChatStatus::AwaitingUser,
+            runner: None,
+            log: Vec::new(),
+            subscribers: Vec::new(),
+            next_subscriber: 1,
+            secrets: SecretVault::default(),
+        }
+    }
+
+    fn last_seq(&self) -> u64 {
+        self.log.len() as u64
+    }
+
+    /// Assigns the next seq, logs the event, and fans it out.
+    fn publish(&mut self, event: ServerEvent) {
+        let seq = self.last_seq() + 1;
+        let timestamp = rfc3339_now();
+        let text: Arc<str> = Envelope {
+            seq,
+            chat_id: &self.id.chat_id,
+            timestamp: &timestamp,
+            event: &event,
+        }
+        .to_json()
+        .into();
+        self.log.push(text.clone());
+        self.subscribers.retain(|s| s.recipient.connected());
+        for subscriber in &self.subscribers {
+            subscriber.recipient.do_send(Deliver(text.clone()));
+        }
+    }
+
+    /// Sends a connection-scoped event (seq 0: not part of the chat log, never replayed).
+    fn send_direct(&self, recipient: &Recipient<Deliver>, event: &ServerEvent) {
+        let timestamp = rfc3339_now();
+        let text = Envelope {
+            seq: 0,
+            chat_id: &self.id.chat_id,
+            timestamp: &timestamp,
+            event,
+        }
+        .to_json();
+        recipient.do_send(Deliver(text.into()));
+    }
+
+    fn push_message(&mut self, message: Message, message_id: String, hidden: bool) {
+        self.history.push(message);
+        self.meta.push((message_id, hidden));
+    }
+
+    fn tool_ctx(&self, agent: &Arc<str>) -> ToolContext {
+        ToolContext {
+            chat_id: self.id.chat_id.clone(),
+            app_id: self.id.tenant.clone(),
+            user_id: self.id.user.clone(),
+            workflow_name: Arc::from(self.wf.workflow.name.as_str()),
+            turn_idempotency_key: Arc::from(turn_key(&self.id.chat_id, agent, self.turn)),
+            agent_name: agent.clone(),
+        }
+    }
+
+    fn start_turn(&mut self, agent: Arc<str>, ctx: &mut Context<Self>) {
+        if self.turn >= self.wf.workflow.max_turns {
+            self.complete("max_turns", ctx);
+            return;
+        }
+        let Some(plan) = self.wf.agent(&agent).cloned() else {
+            self.publish(ServerEvent::error(
+                ErrorCode::Internal,
+                format!("agent {agent} does not exist"),
+                false,
+            ));
+            self.complete("error", ctx);
+            return;
+        };
+        self.turn += 1;
+        self.current_agent = agent.clone();
+        self.status = ChatStatus::Running;
+        self.publish(ServerEvent::RunStart {
+            agent: agent.to_string(),
+            turn: self.turn,
+        });
+        let limits = TurnLimits {
+            max_tool_steps: self.config.max_tool_steps,
+            tool_result_max_chars: self.config.tool_result_max_chars,
+            structured_output_corrections: self.config.structured_output_corrections,
+            json_mode_corrections: self.config.json_mode_corrections,
+            stream: self.config.stream && plan.output.is_none(),
+        };
+        let parts = RunnerParts {
+            session: ctx.address(),
+            dedup: self.shard.dedup.clone(),
+            model: self.wf.model.clone(),
+            tool_ctx: self.tool_ctx(&agent),
+            turn: self.turn,
+            workflow_name: Arc::from(self.wf.workflow.name.as_str()),
+        };
+        tracing::debug!(chat_id = %self.id.chat_id, tenant = %self.id.tenant, turn = self.turn, agent = %agent, "turn started");
+        let runner = AgentRunner::new(plan, &self.history, &self.context, limits, parts).start();
+        self.runner = Some(runner);
+    }
+
+    fn await_user(&mut self) {
+        self.status = ChatStatus::AwaitingUser;
+        self.consecutive = 0;
+        self.publish(ServerEvent::InputRequest {
+            agent: self.current_agent.to_string(),
+        });
+    }
+
+    fn complete(&mut self, reason: &str, _ctx: &mut Context<Self>) {
+        self.status = ChatStatus::Completed(reason.to_owned());
+        self.secrets.wipe();
+        self.publish(ServerEvent::RunComplete {
+            reason: reason.to_owned(),
+            agent: self.current_agent.to_string(),
+        });
+    }
+
+    fn on_turn_output(&mut self, output: TurnOutput, ctx: &mut Context<Self>) {
+        let agent = self.current_agent.clone();
+        let hidden = self.apply_derived(&agent, &output.final_text);
+        let final_id = message_id(&turn_key(&self.id.chat_id, &agent, self.turn));
+        let count = output.new_messages.len();
+        for (i, message) in output.new_messages.into_iter().enumerate() {
+            let is_final = i + 1 == count;
+            let id = if is_final {
+                final_id.clone()
+            } else {
+                format!("{final_id}_{i}")
+            };
+            self.push_message(message, id, is_final && hidden);
+        }
+        let plan = self.wf.agent(&agent).cloned();
+        match (output.structured, plan) {
+            (Some(data), Some(plan)) => {
+                let model_name = plan
+                    .output
+                    .as_ref()
+                    .map(|o| o.model_name.to_string())
+                    .unwrap_or_default();
+                let tool_ctx = self.tool_ctx(&agent);
+                self.publish(ServerEvent::StructuredOutputReady {
+                    agent_name: agent.to_string(),
+                    model_name,
+                    structured_data: data.clone(),
+                    auto_tool_mode: plan.auto_tool_mode,
+                    turn_idempotency_key: tool_ctx.turn_idempotency_key.to_string(),
+                });
+                if plan.auto_tool_mode {
+                    self.invoke_auto_tool(tool_ctx, data, ctx);
+                    return;
+                }
+                self.publish_text(&final_id, &agent, &output.final_text, hidden);
+            }
+            _ => self.publish_text(&final_id, &agent, &output.final_text, hidden),
+        }
+        self.route(ctx);
+    }
+
+    fn publish_text(&mut self, message_id: &str, agent: &str, content: &str, hidden: bool) {
+        self.publish(ServerEvent::Text {
+            message_id: message_id.to_owned(),
+            agent: agent.to_owned(),
+            role: "assistant".to_owned(),
+            content: content.to_owned(),
+            ui_hidden: hidden,
+        });
+    }
+
+    fn invoke_auto_tool(&mut self, tool_ctx: ToolContext, data: Value, ctx: &mut Context<Self>) {
+        self.status = ChatStatus::AwaitingTool;
+        let turn = self.turn;
+        let request = self.shard.auto_tools.send(InvokeAutoTool {
+            workflow: self.wf.clone(),
+            tool_ctx,
+            structured_data: data,
+            publish: ctx.address().recipient(),
+        });
+        ctx.spawn(
+            request
+                .into_actor(self)
+                .map(move |outcome, act, ctx| match outcome {
+                    Ok(outcome) => act.on_auto_tool(turn, outcome, ctx),
+                    Err(_) => act.on_auto_tool(
+                        turn,
+                        AutoToolOutcome::Invalid("the auto-tool handler stopped".into()),
+                        ctx,
+                    ),
+                }),
+        );
+    }
+
+    fn on_auto_tool(&mut self, turn: u32, outcome: AutoToolOutcome, ctx: &mut Context<Self>) {
+        if turn != self.turn || self.status != ChatStatus::AwaitingTool {
+            tracing::debug!(chat_id = %self.id.chat_id, turn, "stale auto-tool outcome ignored");
+            return;
+        }
+        match outcome {
+            AutoToolOutcome::Completed {
+                tool_name,
+                result,
+                ui_response,
+                secrets,
+                ..
+            } => {
+                self.secrets.store(secrets);
+                let text = format!("[{tool_name} result] {result}");
+                let id = format!("msg_tool_{}", self.turn);
+                self.push_message(Message::text(Role::User, text), id, true);
+                if let Some(response) = ui_response {
+                    self.apply_ui_response(&tool_name, &response);
+                }
+                self.route(ctx);
+            }
+            AutoToolOutcome::Duplicate(claim) => {
+                tracing::warn!(chat_id = %self.id.chat_id, ?claim, "auto tool already ran for this turn");
+                self.route(ctx);
+            }
+            AutoToolOutcome::NoBinding => {
+                self.publish(ServerEvent::error(
+                    ErrorCode::ToolError,
+                    "the agent has no UI tool bound to its output",
+                    true,
+                ));
+                self.await_user();
+            }
+            AutoToolOutcome::Invalid(errors) => {
+                self.publish(ServerEvent::error(
+                    ErrorCode::StructuredOutputInvalid,
+                    errors,
+                    true,
+                ));
+                self.await_user();
+            }
+        }
+    }
+
+    /// `agent_text_equals` derived variables; returns whether the message is hidden.
+    fn apply_derived(&mut self, agent: &str, text: &str) -> bool {
+        let mut hidden = false;
+        let trimmed = text.trim();
+        for derived in &self.wf.workflow.derived {
+            if derived.source_agent == agent && trimmed == derived.trigger_value {
+                self.context.insert(derived.name.clone(), Value::Bool(true));
+                hidden |= derived.ui_hidden;
+            }
+        }
+        hidden
+    }
+
+    /// `ui_response` triggers: copy a key of the (sanitized) answer into a variable.
+    fn apply_ui_response(&mut self, tool: &str, response: &Value) {
+        for trigger in &self.wf.workflow.ui_response_triggers {
+            if trigger.tool != tool {
+                continue;
+            }
+            let value = trigger
+                .response_key
+                .split('.')
+                .try_fold(response, |v, key| v.get(key));
+            if let Some(value) = value {
+                self.context.insert(trigger.variable.clone(), value.clone());
+            }
+        }
+    }
+
+    /// Picks what follows the current agent: the first `condition` rule that holds, else the
+    /// first `after_work` rule, else the user.
+    fn route(&mut self, ctx: &mut Context<Self>) {
+        let agent = self.current_agent.clone();
+        let wf = self.wf.clone();
+        let rules: Vec<_> = wf.workflow.handoff_rules_for(&agent).collect();
+        let chosen = rules
+            .iter()
+            .find(|r| r.condition.as_ref().is_some_and(|c| c.eval(&self.context)))
+            .map(|r| {
+                (
+                    r.target.clone(),
+                    r.condition_text.clone().unwrap_or_default(),
+                )
+            })
+            .or_else(|| {
+                rules
+                    .iter()
+                    .find(|r| r.kind == HandoffKind::AfterWork)
+                    .map(|r| (r.target.clone(), "after_work".to_owned()))
+            });
+        let (target, reason) = chosen.unwrap_or((HandoffTarget::User, "default".to_owned()));
+        match target {
+            HandoffTarget::Terminate => {
+                self.publish(ServerEvent::Handoff {
+                    from: agent.to_string(),
+                    to: "terminate".into(),
+                    reason,
+                });
+                self.complete("terminate", ctx);
+            }
+            HandoffTarget::User => self.await_user(),
+            HandoffTarget::Agent(next) => {
+                let limit = self
+                    .wf
+                    .agent(&next)
+                    .map_or(0, |p| p.max_consecutive_auto_reply);
+                if limit > 0 && self.consecutive >= limit {
+                    tracing::info!(chat_id = %self.id.chat_id, agent = %next, "max_consecutive_auto_reply reached; asking the user");
+                    self.await_user();
+                    return;
+                }
+                self.consecutive += 1;
+                if *next != *agent {
+                    self.publish(ServerEvent::Handoff {
+                        from: agent.to_string(),
+                        to: next.clone(),
+                        reason,
+                    });
+                }
+                self.start_turn(Arc::from(next.as_str()), ctx);
+            }
+        }
+    }
+
+    fn refuse_input(&self) -> EngineError {
+        match &self.status {
+            ChatStatus::Completed(reason) => {
+                EngineError::NotAcceptingInput(format!("the chat has ended ({reason})"))
+            }
+            ChatStatus::Running => {
+                EngineError::NotAcceptingInput("an agent is still answering".into())
+            }
+            ChatStatus::AwaitingTool => {
+                EngineError::NotAcceptingInput("answer the open UI tool first".into())
+            }
+            ChatStatus::AwaitingUser => {
+                EngineError::NotAcceptingInput("not accepting input".into())
+            }
+        }
+    }
+}
+
+/// Whether clients may read variable `name` (undeclared derived flags are visible).
+fn client_visible(wf: &tessera_manifest::Workflow, name: &str) -> bool {
+    wf.variables
+        .iter()
+        .find(|v| v.name == name)
+        .is_none_or(|v| v.client_visible)
+}
+
+/// The deterministic idempotency key of a chat's agent turn.
+pub fn turn_key(chat_id: &str, agent: &str, turn: u32) -> String {
+    format!("turn_{chat_id}_{agent}_{turn}")
+}
+
+impl Actor for ChatSession {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        let wf = self.wf.workflow.clone();
+        let initial = self.current_agent.clone();
+        match wf.startup_mode {
+            tessera_manifest::StartupMode::AgentDriven => {
+                if let Some(message) = &wf.initial_message {
+                    self.push_message(
+                        Message::text(Role::User, message.as_str()),
+                        "msg_initial".into(),
+                        true,
+                    );
+                }
+                self.start_turn(initial, ctx);
+            }
+            tessera_manifest::StartupMode::UserDriven => {
+                if let Some(greeting) = &wf.initial_message {
+                    self.push_message(
+                        Message::assistant(initial.clone(), greeting.as_str()),
+                        "msg_greeting".into(),
+                        false,
+                    );
+                    self.publish_text("msg_greeting", &initial, greeting, false);
+                }
+                self.await_user();
+            }
+        }
+    }
+
+    fn stopped(&mut self, _ctx: &mut Self::Context) {
+        self.secrets.wipe();
+    }
+}
+
+impl Handler<Publish> for ChatSession {
+    type Result = ();
+
+    fn handle(&mut self, Publish(event): Publish, _ctx: &mut Self::Context) {
+        self.publish(event);
+    }
+}
+
+impl Handler<Subscribe> for ChatSession {
+    type Result = ResponseActFuture<Self, u64>;
+
+    fn handle(&mut self, msg: Subscribe, _ctx: &mut Self::Context) -> Self::Result {
+        let id = self.next_subscriber;
+        self.next_subscriber += 1;
+        let pending = self.shard.correlator.send(ListPendingUiCalls {
+            chat_id: self.id.chat_id.clone(),
+        });
+        Box::pin(pending.into_actor(self).map(move |pending, act, _ctx| {
+            let pending = pending.unwrap_or_default();
+            let recipient = msg.recipient;
+            act.send_direct(
+                &recipient,
+                &ServerEvent::Session {
+                    workflow: act.wf.workflow.name.clone(),
+                    status: act.status.as_str().to_owned(),
+                    current_agent: act.current_agent.to_string(),
+                    last_seq: act.last_seq(),
+                    pending_ui_calls: pending.clone(),
+                    model: act.wf.model.label().to_owned(),
+                    demo: act.wf.model.is_demo(),
+                },
+            );
+            let from = msg.after_seq.min(act.last_seq());
+            let mut replayed = 0;
+            for text in &act.log[from as usize..] {
+                recipient.do_send(Deliver(text.clone()));
+                replayed += 1;
+            }
+            act.send_direct(
+                &recipient,
+                &ServerEvent::ResumeBoundary {
+                    from_seq: from,
+                    last_seq: act.last_seq(),
+                    replayed,
+                    pending_ui_calls: pending,
+                },
+            );
+            act.subscribers.push(Subscriber { id, recipient });
+            id
+        }))
+    }
+}
+
+impl Handler<Unsubscribe> for ChatSession {
+    type Result = ();
+
+    fn handle(&mut self, Unsubscribe(id): Unsubscribe, _ctx: &mut Self::Context) {
+        self.subscribers
+            .retain(|s| s.id != id && s.recipient.connected());
+        if self.subscribers.is_empty() {
+            self.shard.correlator.do_send(ChatDisconnected {
+                chat_id: self.id.chat_id.clone(),
+            });
+        }
+    }
+}
+
+impl Handler<UserInput> for ChatSession {
+    type Result = Result<(), EngineError>;
+
+    fn handle(&mut self, msg: UserInput, ctx: &mut Self::Context) -> Self::Result {
+        if self.status != ChatStatus::AwaitingUser {
+            return Err(self.refuse_input());
+        }
+        let id = format!("msg_user_{}", self.history.len());
+        self.publish(ServerEvent::Text {
+            message_id: id.clone(),
+            agent: "user".into(),
+            role: "user".into(),
+            content: msg.content.clone(),
+            ui_hidden: false,
+        });
+        self.push_message(Message::text(Role::User, msg.content), id, false);
+        self.consecutive = 0;
+        let agent = self.current_agent.clone();
+        self.start_turn(agent, ctx);
+        Ok(())
+    }
+}
+
+impl Handler<ToolAnswer> for ChatSession {
+    type Result = ResponseFuture<Result<(), EngineError>>;
+
+    fn handle(&mut self, msg: ToolAnswer, _ctx: &mut Self::Context) -> Self::Result {
+        let resolve = self.shard.correlator.send(ResolveUiCall {
+            chat_id: self.id.chat_id.clone(),
+            corr: msg.corr,
+            response: msg.response,
+        });
+        Box::pin(async move {
+            match resolve.await {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(CorrelationError::InvalidResponse(why))) => {
+                    Err(EngineError::InvalidToolResponse(why))
+                }
+                Ok(Err(err)) => Err(EngineError::Correlation(err)),
+                Err(_) => Err(EngineError::Unavailable),
+            }
+        })
+    }
+}
+
+impl Handler<CancelRun> for ChatSession {
+    type Result = ();
+
+    fn handle(&mut self, _: CancelRun, ctx: &mut Self::Context) {
+        match self.status {
+            ChatStatus::Running => {
+                if let Some(runner) = &self.runner {
+                    runner.do_send(CancelTurn);
+                }
+            }
+            ChatStatus::AwaitingTool => {
+                self.shard.correlator.do_send(CancelUiCalls {
+                    chat_id: self.id.chat_id.clone(),
+                });
+                // The auto tool's late outcome is ignored: the turn is over.
+                self.status = ChatStatus::AwaitingUser;
+                self.publish(ServerEvent::RunComplete {
+                    reason: "cancelled".into(),
+                    agent: self.current_agent.to_string(),
+                });
+                self.await_user();
+            }
+            ChatStatus::AwaitingUser | ChatStatus::Completed(_) => {}
+        }
+        let _ = ctx;
+    }
+}
+
+impl Handler<TurnFinished> for ChatSession {
+    type Result = ();
+
+    fn handle(&mut self, msg: TurnFinished, ctx: &mut Self::Context) {
+        if msg.turn != self.turn || self.status != ChatStatus::Running {
+            return;
+        }
+        self.runner = None;
+        match msg.result {
+            Ok(output) => self.on_turn_output(output, ctx),
+            Err(failure) => {
+                for (i, message) in msg.partial.into_iter().enumerate() {
+                    self.push_message(message, format!("msg_partial_{}_{i}", self.turn), true);
+                }
+                let (code, reason) = match &failure {
+                    TurnFailure::Cancelled => (None, "cancelled"),
+                    TurnFailure::Model { .. } => (Some(ErrorCode::LlmError), "error"),
+                    TurnFailure::StructuredOutputInvalid { .. } => {
+                        (Some(ErrorCode::StructuredOutputInvalid), "error")
+                    }
+                    TurnFailure::InvalidToolJson { .. } | TurnFailure::ToolStepsExhausted(_) => {
+                        (Some(ErrorCode::ToolError), "error")
+                    }
+                };
+                if let TurnFailure::StructuredOutputInvalid { .. } = failure {
+                    // Register the turn so no replay of it runs its tool (no loop).
+                    let key = format!(
+                        "{}:{}",
+                        self.id.chat_id,
+                        turn_key(&self.id.chat_id, &self.current_agent, self.turn)
+                    );
+                    self.shard.dedup.do_send(crate::dedup::CompleteKey(key));
+                }
+                match code {
+                    Some(code) => self.publish(ServerEvent::error(code, failure.to_string(), true)),
+                    None => self.publish(ServerEvent::RunComplete {
+                        reason: reason.into(),
+                        agent: self.current_agent.to_string(),
+                    }),
+                }
+                self.await_user();
+            }
+        }
+    }
+}
+
+impl Handler<GetSnapshot> for ChatSession {
+    type Result = ResponseActFuture<Self, ChatSnapshot>;
+
+    fn handle(&mut self, _: GetSnapshot, _ctx: &mut Self::Context) -> Self::Result {
+        let pending = self.shard.correlator.send(ListPendingUiCalls {
+            chat_id: self.id.chat_id.clone(),
+        });
+        Box::pin(pending.into_actor(self).map(|pending, act, _| {
+            let visible: Map<String, Value> = act
+                .context
+                .iter()
+                .filter(|(k, _)| client_visible(&act.wf.workflow, k))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            let transcript = act
+                .history
+                .iter()
+                .zip(&act.meta)
+                .filter(|(m, _)| {
+                    matches!(m.role, Role::User | Role::Assistant) && m.tool_calls.is_empty()
+                })
+                .map(|(m, (id, hidden))| TranscriptEntry {
+                    message_id: id.clone(),
+                    role: if m.role == Role::User {
+                        "user"
+                    } else {
+                        "assistant"
+                    },
+                    agent: m.name.as_deref().map(str::to_owned),
+                    content: m.content_str().to_owned(),
+                    ui_hidden: *hidden,
+                })
+                .collect();
+            ChatSnapshot {
+                chat_id: act.id.chat_id.clone(),
+                workflow: act.wf.workflow.name.clone(),
+                status: act.status.clone(),
+                current_agent: act.current_agent.clone(),
+                turn: act.turn,
+                last_seq: act.last_seq(),
+                visible_context: visible,
+                pending_ui_calls: pending.unwrap_or_default(),
+                transcript,
+            }
+        }))
+    }
+}

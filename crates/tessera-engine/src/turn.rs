@@ -1,0 +1,459 @@
+//! One agent turn as a plain state machine with no I/O of its own.
+//!
+//! The [`AgentRunner`](crate::runner::AgentRunner) actor feeds it model replies and tool
+//! results and performs whatever [`Step`] it returns. Keeping the loop pure makes every rule of
+//! `agent_runner.md` and `structured_tool_loop.md` testable without actors, HTTP or timers.
+
+use std::sync::Arc;
+
+use serde_json::{Map, Value};
+use tessera_llm::{ChatRequest, ChatResponse, LlmError, Message, ResponseFormat, Role, ToolChoice};
+use tessera_tools::{
+    JsonModeReply, ToolError, parse_arguments, parse_json_mode_reply, summarize_for_model,
+};
+
+use crate::plan::{AgentPlan, ToolCallingMode};
+
+/// Limits a turn runs under (copied from `EngineConfig`).
+#[derive(Debug, Clone, Copy)]
+pub struct TurnLimits {
+    pub max_tool_steps: u32,
+    pub tool_result_max_chars: usize,
+    pub structured_output_corrections: u32,
+    pub json_mode_corrections: u32,
+    pub stream: bool,
+}
+
+/// What the driver must do next.
+#[derive(Debug)]
+pub enum Step {
+    /// Call the model with this request.
+    CallModel(ChatRequest),
+    /// Run these validated tool calls, then report with [`TurnMachine::on_tool_results`].
+    RunTools(Vec<ToolInvocation>),
+    /// The turn produced its final output.
+    Finished(TurnOutput),
+    /// The turn ended without output.
+    Failed(TurnFailure),
+}
+
+/// A tool call that passed ownership and argument validation and may run.
+#[derive(Debug, Clone)]
+pub struct ToolInvocation {
+    /// The model's id for the call (generated in `json` mode).
+    pub call_id: String,
+    /// Index into the agent's tools.
+    pub tool_index: usize,
+    pub name: Arc<str>,
+    pub args: Map<String, Value>,
+    /// Deterministic per chat turn, step and position: the tool's idempotency key.
+    pub invocation_key: String,
+}
+
+/// The outcome of one [`ToolInvocation`].
+#[derive(Debug)]
+pub struct ToolResult {
+    pub call_id: String,
+    pub result: Result<Value, ToolError>,
+}
+
+/// What a successful turn produced.
+#[derive(Debug, Clone)]
+pub struct TurnOutput {
+    /// Messages to append to the transcript, in order (tool calls, tool results, final reply).
+    pub new_messages: Vec<Message>,
+    /// The final text of the agent.
+    pub final_text: Arc<str>,
+    /// Schema-valid structured output, when the agent has an output model.
+    pub structured: Option<Value>,
+    /// Names of the tools that ran, first use first.
+    pub tools_used: Vec<Arc<str>>,
+    /// Model calls made.
+    pub model_calls: u32,
+}
+
+/// Why a turn ended without output. Each maps to a stable `chat.error` code.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum TurnFailure {
+    #[error("the model failed: {message}")]
+    Model { code: &'static str, message: String },
+    #[error("structured output still invalid after correction: {errors}")]
+    StructuredOutputInvalid { errors: String },
+    #[error("the reply is not valid tool-call JSON after correction: {reason}")]
+    InvalidToolJson { reason: String },
+    #[error("the agent used more than {0} tool steps without a final answer")]
+    ToolStepsExhausted(u32),
+    #[error("the turn was cancelled")]
+    Cancelled,
+}
+
+/// The state of one agent turn.
+pub struct TurnMachine {
+    plan: Arc<AgentPlan>,
+    limits: TurnLimits,
+    turn_key: Arc<str>,
+    /// System message, then the transcript the turn started from.
+    base: Vec<Message>,
+    /// Messages this turn added.
+    added: Vec<Message>,
+    steps: u32,
+    model_calls: u32,
+    structured_corrections_left: u32,
+    json_corrections_left: u32,
+    tools_used: Vec<Arc<str>>,
+    /// Results of calls refused before running (unknown tool, bad arguments), merged with the
+    /// real results so the model sees one answer per call, in call order.
+    pending_calls: Vec<PendingCall>,
+    json_tool_counter: u32,
+    done: bool,
+}
+
+#[derive(Debug)]
+enum PendingCall {
+    Refused { call_id: String, message: String },
+    Running { call_id: String, name: Arc<str> },
+}
+
+impl TurnMachine {
+    /// Starts a turn of `plan` over `history` with the agent's context variables `context`.
+    pub fn start(
+        plan: Arc<AgentPlan>,
+        history: &[Message],
+        context: &Map<String, Value>,
+        turn_key: Arc<str>,
+        limits: TurnLimits,
+    ) -> (Self, Step) {
+        let mut base = Vec::with_capacity(history.len() + 1);
+        base.push(Message::text(Role::System, plan.system_prompt(context)));
+        base.extend_from_slice(history);
+        let mut machine = Self {
+            structured_corrections_left: limits.structured_output_corrections,
+            json_corrections_left: limits.json_mode_corrections,
+            plan,
+            limits,
+            turn_key,
+            base,
+            added: Vec::new(),
+            steps: 0,
+            model_calls: 0,
+            tools_used: Vec::new(),
+            pending_calls: Vec::new(),
+            json_tool_counter: 0,
+            done: false,
+        };
+        let step = machine.call_model();
+        (machine, step)
+    }
+
+    /// The agent this turn runs.
+    pub fn plan(&self) -> &Arc<AgentPlan> {
+        &self.plan
+    }
+
+    /// A model call failed (after the client's own retries).
+    pub fn on_model_error(&mut self, err: &LlmError) -> Step {
+        self.fail(TurnFailure::Model {
+            code: err.code(),
+            message: err.to_string(),
+        })
+    }
+
+    /// The model answered.
+    pub fn on_model_reply(&mut self, reply: ChatResponse) -> Step {
+        if self.done {
+            return self.fail(TurnFailure::Cancelled);
+        }
+        let mut message = reply.message;
+        message.role = Role::Assistant;
+        message.name = Some(self.plan.name.clone());
+        match self.plan.tool_calling {
+            ToolCallingMode::Native if !message.tool_calls.is_empty() => {
+                self.native_tool_calls(message)
+            }
+            ToolCallingMode::Json if !self.plan.tools.is_empty() => self.json_reply(message),
+            _ => self.final_reply(message),
+        }
+    }
+
+    /// The tools of the last [`Step::RunTools`] finished.
+    pub fn on_tool_results(&mut self, results: Vec<ToolResult>) -> Step {
+        if self.done {
+            return self.fail(TurnFailure::Cancelled);
+        }
+        let pending = std::mem::take(&mut self.pending_calls);
+        let mut results: Vec<Option<ToolResult>> = results.into_iter().map(Some).collect();
+        let max = self.limits.tool_result_max_chars;
+        let json_mode = self.plan.tool_calling == ToolCallingMode::Json;
+        for call in pending {
+            let (call_id, text, name) = match call {
+                PendingCall::Refused { call_id, message } => (call_id, message, None),
+                PendingCall::Running { call_id, name } => {
+                    let found = results
+                        .iter_mut()
+                        .find(|r| r.as_ref().is_some_and(|r| r.call_id == call_id))
+                        .and_then(Option::take);
+                    let text = match found.map(|r| r.result) {
+                        Some(Ok(value)) => summarize_for_model(&value, max),
+                        Some(Err(err)) => format!(
+                            "{{\"status\":\"error\",\"code\":\"{}\",\"message\":{}}}",
+                            err.code(),
+                            json_string(&err.to_string())
+                        ),
+                        None => {
+                            "{\"status\":\"error\",\"message\":\"the tool produced no result\"}"
+                                .to_owned()
+                        }
+                    };
+                    if !self.tools_used.iter().any(|t| *t == name) {
+                        self.tools_used.push(name.clone());
+                    }
+                    (call_id, text, Some(name))
+                }
+            };
+            if json_mode {
+                self.json_tool_counter += 1;
+                let label = name.as_deref().unwrap_or("refused");
+                let n = self.json_tool_counter;
+                self.added.push(Message::text(
+                    Role::User,
+                    format!("Tool {n} [{label}]: {text}"),
+                ));
+            } else {
+                self.added.push(Message::tool_result(call_id, text));
+            }
+        }
+        self.call_model()
+    }
+
+    /// Stops the turn; the driver must not run anything else for it.
+    pub fn cancel(&mut self) -> Step {
+        self.fail(TurnFailure::Cancelled)
+    }
+
+    fn native_tool_calls(&mut self, message: Message) -> Step {
+        if self.steps >= self.limits.max_tool_steps {
+            return self.fail(TurnFailure::ToolStepsExhausted(self.limits.max_tool_steps));
+        }
+        self.steps += 1;
+        let mut runnable = Vec::new();
+        for (i, call) in message.tool_calls.iter().enumerate() {
+            match self.validate_call(&call.name, parse_arguments(&call.arguments)) {
+                Ok((tool_index, args)) => {
+                    let name = self.plan.tools[tool_index].name.clone();
+                    self.pending_calls.push(PendingCall::Running {
+                        call_id: call.id.clone(),
+                        name: name.clone(),
+                    });
+                    runnable.push(ToolInvocation {
+                        call_id: call.id.clone(),
+                        tool_index,
+                        name,
+                        args,
+                        invocation_key: format!("{}:s{}:{}", self.turn_key, self.steps, i),
+                    });
+                }
+                Err(message) => self.pending_calls.push(PendingCall::Refused {
+                    call_id: call.id.clone(),
+                    message,
+                }),
+            }
+        }
+        self.added.push(message);
+        if runnable.is_empty() {
+            // Nothing may run: the model reads the refusals and tries again.
+            return self.on_tool_results(Vec::new());
+        }
+        Step::RunTools(runnable)
+    }
+
+    fn json_reply(&mut self, message: Message) -> Step {
+        let reply = parse_json_mode_reply(message.content_str());
+        match reply {
+            JsonModeReply::Final(_) => self.final_reply(message),
+            JsonModeReply::ToolCall { tool, args } => {
+                if self.steps >= self.limits.max_tool_steps {
+                    return self.fail(TurnFailure::ToolStepsExhausted(self.limits.max_tool_steps));
+                }
+                match self.validate_call(&tool, Ok(args)) {
+                    Ok((tool_index, args)) => {
+                        self.steps += 1;
+                        let name = self.plan.tools[tool_index].name.clone();
+                        let call_id = format!("json_{}", self.steps);
+                        self.pending_calls.push(PendingCall::Running {
+                            call_id: call_id.clone(),
+                            name: name.clone(),
+                        });
+                        self.added.push(message);
+                        Step::RunTools(vec![ToolInvocation {
+                            invocation_key: format!("{}:s{}:0", self.turn_key, self.steps),
+                            call_id,
+                            tool_index,
+                            name,
+                            args,
+                        }])
+                    }
+                    Err(reason) => self.json_correction(message, reason),
+                }
+            }
+            JsonModeReply::Invalid(reason) => self.json_correction(message, reason),
+        }
+    }
+
+    fn json_correction(&mut self, message: Message, reason: String) -> Step {
+        if self.json_corrections_left == 0 {
+            return self.fail(TurnFailure::InvalidToolJson { reason });
+        }
+        self.json_corrections_left -= 1;
+        self.added.push(message);
+        self.added.push(Message::text(
+            Role::User,
+            format!(
+                "Your reply was rejected: {reason}. Answer with either plain final text, or exactly one JSON object {{\"tool\": \"<name>\", \"args\": {{...}}}} using only the tools listed."
+            ),
+        ));
+        self.call_model()
+    }
+
+    fn final_reply(&mut self, message: Message) -> Step {
+        let text: Arc<str> = message.content.clone().unwrap_or_else(|| Arc::from(""));
+        let Some(output) = self.plan.output.as_ref() else {
+            self.added.push(message);
+            return self.finish(text, None);
+        };
+        match parse_structured(&text).and_then(|v| {
+            output
+                .model
+                .validate(&v)
+                .map(|()| v)
+                .map_err(|e| e.join("; "))
+        }) {
+            Ok(value) => {
+                self.added.push(message);
+                self.finish(text, Some(value))
+            }
+            Err(errors) if !self.plan.structured_required => {
+                // Output is only advisory for this agent: keep the text, drop the structure.
+                tracing::debug!(agent = %self.plan.name, %errors, "optional structured output did not validate");
+                self.added.push(message);
+                self.finish(text, None)
+            }
+            Err(errors) => {
+                if self.structured_corrections_left == 0 {
+                    return self.fail(TurnFailure::StructuredOutputInvalid { errors });
+                }
+                self.structured_corrections_left -= 1;
+                self.added.push(message);
+                self.added.push(Message::text(
+                    Role::User,
+                    format!(
+                        "Your output did not match the required schema {}. Errors: {errors}. Reply again with only the corrected JSON object.",
+                        output.model_name
+                    ),
+                ));
+                self.call_model()
+            }
+        }
+    }
+
+    /// Ownership and strict argument checks. The error text is what the model will read.
+    fn validate_call(
+        &self,
+        name: &str,
+        args: Result<Value, ToolError>,
+    ) -> Result<(usize, Map<String, Value>), String> {
+        let Some(index) = self.plan.tools.iter().position(|t| &*t.name == name) else {
+            let known: Vec<&str> = self.plan.tools.iter().map(|t| &*t.name).collect();
+            return Err(format!(
+                "{{\"status\":\"error\",\"code\":\"unknown_tool\",\"message\":{}}}",
+                json_string(&format!(
+                    "Unknown tool '{}'. Available tools: {}",
+                    clip(name, 64),
+                    known.join(", ")
+                ))
+            ));
+        };
+        let args = args.map_err(|e| error_text(&e))?;
+        let normalized = self.plan.tools[index]
+            .args
+            .normalize(args)
+            .map_err(|e| error_text(&e))?;
+        Ok((index, normalized))
+    }
+
+    fn call_model(&mut self) -> Step {
+        self.model_calls += 1;
+        let mut messages = Vec::with_capacity(self.base.len() + self.added.len());
+        messages.extend_from_slice(&self.base);
+        messages.extend_from_slice(&self.added);
+        let mut request = ChatRequest::new(&*self.plan.name, messages);
+        request.model = self.plan.model.clone();
+        request.temperature = self.plan.temperature;
+        request.stream = self.limits.stream;
+        if self.plan.tool_calling == ToolCallingMode::Native && !self.plan.tools.is_empty() {
+            request.tools = self.plan.tool_specs.clone();
+            request.tool_choice = Some(ToolChoice::Auto);
+        }
+        if let Some(output) = &self.plan.output {
+            if self.plan.tool_calling == ToolCallingMode::Native && self.plan.tools.is_empty() {
+                request.response_format = Some(ResponseFormat {
+                    name: output.model_name.to_string(),
+                    schema: (*output.model.schema).clone(),
+                    strict: false,
+                });
+            }
+        }
+        Step::CallModel(request)
+    }
+
+    fn finish(&mut self, final_text: Arc<str>, structured: Option<Value>) -> Step {
+        self.done = true;
+        Step::Finished(TurnOutput {
+            new_messages: std::mem::take(&mut self.added),
+            final_text,
+            structured,
+            tools_used: std::mem::take(&mut self.tools_used),
+            model_calls: self.model_calls,
+        })
+    }
+
+    fn fail(&mut self, failure: TurnFailure) -> Step {
+        self.done = true;
+        Step::Failed(failure)
+    }
+
+    /// Messages this turn added so far (kept when a turn fails, for the transcript).
+    pub fn take_added(&mut self) -> Vec<Message> {
+        std::mem::take(&mut self.added)
+    }
+}
+
+/// Parses an agent's structured output: a JSON object, optionally inside a ```json fence.
+fn parse_structured(text: &str) -> Result<Value, String> {
+    let trimmed = text.trim();
+    let inner = trimmed
+        .strip_prefix("```json")
+        .or_else(|| trimmed.strip_prefix("```"))
+        .and_then(|rest| rest.strip_suffix("```"))
+        .unwrap_or(trimmed);
+    match serde_json::from_str::<Value>(inner.trim()) {
+        Ok(value @ Value::Object(_)) => Ok(value),
+        Ok(_) => Err("the output must be a JSON object".to_owned()),
+        Err(e) => Err(format!("the output is not valid JSON ({e})")),
+    }
+}
+
+fn error_text(err: &ToolError) -> String {
+    format!(
+        "{{\"status\":\"error\",\"code\":\"{}\",\"message\":{}}}",
+        err.code(),
+        json_string(&err.to_string())
+    )
+}
+
+fn json_string(s: &str) -> String {
+    Value::String(s.to_owned()).to_string()
+}
+
+fn clip(s: &str, max: usize) -> String {
+    s.chars().take(max).collect()
+}

@@ -10,9 +10,13 @@ use serde_json::Value;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
+    /// Instructions that frame the conversation.
     System,
+    /// The human (or the workflow acting for them).
     User,
+    /// A model's answer; `Message::name` says which agent wrote it.
     Assistant,
+    /// The result of a tool call, answering `Message::tool_call_id`.
     Tool,
 }
 
@@ -20,8 +24,11 @@ pub enum Role {
 /// it is untrusted and is parsed and validated by the tool layer, never here.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolCall {
+    /// Provider-assigned id; the tool result message refers to it.
     pub id: String,
+    /// The tool to run.
     pub name: String,
+    /// JSON text of the arguments, as produced by the model.
     pub arguments: String,
 }
 
@@ -29,12 +36,15 @@ pub struct ToolCall {
 /// to every model call of a turn without copying its text.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Message {
+    /// Who wrote the message.
     pub role: Role,
+    /// The text, if any (`None` for a pure tool-call message).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<Arc<str>>,
     /// The agent that wrote an assistant message (OpenAI's `name` field).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<Arc<str>>,
+    /// Tools the assistant asked to run.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tool_calls: Vec<ToolCall>,
     /// For `Role::Tool`: the id of the call this message answers.
@@ -45,17 +55,29 @@ pub struct Message {
 impl Message {
     /// A message with text content and nothing else.
     pub fn text(role: Role, content: impl Into<Arc<str>>) -> Self {
-        Self { role, content: Some(content.into()), name: None, tool_calls: Vec::new(), tool_call_id: None }
+        Self {
+            role,
+            content: Some(content.into()),
+            name: None,
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+        }
     }
 
     /// An assistant message written by `agent`.
     pub fn assistant(agent: impl Into<Arc<str>>, content: impl Into<Arc<str>>) -> Self {
-        Self { name: Some(agent.into()), ..Self::text(Role::Assistant, content) }
+        Self {
+            name: Some(agent.into()),
+            ..Self::text(Role::Assistant, content)
+        }
     }
 
     /// The result of tool call `call_id`, as the model will read it.
     pub fn tool_result(call_id: impl Into<String>, content: impl Into<Arc<str>>) -> Self {
-        Self { tool_call_id: Some(call_id.into()), ..Self::text(Role::Tool, content) }
+        Self {
+            tool_call_id: Some(call_id.into()),
+            ..Self::text(Role::Tool, content)
+        }
     }
 
     /// The text content, or "" when there is none (e.g. a pure tool-call message).
@@ -67,7 +89,9 @@ impl Message {
 /// A tool offered to the model (OpenAI function-calling shape).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolSpec {
+    /// The name the model calls the tool by.
     pub name: String,
+    /// What the tool does, for the model to decide when to use it.
     pub description: String,
     /// JSON Schema of the arguments.
     pub parameters: Value,
@@ -77,8 +101,11 @@ pub struct ToolSpec {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ToolChoice {
+    /// The model decides whether to call tools.
     Auto,
+    /// The model must answer with text.
     None,
+    /// The model must call at least one tool.
     Required,
     /// Force one named tool.
     Function(String),
@@ -87,8 +114,11 @@ pub enum ToolChoice {
 /// Ask for output that matches a JSON Schema (OpenAI `response_format: json_schema`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ResponseFormat {
+    /// A name for the schema (OpenAI requires one).
     pub name: String,
+    /// The JSON Schema the answer must match.
     pub schema: Value,
+    /// Ask the provider to enforce the schema exactly.
     pub strict: bool,
 }
 
@@ -96,13 +126,19 @@ pub struct ResponseFormat {
 /// model; it is not sent to the provider.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ChatRequest {
+    /// The agent asking; used by logs and the scripted model, never sent.
     pub agent: String,
     /// Model name; `None` uses the client's configured default.
     pub model: Option<String>,
+    /// The transcript the model sees, oldest first.
     pub messages: Vec<Message>,
+    /// Tools the model may call; empty for none.
     pub tools: Vec<ToolSpec>,
+    /// How the model may use `tools`; ignored when `tools` is empty.
     pub tool_choice: Option<ToolChoice>,
+    /// Require a JSON answer matching a schema.
     pub response_format: Option<ResponseFormat>,
+    /// Sampling temperature; `None` uses the provider's default.
     pub temperature: Option<f32>,
     /// Ask the provider to stream; deltas go to the sink passed to `ChatModel::complete`.
     pub stream: bool,
@@ -127,11 +163,14 @@ impl ChatRequest {
 /// Token counts reported by the provider for one call.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Usage {
+    /// Tokens of the request (transcript, tools, schema).
     pub prompt_tokens: u64,
+    /// Tokens of the answer.
     pub completion_tokens: u64,
 }
 
 impl Usage {
+    /// Prompt plus completion tokens, for budgets and reports.
     pub fn total(&self) -> u64 {
         self.prompt_tokens + self.completion_tokens
     }
@@ -140,8 +179,11 @@ impl Usage {
 /// The model's answer to one request: one assistant message (text, tool calls, or both).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ChatResponse {
+    /// The assistant message (`name` is set to the requesting agent).
     pub message: Message,
+    /// Token counts for this call (approximate for the scripted model).
     pub usage: Usage,
+    /// Why the model stopped (`"stop"`, `"tool_calls"`, `"length"`, ...), when reported.
     pub finish_reason: Option<String>,
     /// The model that answered, as the provider named it.
     pub model: String,

@@ -1,0 +1,830 @@
+//! The OpenAI chat-completions wire format: request encoding, response decoding, and assembly
+//! of streamed chunks. Pure functions over bytes and JSON so that they are testable without a
+//! server, and so that no provider quirk can make the client panic.
+
+use std::borrow::Cow;
+
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use crate::error::truncate_chars;
+use crate::{ChatRequest, ChatResponse, LlmError, Message, Role, ToolCall, ToolChoice, Usage};
+
+/// Characters of a bad body quoted in an `InvalidResponse` message.
+const BAD_BODY_EXCERPT_CHARS: usize = 120;
+
+// ---------------------------------------------------------------------------------------------
+// Request
+// ---------------------------------------------------------------------------------------------
+
+/// The request body, borrowing everything from the `ChatRequest` so that large transcripts and
+/// schemas are serialized without being copied first.
+#[derive(Serialize)]
+pub(crate) struct WireRequest<'a> {
+    model: &'a str,
+    messages: Vec<WireMessage<'a>>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tools: Vec<WireTool<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_choice: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    response_format: Option<WireResponseFormat<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f32>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    stream: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stream_options: Option<StreamOptions>,
+}
+
+#[derive(Serialize)]
+struct StreamOptions {
+    include_usage: bool,
+}
+
+#[derive(Serialize)]
+struct WireMessage<'a> {
+    role: Role,
+    /// `null` only for an assistant message that carries tool calls; `""` otherwise, because
+    /// several servers reject a null content on other roles.
+    content: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<Cow<'a, str>>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tool_calls: Vec<WireToolCall<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_call_id: Option<&'a str>,
+}
+
+#[derive(Serialize)]
+struct WireToolCall<'a> {
+    id: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: WireFunctionCall<'a>,
+}
+
+#[derive(Serialize)]
+struct WireFunctionCall<'a> {
+    name: &'a str,
+    arguments: &'a str,
+}
+
+#[derive(Serialize)]
+struct WireTool<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: WireFunction<'a>,
+}
+
+#[derive(Serialize)]
+struct WireFunction<'a> {
+    name: &'a str,
+    description: &'a str,
+    parameters: &'a Value,
+}
+
+#[derive(Serialize)]
+struct WireResponseFormat<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    json_schema: WireJsonSchema<'a>,
+}
+
+#[derive(Serialize)]
+struct WireJsonSchema<'a> {
+    name: Cow<'a, str>,
+    schema: &'a Value,
+    strict: bool,
+}
+
+impl<'a> WireRequest<'a> {
+    /// Encode `request` for `model`. `tool_choice` is dropped when no tools are offered, since
+    /// OpenAI rejects a `tool_choice` without `tools`.
+    pub(crate) fn new(request: &'a ChatRequest, model: &'a str) -> Self {
+        let tool_choice = match (&request.tool_choice, request.tools.is_empty()) {
+            (Some(choice), false) => Some(match choice {
+                ToolChoice::Auto => Value::from("auto"),
+                ToolChoice::None => Value::from("none"),
+                ToolChoice::Required => Value::from("required"),
+                ToolChoice::Function(name) => serde_json::json!({
+                    "type": "function",
+                    "function": { "name": name },
+                }),
+            }),
+            _ => None,
+        };
+        Self {
+            model,
+            messages: request.messages.iter().map(WireMessage::new).collect(),
+            tools: request
+                .tools
+                .iter()
+                .map(|t| WireTool {
+                    kind: "function",
+                    function: WireFunction {
+                        name: &t.name,
+                        description: &t.description,
+                        parameters: &t.parameters,
+                    },
+                })
+                .collect(),
+            tool_choice,
+            response_format: request
+                .response_format
+                .as_ref()
+                .map(|f| WireResponseFormat {
+                    kind: "json_schema",
+                    json_schema: WireJsonSchema {
+                        name: sanitize_name(&f.name).unwrap_or(Cow::Borrowed("response")),
+                        schema: &f.schema,
+                        strict: f.strict,
+                    },
+                }),
+            temperature: request.temperature,
+            stream: request.stream,
+            stream_options: request.stream.then_some(StreamOptions {
+                include_usage: true,
+            }),
+        }
+    }
+}
+
+impl<'a> WireMessage<'a> {
+    fn new(m: &'a Message) -> Self {
+        let is_assistant = m.role == Role::Assistant;
+        let tool_calls: Vec<WireToolCall<'a>> = if is_assistant {
+            m.tool_calls
+                .iter()
+                .map(|c| WireToolCall {
+                    id: &c.id,
+                    kind: "function",
+                    function: WireFunctionCall {
+                        name: &c.name,
+                        arguments: if c.arguments.trim().is_empty() {
+                            "{}"
+                        } else {
+                            &c.arguments
+                        },
+                    },
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let content = match m.content.as_deref() {
+            Some(text) => Some(text),
+            None if !tool_calls.is_empty() => None,
+            None => Some(""),
+        };
+        // `name` is not part of the tool-message shape; strict servers reject it there.
+        let name = match m.role {
+            Role::Tool => None,
+            _ => m.name.as_deref().and_then(sanitize_name),
+        };
+        Self {
+            role: m.role,
+            content,
+            name,
+            tool_calls,
+            tool_call_id: if m.role == Role::Tool {
+                m.tool_call_id.as_deref()
+            } else {
+                None
+            },
+        }
+    }
+}
+
+/// Make `name` match OpenAI's `^[a-zA-Z0-9_-]{1,64}$`: other characters become `_`, the result
+/// is cut to 64 characters, and an empty name is dropped. Borrows when already valid.
+pub(crate) fn sanitize_name(name: &str) -> Option<Cow<'_, str>> {
+    let ok = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-';
+    if name.is_empty() {
+        return None;
+    }
+    if name.len() <= 64 && name.chars().all(ok) {
+        return Some(Cow::Borrowed(name));
+    }
+    Some(Cow::Owned(
+        name.chars()
+            .take(64)
+            .map(|c| if ok(c) { c } else { '_' })
+            .collect(),
+    ))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Non-streamed response
+// ---------------------------------------------------------------------------------------------
+
+fn invalid(msg: impl Into<String>) -> LlmError {
+    LlmError::InvalidResponse(msg.into())
+}
+
+/// A short, printable start of a body for error messages.
+fn body_excerpt(body: &[u8]) -> String {
+    let text = String::from_utf8_lossy(body);
+    let text = text.trim();
+    if text.is_empty() {
+        "<empty body>".to_owned()
+    } else {
+        format!("{:?}", truncate_chars(text, BAD_BODY_EXCERPT_CHARS))
+    }
+}
+
+/// The provider's error message from an `{"error": ...}` object or string, if any.
+pub(crate) fn provider_error_message(error: &Value) -> Option<String> {
+    match error {
+        Value::String(s) => Some(s.clone()),
+        Value::Object(o) => o.get("message").and_then(Value::as_str).map(str::to_owned),
+        _ => None,
+    }
+}
+
+/// Decode a non-streamed chat completion. Never panics; anything unexpected becomes
+/// `LlmError::InvalidResponse` with a short description.
+pub(crate) fn parse_completion(
+    body: &[u8],
+    fallback_model: &str,
+) -> Result<ChatResponse, LlmError> {
+    let value: Value = serde_json::from_slice(body).map_err(|e| {
+        invalid(format!(
+            "body is not JSON ({e}); it starts with {}",
+            body_excerpt(body)
+        ))
+    })?;
+    let obj = value
+        .as_object()
+        .ok_or_else(|| invalid(format!("body is not a JSON object: {}", body_excerpt(body))))?;
+    let choices = match obj.get("choices") {
+        Some(Value::Array(choices)) => choices,
+        Some(Value::Null) | None => {
+            return Err(match obj.get("error").and_then(provider_error_message) {
+                Some(msg) => invalid(format!(
+                    "provider returned an error: {}",
+                    truncate_chars(&msg, BAD_BODY_EXCERPT_CHARS)
+                )),
+                None => invalid("body has no `choices`"),
+            });
+        }
+        Some(_) => return Err(invalid("`choices` is not an array")),
+    };
+    let choice = choices
+        .first()
+        .and_then(Value::as_object)
+        .ok_or_else(|| invalid("`choices` is empty"))?;
+    let message = choice
+        .get("message")
+        .and_then(Value::as_object)
+        .ok_or_else(|| invalid("choices[0] has no `message` object"))?;
+
+    let content = match content_text(message.get("content"))? {
+        Some(text) => Some(text),
+        None => message
+            .get("refusal")
+            .and_then(Value::as_str)
+            .map(str::to_owned),
+    };
+    let tool_calls = match message.get("tool_calls") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(calls)) => calls
+            .iter()
+            .enumerate()
+            .map(|(i, c)| parse_tool_call(i, c))
+            .collect::<Result<_, _>>()?,
+        Some(_) => return Err(invalid("choices[0].message.tool_calls is not an array")),
+    };
+
+    Ok(ChatResponse {
+        message: Message {
+            role: Role::Assistant,
+            content: content.map(Into::into),
+            name: None,
+            tool_calls,
+            tool_call_id: None,
+        },
+        usage: parse_usage(obj.get("usage")),
+        finish_reason: choice
+            .get("finish_reason")
+            .and_then(Value::as_str)
+            .map(str::to_owned),
+        model: response_model(obj, fallback_model),
+    })
+}
+
+fn response_model(obj: &Map<String, Value>, fallback: &str) -> String {
+    match obj.get("model").and_then(Value::as_str) {
+        Some(m) if !m.is_empty() => m.to_owned(),
+        _ => fallback.to_owned(),
+    }
+}
+
+/// Message content: a string, null, or (some servers) an array of `{"type":"text","text":..}`.
+fn content_text(content: Option<&Value>) -> Result<Option<String>, LlmError> {
+    match content {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(Value::Array(parts)) => Ok(Some(
+            parts
+                .iter()
+                .filter_map(|p| match p {
+                    Value::String(s) => Some(s.as_str()),
+                    _ => p.get("text").and_then(Value::as_str),
+                })
+                .collect(),
+        )),
+        Some(_) => Err(invalid("choices[0].message.content is not a string")),
+    }
+}
+
+fn parse_tool_call(i: usize, call: &Value) -> Result<ToolCall, LlmError> {
+    let function = call
+        .get("function")
+        .and_then(Value::as_object)
+        .ok_or_else(|| invalid(format!("tool_calls[{i}] has no `function` object")))?;
+    let name = match function.get("name").and_then(Value::as_str) {
+        Some(name) if !name.is_empty() => name.to_owned(),
+        _ => return Err(invalid(format!("tool_calls[{i}] has no function name"))),
+    };
+    let arguments = match function.get("arguments") {
+        Some(Value::String(s)) => normalize_arguments(s.clone()),
+        None | Some(Value::Null) => "{}".to_owned(),
+        // Some servers send the arguments as an object instead of its JSON text.
+        Some(other) => other.to_string(),
+    };
+    let id = match call.get("id").and_then(Value::as_str) {
+        Some(id) if !id.is_empty() => id.to_owned(),
+        _ => format!("call_{i}"),
+    };
+    Ok(ToolCall {
+        id,
+        name,
+        arguments,
+    })
+}
+
+/// Empty arguments mean "no arguments"; say so as JSON so that the tool layer can parse them.
+fn normalize_arguments(arguments: String) -> String {
+    if arguments.trim().is_empty() {
+        "{}".to_owned()
+    } else {
+        arguments
+    }
+}
+
+/// Usage is informational: missing or odd fields count as zero rather than failing the call.
+fn parse_usage(usage: Option<&Value>) -> Usage {
+    let field = |name: &str| {
+        usage
+            .and_then(|u| u.get(name))
+            .and_then(Value::as_u64)
+            .unwrap_or(0)
+    };
+    Usage {
+        prompt_tokens: field("prompt_tokens"),
+        completion_tokens: field("completion_tokens"),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Streamed response
+// ---------------------------------------------------------------------------------------------
+
+/// One tool call being assembled from stream fragments.
+#[derive(Debug, Default)]
+struct PartialCall {
+    index: u64,
+    id: String,
+    name: String,
+    arguments: String,
+}
+
+/// Builds the final response from the `data:` payloads of a streamed completion: concatenates
+/// content deltas, assembles tool calls by `index` (id and name come first, arguments in
+/// pieces), and keeps the last usage, finish reason and model.
+#[derive(Debug, Default)]
+pub(crate) struct StreamAssembler {
+    content: String,
+    saw_content: bool,
+    refusal: String,
+    calls: Vec<PartialCall>,
+    usage: Option<Usage>,
+    finish_reason: Option<String>,
+    model: Option<String>,
+}
+
+impl StreamAssembler {
+    /// Apply one chunk (the JSON text of one event). Content deltas are passed to `on_delta`.
+    pub(crate) fn apply(
+        &mut self,
+        data: &str,
+        on_delta: &mut dyn FnMut(&str),
+    ) -> Result<(), LlmError> {
+        let value: Value = serde_json::from_str(data).map_err(|e| {
+            invalid(format!(
+                "stream chunk is not JSON ({e}); it starts with {}",
+                body_excerpt(data.as_bytes())
+            ))
+        })?;
+        let Some(obj) = value.as_object() else {
+            return Err(invalid("stream chunk is not a JSON object"));
+        };
+        if let Some(error) = obj.get("error").filter(|e| !e.is_null()) {
+            let msg = provider_error_message(error).unwrap_or_else(|| "unknown error".to_owned());
+            return Err(LlmError::Stream(format!(
+                "provider sent an error: {}",
+                truncate_chars(&msg, BAD_BODY_EXCERPT_CHARS)
+            )));
+        }
+        if self.model.is_none() {
+            if let Some(m) = obj
+                .get("model")
+                .and_then(Value::as_str)
+                .filter(|m| !m.is_empty())
+            {
+                self.model = Some(m.to_owned());
+            }
+        }
+        if let Some(usage) = obj.get("usage").filter(|u| u.is_object()) {
+            self.usage = Some(parse_usage(Some(usage)));
+        }
+        let choices = match obj.get("choices") {
+            None | Some(Value::Null) => return Ok(()),
+            Some(Value::Array(choices)) => choices,
+            Some(_) => return Err(invalid("stream chunk `choices` is not an array")),
+        };
+        // We ask for one choice; ignore any other index a server might send.
+        for choice in choices
+            .iter()
+            .filter(|c| c.get("index").and_then(Value::as_u64).unwrap_or(0) == 0)
+        {
+            if let Some(reason) = choice.get("finish_reason").and_then(Value::as_str) {
+                self.finish_reason = Some(reason.to_owned());
+            }
+            let Some(delta) = choice.get("delta").filter(|d| !d.is_null()) else {
+                continue;
+            };
+            match delta.get("content") {
+                None | Some(Value::Null) => {}
+                Some(Value::String(text)) => {
+                    self.saw_content = true;
+                    if !text.is_empty() {
+                        self.content.push_str(text);
+                        on_delta(text);
+                    }
+                }
+                Some(_) => return Err(invalid("stream delta content is not a string")),
+            }
+            if let Some(refusal) = delta.get("refusal").and_then(Value::as_str) {
+                self.refusal.push_str(refusal);
+            }
+            match delta.get("tool_calls") {
+                None | Some(Value::Null) => {}
+                Some(Value::Array(fragments)) => {
+                    for fragment in fragments {
+                        self.apply_tool_fragment(fragment)?;
+                    }
+                }
+                Some(_) => return Err(invalid("stream delta tool_calls is not an array")),
+            }
+        }
+        Ok(())
+    }
+
+    fn apply_tool_fragment(&mut self, fragment: &Value) -> Result<(), LlmError> {
+        if !fragment.is_object() {
+            return Err(invalid("stream tool-call fragment is not an object"));
+        }
+        let id = fragment
+            .get("id")
+            .and_then(Value::as_str)
+            .filter(|id| !id.is_empty());
+        let index = match fragment.get("index").and_then(Value::as_u64) {
+            Some(index) => index,
+            // No index (some servers): a new id starts a new call, anything else continues
+            // the latest one.
+            None => match (id, self.calls.last()) {
+                (Some(id), _) if !self.calls.iter().any(|c| c.id == id) => {
+                    self.calls.iter().map(|c| c.index + 1).max().unwrap_or(0)
+                }
+                (_, Some(last)) => last.index,
+                (_, None) => 0,
+            },
+        };
+        let pos = match self.calls.iter().position(|c| c.index == index) {
+            Some(pos) => pos,
+            None => {
+                self.calls.push(PartialCall {
+                    index,
+                    ..PartialCall::default()
+                });
+                self.calls.len() - 1
+            }
+        };
+        let call = &mut self.calls[pos];
+        if let Some(id) = id {
+            if call.id.is_empty() {
+                call.id = id.to_owned();
+            }
+        }
+        if let Some(function) = fragment.get("function").filter(|f| !f.is_null()) {
+            if let Some(name) = function.get("name").and_then(Value::as_str) {
+                if call.name.is_empty() {
+                    call.name = name.to_owned();
+                }
+            }
+            match function.get("arguments") {
+                None | Some(Value::Null) => {}
+                Some(Value::String(piece)) => call.arguments.push_str(piece),
+                Some(other) => call.arguments.push_str(&other.to_string()),
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the provider said the answer is complete.
+    pub(crate) fn has_finished(&self) -> bool {
+        self.finish_reason.is_some()
+    }
+
+    /// The assembled response. Fails when a tool call never received its name.
+    pub(crate) fn finish(mut self, fallback_model: &str) -> Result<ChatResponse, LlmError> {
+        self.calls.sort_by_key(|c| c.index);
+        let tool_calls = self
+            .calls
+            .into_iter()
+            .map(|c| {
+                if c.name.is_empty() {
+                    return Err(invalid(format!(
+                        "streamed tool call #{} has no function name",
+                        c.index
+                    )));
+                }
+                Ok(ToolCall {
+                    id: if c.id.is_empty() {
+                        format!("call_{}", c.index)
+                    } else {
+                        c.id
+                    },
+                    name: c.name,
+                    arguments: normalize_arguments(c.arguments),
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        // An empty text next to tool calls is an artefact of the role chunk, not an answer.
+        let content = if !self.content.is_empty() {
+            Some(self.content)
+        } else if !self.refusal.is_empty() {
+            Some(self.refusal)
+        } else if self.saw_content && tool_calls.is_empty() {
+            Some(String::new())
+        } else {
+            None
+        };
+        Ok(ChatResponse {
+            message: Message {
+                role: Role::Assistant,
+                content: content.map(Into::into),
+                name: None,
+                tool_calls,
+                tool_call_id: None,
+            },
+            usage: self.usage.unwrap_or_default(),
+            finish_reason: self.finish_reason,
+            model: self.model.unwrap_or_else(|| fallback_model.to_owned()),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::{ResponseFormat, ToolSpec};
+
+    fn encode(request: &ChatRequest) -> Value {
+        serde_json::to_value(WireRequest::new(request, "m")).unwrap_or(Value::Null)
+    }
+
+    #[test]
+    fn request_encodes_every_field() {
+        let mut assistant = Message::assistant("Writer Bot", "");
+        assistant.content = None;
+        assistant.tool_calls = vec![ToolCall {
+            id: "c1".into(),
+            name: "search".into(),
+            arguments: "{\"q\":1}".into(),
+        }];
+        let mut request = ChatRequest::new(
+            "Writer",
+            vec![
+                Message::text(Role::System, "sys"),
+                Message {
+                    name: Some("ünïcode user".into()),
+                    ..Message::text(Role::User, "hi")
+                },
+                assistant,
+                Message::tool_result("c1", "result"),
+            ],
+        );
+        request.tools = vec![ToolSpec {
+            name: "search".into(),
+            description: "Search things".into(),
+            parameters: json!({"type": "object"}),
+        }];
+        request.tool_choice = Some(ToolChoice::Function("search".into()));
+        request.response_format = Some(ResponseFormat {
+            name: "out".into(),
+            schema: json!({"type": "object"}),
+            strict: true,
+        });
+        request.temperature = Some(0.5);
+        request.stream = true;
+
+        let v = encode(&request);
+        assert_eq!(v["model"], "m");
+        assert_eq!(
+            v["messages"][0],
+            json!({"role": "system", "content": "sys"})
+        );
+        assert_eq!(v["messages"][1]["name"], "_n_code_user");
+        assert_eq!(
+            v["messages"][2],
+            json!({
+                "role": "assistant",
+                "content": null,
+                "name": "Writer_Bot",
+                "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "search", "arguments": "{\"q\":1}"}}],
+            })
+        );
+        assert_eq!(
+            v["messages"][3],
+            json!({"role": "tool", "content": "result", "tool_call_id": "c1"})
+        );
+        assert_eq!(
+            v["tools"],
+            json!([{"type": "function", "function": {
+            "name": "search", "description": "Search things", "parameters": {"type": "object"}}}])
+        );
+        assert_eq!(
+            v["tool_choice"],
+            json!({"type": "function", "function": {"name": "search"}})
+        );
+        assert_eq!(
+            v["response_format"],
+            json!({"type": "json_schema", "json_schema": {
+            "name": "out", "schema": {"type": "object"}, "strict": true}})
+        );
+        assert_eq!(v["temperature"], json!(0.5));
+        assert_eq!(v["stream"], true);
+        assert_eq!(v["stream_options"], json!({"include_usage": true}));
+    }
+
+    #[test]
+    fn minimal_request_omits_optional_fields() {
+        let request = ChatRequest::new("A", vec![Message::text(Role::User, "hi")]);
+        let v = encode(&request);
+        let keys: Vec<&str> = v
+            .as_object()
+            .map(|o| o.keys().map(String::as_str).collect())
+            .unwrap_or_default();
+        assert_eq!(keys, vec!["messages", "model"]);
+    }
+
+    #[test]
+    fn tool_choice_without_tools_is_dropped() {
+        let mut request = ChatRequest::new("A", vec![]);
+        request.tool_choice = Some(ToolChoice::Required);
+        assert!(encode(&request).get("tool_choice").is_none());
+        request.tools.push(ToolSpec {
+            name: "t".into(),
+            description: String::new(),
+            parameters: json!({}),
+        });
+        for (choice, want) in [
+            (ToolChoice::Auto, json!("auto")),
+            (ToolChoice::None, json!("none")),
+            (ToolChoice::Required, json!("required")),
+        ] {
+            request.tool_choice = Some(choice);
+            assert_eq!(encode(&request)["tool_choice"], want);
+        }
+    }
+
+    #[test]
+    fn names_are_sanitized() {
+        assert_eq!(sanitize_name("ok_Name-1").as_deref(), Some("ok_Name-1"));
+        assert!(matches!(sanitize_name("ok"), Some(Cow::Borrowed(_))));
+        assert_eq!(sanitize_name("a b.c").as_deref(), Some("a_b_c"));
+        assert_eq!(sanitize_name(""), None);
+        let long = "x".repeat(100);
+        assert_eq!(sanitize_name(&long).map(|n| n.len()), Some(64));
+    }
+
+    #[test]
+    fn garbage_bodies_are_invalid_responses() {
+        for body in [
+            &b""[..],
+            b"not json",
+            b"<html>502</html>",
+            b"[]",
+            b"{}",
+            b"{\"choices\": null}",
+            b"{\"choices\": 3}",
+            b"{\"choices\": []}",
+            b"{\"choices\": [1]}",
+            b"{\"choices\": [{}]}",
+            b"{\"choices\": [{\"message\": {\"content\": 5}}]}",
+            b"{\"choices\": [{\"message\": {\"tool_calls\": {}}}]}",
+            b"{\"choices\": [{\"message\": {\"tool_calls\": [{\"function\": {}}]}}]}",
+            b"{\"error\": {\"message\": \"boom\"}}",
+            b"\xff\xfe",
+        ] {
+            match parse_completion(body, "m") {
+                Err(LlmError::InvalidResponse(msg)) => assert!(!msg.is_empty()),
+                other => panic!("{:?} gave {other:?}", String::from_utf8_lossy(body)),
+            }
+        }
+        let Err(err) = parse_completion(b"{\"error\": {\"message\": \"boom\"}}", "m") else {
+            panic!("expected error");
+        };
+        assert!(err.to_string().contains("boom"));
+    }
+
+    #[test]
+    fn lenient_about_optional_parts() {
+        let body = br#"{"choices":[{"message":{"content":[{"type":"text","text":"a"},{"type":"text","text":"b"}],
+            "tool_calls":[{"function":{"name":"f","arguments":{"x":1}}},{"id":"","function":{"name":"g","arguments":""}}]}}],
+            "usage":{"prompt_tokens":"lots"}}"#;
+        let r = parse_completion(body, "fallback").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(r.message.content.as_deref(), Some("ab"));
+        assert_eq!(r.message.tool_calls[0].id, "call_0");
+        assert_eq!(r.message.tool_calls[0].arguments, "{\"x\":1}");
+        assert_eq!(r.message.tool_calls[1].id, "call_1");
+        assert_eq!(r.message.tool_calls[1].arguments, "{}");
+        assert_eq!(r.usage, Usage::default());
+        assert_eq!(r.model, "fallback");
+        assert_eq!(r.finish_reason, None);
+    }
+
+    #[test]
+    fn assembler_builds_tool_calls_without_indices() {
+        let mut asm = StreamAssembler::default();
+        let mut ignore = |_: &str| {};
+        for chunk in [
+            r#"{"choices":[{"delta":{"tool_calls":[{"id":"a","function":{"name":"f","arguments":"{\"x\""}}]}}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[{"function":{"arguments":":1}"}}]}}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[{"id":"b","function":{"name":"g","arguments":"{}"}}]}}]}"#,
+            r#"{"choices":[{"delta":{},"finish_reason":"tool_calls"}]}"#,
+        ] {
+            asm.apply(chunk, &mut ignore)
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        assert!(asm.has_finished());
+        let r = asm.finish("m").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(r.message.content, None);
+        assert_eq!(
+            r.message.tool_calls,
+            vec![
+                ToolCall {
+                    id: "a".into(),
+                    name: "f".into(),
+                    arguments: "{\"x\":1}".into()
+                },
+                ToolCall {
+                    id: "b".into(),
+                    name: "g".into(),
+                    arguments: "{}".into()
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn assembler_rejects_bad_chunks_and_reports_stream_errors() {
+        let mut ignore = |_: &str| {};
+        let mut asm = StreamAssembler::default();
+        assert!(matches!(
+            asm.apply("nope", &mut ignore),
+            Err(LlmError::InvalidResponse(_))
+        ));
+        assert!(matches!(
+            asm.apply("[1]", &mut ignore),
+            Err(LlmError::InvalidResponse(_))
+        ));
+        let err = asm.apply(r#"{"error":{"message":"overloaded"}}"#, &mut ignore);
+        assert!(
+            matches!(&err, Err(LlmError::Stream(m)) if m.contains("overloaded")),
+            "{err:?}"
+        );
+        let mut asm = StreamAssembler::default();
+        asm.apply(
+            r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{}"}}]}}]}"#,
+            &mut ignore,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert!(matches!(asm.finish("m"), Err(LlmError::InvalidResponse(_))));
+    }
+}

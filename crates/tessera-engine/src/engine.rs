@@ -11,6 +11,7 @@ use actix::prelude::*;
 use serde_json::{Map, Value};
 use tessera_llm::ChatModel;
 use tessera_manifest::Workflow;
+use tessera_protocol::ServerEvent;
 use tessera_tools::BuiltinRegistry;
 
 use crate::auto_tool::AutoToolHandler;
@@ -20,6 +21,18 @@ use crate::plan::CompiledWorkflow;
 use crate::session::{ChatIdentity, ChatSession};
 use crate::{EngineConfig, EngineError};
 
+/// Sees every event a chat publishes (metrics, audit). Must be cheap and never block.
+pub type EventObserver = Arc<dyn Fn(&ServerEvent) + Send + Sync>;
+
+/// Optional extensions of the engine.
+#[derive(Clone, Default)]
+pub struct EngineHooks {
+    /// Durable tool-invocation records behind every `DedupCache`.
+    pub durable_dedup: Option<Arc<dyn DedupRecordStore>>,
+    /// Called for every published event.
+    pub observer: Option<EventObserver>,
+}
+
 /// The helper actors of one arbiter.
 #[derive(Clone)]
 pub struct Shard {
@@ -27,15 +40,13 @@ pub struct Shard {
     pub dedup: Addr<DedupCache>,
     pub correlator: Addr<UiCorrelator>,
     pub auto_tools: Addr<AutoToolHandler>,
+    pub observer: Option<EventObserver>,
 }
 
 impl Shard {
     /// Starts a shard's actors on `arbiter`.
-    pub fn start(
-        arbiter: ArbiterHandle,
-        config: &EngineConfig,
-        durable: Option<Arc<dyn DedupRecordStore>>,
-    ) -> Self {
+    pub fn start(arbiter: ArbiterHandle, config: &EngineConfig, hooks: &EngineHooks) -> Self {
+        let durable = hooks.durable_dedup.clone();
         let capacity = config.dedup_capacity;
         let policy = config.disconnect_policy;
         let ui_timeout = config.ui_timeout;
@@ -52,6 +63,7 @@ impl Shard {
             dedup,
             correlator,
             auto_tools,
+            observer: hooks.observer.clone(),
         }
     }
 }
@@ -97,7 +109,7 @@ impl Engine {
         workflows: Vec<(Workflow, Arc<dyn ChatModel>)>,
         builtins: &BuiltinRegistry,
         config: EngineConfig,
-        durable: Option<Arc<dyn DedupRecordStore>>,
+        hooks: EngineHooks,
     ) -> Result<Self, EngineError> {
         let http = reqwest::Client::builder()
             .connect_timeout(std::time::Duration::from_secs(5))
@@ -118,7 +130,7 @@ impl Engine {
         let arbiters: Vec<Arbiter> = (0..count).map(|_| Arbiter::new()).collect();
         let shards = arbiters
             .iter()
-            .map(|a| Shard::start(a.handle(), &config, durable.clone()))
+            .map(|a| Shard::start(a.handle(), &config, &hooks))
             .collect();
         Ok(Self {
             inner: Arc::new(EngineInner {

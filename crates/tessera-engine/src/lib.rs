@@ -22,5 +22,5 @@ pub mod session;
 pub mod turn;
 
 pub use config::{DisconnectPolicy, EngineConfig};
-pub use engine::{ChatHandle, Engine, NewChat, Shard};
+pub use engine::{ChatHandle, Engine, EngineHooks, EventObserver, NewChat, Shard};
 pub use error::EngineError;

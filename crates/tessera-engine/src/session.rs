@@ -158,7 +158,7 @@ pub struct ChatSession {
     context: Map<String, Value>,
     current_agent: Arc<str>,
     turn: u32,
-    /// Agent turns since the user last spoke.
+    /// Turns the current agent took in a row since the user last spoke.
     consecutive: u32,
     status: ChatStatus,
     runner: Option<Addr<AgentRunner>>,
@@ -211,6 +211,9 @@ impl ChatSession {
 
     /// Assigns the next seq, logs the event, and fans it out.
     fn publish(&mut self, event: ServerEvent) {
+        if let Some(observe) = &self.shard.observer {
+            observe(&event);
+        }
         let seq = self.last_seq() + 1;
         let timestamp = rfc3339_now();
         let text: Arc<str> = Envelope {
@@ -496,16 +499,23 @@ impl ChatSession {
             }
             HandoffTarget::User => self.await_user(),
             HandoffTarget::Agent(next) => {
+                // AG2's max_consecutive_auto_reply: replies of the same agent in a row
+                // without the user speaking.
                 let limit = self
                     .wf
                     .agent(&next)
                     .map_or(0, |p| p.max_consecutive_auto_reply);
-                if limit > 0 && self.consecutive >= limit {
+                let in_a_row = if *next == *agent {
+                    self.consecutive + 1
+                } else {
+                    1
+                };
+                if limit > 0 && in_a_row > limit {
                     tracing::info!(chat_id = %self.id.chat_id, agent = %next, "max_consecutive_auto_reply reached; asking the user");
                     self.await_user();
                     return;
                 }
-                self.consecutive += 1;
+                self.consecutive = in_a_row;
                 if *next != *agent {
                     self.publish(ServerEvent::Handoff {
                         from: agent.to_string(),
@@ -668,7 +678,7 @@ impl Handler<UserInput> for ChatSession {
             ui_hidden: false,
         });
         self.push_message(Message::text(Role::User, msg.content), id, false);
-        self.consecutive = 0;
+        self.consecutive = 1;
         let agent = self.current_agent.clone();
         self.start_turn(agent, ctx);
         Ok(())

@@ -204,7 +204,7 @@ impl TurnMachine {
                                 .to_owned()
                         }
                     };
-                    if !self.tools_used.iter().any(|t| *t == name) {
+                    if !self.tools_used.contains(&name) {
                         self.tools_used.push(name.clone());
                     }
                     (call_id, text, Some(name))
@@ -393,14 +393,15 @@ impl TurnMachine {
             request.tools = self.plan.tool_specs.clone();
             request.tool_choice = Some(ToolChoice::Auto);
         }
-        if let Some(output) = &self.plan.output {
-            if self.plan.tool_calling == ToolCallingMode::Native && self.plan.tools.is_empty() {
-                request.response_format = Some(ResponseFormat {
-                    name: output.model_name.to_string(),
-                    schema: (*output.model.schema).clone(),
-                    strict: false,
-                });
-            }
+        if let Some(output) = &self.plan.output
+            && self.plan.tool_calling == ToolCallingMode::Native
+            && self.plan.tools.is_empty()
+        {
+            request.response_format = Some(ResponseFormat {
+                name: output.model_name.to_string(),
+                schema: (*output.model.schema).clone(),
+                strict: false,
+            });
         }
         Step::CallModel(request)
     }

@@ -438,13 +438,11 @@ impl Inner {
                 assembler.apply(&data, on_delta).map_err(Failure::fatal)?;
             }
         }
-        if !done {
-            if let Some(data) = parser.finish() {
-                if data.trim() == "[DONE]" {
-                    done = true;
-                } else {
-                    assembler.apply(&data, on_delta).map_err(Failure::fatal)?;
-                }
+        if !done && let Some(data) = parser.finish() {
+            if data.trim() == "[DONE]" {
+                done = true;
+            } else {
+                assembler.apply(&data, on_delta).map_err(Failure::fatal)?;
             }
         }
         if !done && !assembler.has_finished() {

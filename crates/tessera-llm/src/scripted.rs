@@ -118,12 +118,12 @@ impl ScriptedModel {
             Some(Value::Object(map)) => Some(map),
             Some(_) => return Err(script_error("`loop_from` must be an object")),
         };
-        if let Some(loop_from) = loop_from {
-            if let Some(unknown) = loop_from.keys().find(|a| !agents_json.contains_key(*a)) {
-                return Err(script_error(format!(
-                    "`loop_from` names agent {unknown:?}, which has no replies"
-                )));
-            }
+        if let Some(loop_from) = loop_from
+            && let Some(unknown) = loop_from.keys().find(|a| !agents_json.contains_key(*a))
+        {
+            return Err(script_error(format!(
+                "`loop_from` names agent {unknown:?}, which has no replies"
+            )));
         }
 
         let mut agents = HashMap::with_capacity(agents_json.len());

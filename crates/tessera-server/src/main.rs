@@ -1,1 +1,106 @@
-fn main() {}
+//! The `tessera` binary. Each subcommand lives in its own module; `main` only dispatches.
+
+mod auth;
+mod config;
+mod metrics;
+mod registry;
+mod rest;
+mod serve;
+mod validate;
+mod web_client;
+mod ws;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Command-line interface of the Tessera workflow engine.
+#[derive(Debug, Parser)]
+#[command(
+    name = "tessera",
+    version,
+    about = "Runs LLM agent chat workflows defined by JSON manifests"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// The subcommands; add new ones here and dispatch them in `main`.
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Check workflow manifests and print a summary or every error (exit code 1 on any error).
+    Validate {
+        /// Workflow folders, or folders containing workflow folders (default: `workflows`).
+        dirs: Vec<PathBuf>,
+    },
+    /// Serve chats over HTTP and WebSocket (the web client is at `/`).
+    Serve {
+        /// A TOML config file; `TESSERA_*` environment variables override it.
+        #[arg(long, env = "TESSERA_CONFIG")]
+        config: Option<PathBuf>,
+        /// Listen address, e.g. 127.0.0.1:8080 (port 0 picks a free port).
+        #[arg(long)]
+        bind: Option<std::net::SocketAddr>,
+        /// Log format.
+        #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+        log_format: LogFormat,
+    },
+}
+
+/// How logs are written.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+fn init_logs(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,actix_server=warn"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+fn serve(
+    config: Option<PathBuf>,
+    bind: Option<std::net::SocketAddr>,
+    log_format: LogFormat,
+) -> ExitCode {
+    init_logs(log_format);
+    let result = config::ServerConfig::load(config.as_deref(), |k| std::env::var(k).ok()).and_then(
+        |mut c| {
+            if let Some(bind) = bind {
+                c.bind = bind;
+            }
+            serve::run(c)
+        },
+    );
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tessera serve: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Validate { dirs } => validate::run(&dirs),
+        Command::Serve {
+            config,
+            bind,
+            log_format,
+        } => serve(config, bind, log_format),
+    }
+}

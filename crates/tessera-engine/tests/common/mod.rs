@@ -169,7 +169,7 @@ pub fn harness(
             stream: false,
             ..config
         },
-        None,
+        tessera_engine::EngineHooks::default(),
     ) {
         Ok(e) => e,
         Err(e) => panic!("engine must start: {e}"),

@@ -437,14 +437,13 @@ impl StreamAssembler {
                 truncate_chars(&msg, BAD_BODY_EXCERPT_CHARS)
             )));
         }
-        if self.model.is_none() {
-            if let Some(m) = obj
+        if self.model.is_none()
+            && let Some(m) = obj
                 .get("model")
                 .and_then(Value::as_str)
                 .filter(|m| !m.is_empty())
-            {
-                self.model = Some(m.to_owned());
-            }
+        {
+            self.model = Some(m.to_owned());
         }
         if let Some(usage) = obj.get("usage").filter(|u| u.is_object()) {
             self.usage = Some(parse_usage(Some(usage)));
@@ -523,16 +522,16 @@ impl StreamAssembler {
             }
         };
         let call = &mut self.calls[pos];
-        if let Some(id) = id {
-            if call.id.is_empty() {
-                call.id = id.to_owned();
-            }
+        if let Some(id) = id
+            && call.id.is_empty()
+        {
+            call.id = id.to_owned();
         }
         if let Some(function) = fragment.get("function").filter(|f| !f.is_null()) {
-            if let Some(name) = function.get("name").and_then(Value::as_str) {
-                if call.name.is_empty() {
-                    call.name = name.to_owned();
-                }
+            if let Some(name) = function.get("name").and_then(Value::as_str)
+                && call.name.is_empty()
+            {
+                call.name = name.to_owned();
             }
             match function.get("arguments") {
                 None | Some(Value::Null) => {}

@@ -1,0 +1,114 @@
+//! Prometheus metrics as plain atomic counters (no labels that carry tenant or chat ids, so no
+//! tenant can learn about another from `/metrics`).
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+
+use tessera_protocol::ServerEvent;
+
+/// Process-wide counters, shared by all handlers behind an `Arc`.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    pub chats_open: AtomicI64,
+    pub chats_created: AtomicU64,
+    pub ws_connections: AtomicI64,
+    pub ws_frames_in: AtomicU64,
+    pub ws_errors: AtomicU64,
+    pub turns: AtomicU64,
+    pub tool_calls_ok: AtomicU64,
+    pub tool_calls_error: AtomicU64,
+    pub llm_tokens: AtomicU64,
+}
+
+impl Metrics {
+    /// Counts what a published event says (turns, tool results, tokens, ended chats).
+    pub fn observe(&self, event: &ServerEvent) {
+        match event {
+            ServerEvent::RunStart { .. } => {
+                self.turns.fetch_add(1, Ordering::Relaxed);
+            }
+            ServerEvent::ToolResponse(data) => {
+                let ok = data
+                    .get("success")
+                    .and_then(serde_json::Value::as_bool)
+                    .unwrap_or(false);
+                let counter = if ok {
+                    &self.tool_calls_ok
+                } else {
+                    &self.tool_calls_error
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
+            }
+            ServerEvent::Usage { total_tokens, .. } => {
+                self.llm_tokens.fetch_add(*total_tokens, Ordering::Relaxed);
+            }
+            ServerEvent::RunComplete { reason, .. }
+                if reason == "terminate" || reason == "max_turns" =>
+            {
+                self.chats_open.fetch_sub(1, Ordering::Relaxed);
+            }
+            _ => {}
+        }
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::with_capacity(1024);
+        let mut gauge = |name: &str, help: &str, kind: &str, value: i64| {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
+            );
+        };
+        let load = |a: &AtomicU64| i64::try_from(a.load(Ordering::Relaxed)).unwrap_or(i64::MAX);
+        gauge(
+            "tessera_chats_open",
+            "Chats currently held in memory.",
+            "gauge",
+            self.chats_open.load(Ordering::Relaxed),
+        );
+        gauge(
+            "tessera_chats_created_total",
+            "Chats created.",
+            "counter",
+            load(&self.chats_created),
+        );
+        gauge(
+            "tessera_ws_connections",
+            "Open WebSocket connections.",
+            "gauge",
+            self.ws_connections.load(Ordering::Relaxed),
+        );
+        gauge(
+            "tessera_ws_frames_in_total",
+            "Client frames received.",
+            "counter",
+            load(&self.ws_frames_in),
+        );
+        gauge(
+            "tessera_ws_errors_total",
+            "Client frames refused with chat.error.",
+            "counter",
+            load(&self.ws_errors),
+        );
+        gauge(
+            "tessera_turns_total",
+            "Agent turns started.",
+            "counter",
+            load(&self.turns),
+        );
+        gauge(
+            "tessera_llm_tokens_total",
+            "Tokens reported by model calls.",
+            "counter",
+            load(&self.llm_tokens),
+        );
+        let _ = writeln!(
+            out,
+            "# HELP tessera_tool_calls_total Tool calls by outcome.\n# TYPE tessera_tool_calls_total counter\ntessera_tool_calls_total{{status=\"ok\"}} {}\ntessera_tool_calls_total{{status=\"error\"}} {}",
+            self.tool_calls_ok.load(Ordering::Relaxed),
+            self.tool_calls_error.load(Ordering::Relaxed)
+        );
+        out
+    }
+}

@@ -1,0 +1,85 @@
+//! `ChatRegistry`: the server actor that routes a chat id to its `ChatSession`, and says who
+//! owns it. Every lookup names the caller's tenant and user, and a chat of anyone else reads
+//! exactly like a chat that does not exist.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use actix::prelude::*;
+use tessera_engine::ChatHandle;
+
+/// Add a started chat.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct RegisterChat(pub ChatHandle);
+
+/// Find chat `chat_id` if `tenant`/`user` own it.
+#[derive(Message)]
+#[rtype(result = "Option<ChatHandle>")]
+pub struct FindChat {
+    pub chat_id: String,
+    pub tenant: Arc<str>,
+    pub user: Arc<str>,
+}
+
+/// The chats of one user, newest first.
+#[derive(Message)]
+#[rtype(result = "Vec<ChatHandle>")]
+pub struct ListChats {
+    pub tenant: Arc<str>,
+    pub user: Arc<str>,
+}
+
+/// Every registered chat (for shutdown).
+#[derive(Message)]
+#[rtype(result = "Vec<ChatHandle>")]
+pub struct AllChats;
+
+/// chat id → handle.
+#[derive(Default)]
+pub struct ChatRegistry {
+    chats: HashMap<Arc<str>, (u64, ChatHandle)>,
+    counter: u64,
+}
+
+impl Actor for ChatRegistry {
+    type Context = Context<Self>;
+}
+
+impl Handler<RegisterChat> for ChatRegistry {
+    type Result = ();
+    fn handle(&mut self, RegisterChat(handle): RegisterChat, _: &mut Self::Context) {
+        self.counter += 1;
+        self.chats
+            .insert(handle.identity.chat_id.clone(), (self.counter, handle));
+    }
+}
+
+impl Handler<FindChat> for ChatRegistry {
+    type Result = Option<ChatHandle>;
+    fn handle(&mut self, msg: FindChat, _: &mut Self::Context) -> Self::Result {
+        let (_, handle) = self.chats.get(msg.chat_id.as_str())?;
+        (handle.identity.tenant == msg.tenant && handle.identity.user == msg.user)
+            .then(|| handle.clone())
+    }
+}
+
+impl Handler<ListChats> for ChatRegistry {
+    type Result = MessageResult<ListChats>;
+    fn handle(&mut self, msg: ListChats, _: &mut Self::Context) -> Self::Result {
+        let mut mine: Vec<&(u64, ChatHandle)> = self
+            .chats
+            .values()
+            .filter(|(_, h)| h.identity.tenant == msg.tenant && h.identity.user == msg.user)
+            .collect();
+        mine.sort_by_key(|entry| std::cmp::Reverse(entry.0));
+        MessageResult(mine.into_iter().map(|(_, h)| h.clone()).collect())
+    }
+}
+
+impl Handler<AllChats> for ChatRegistry {
+    type Result = MessageResult<AllChats>;
+    fn handle(&mut self, _: AllChats, _: &mut Self::Context) -> Self::Result {
+        MessageResult(self.chats.values().map(|(_, h)| h.clone()).collect())
+    }
+}

@@ -1,0 +1,577 @@
+//! The REST API under `/api/v1`, plus health, readiness and metrics. Errors are JSON
+//! `{code, message}` with the matching status; a chat of another tenant or user answers 404
+//! exactly like a chat that does not exist.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use actix::prelude::*;
+use actix_web::http::StatusCode;
+use actix_web::{HttpRequest, HttpResponse, ResponseError, web};
+use serde::Deserialize;
+use serde_json::{Map, Value, json};
+use tessera_engine::session::{
+    CancelRun, ChatSnapshot, Deliver, GetSnapshot, Subscribe, ToolAnswer, Unsubscribe, UserInput,
+};
+use tessera_engine::{ChatHandle, EngineError, NewChat};
+use tessera_protocol::ErrorCode;
+use tokio::sync::oneshot;
+
+use crate::auth::{AuthError, Caller};
+use crate::registry::{FindChat, ListChats, RegisterChat};
+use crate::serve::AppState;
+
+/// A REST error: status, stable code, and a sentence for humans.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    fn not_found() -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not_found", "no such chat")
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.code, self.message)
+    }
+}
+
+impl ResponseError for ApiError {
+    fn status_code(&self) -> StatusCode {
+        self.status
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        HttpResponse::build(self.status).json(json!({"code": self.code, "message": self.message}))
+    }
+}
+
+impl From<EngineError> for ApiError {
+    fn from(err: EngineError) -> Self {
+        let status = match &err {
+            EngineError::UnknownWorkflow(_) => StatusCode::NOT_FOUND,
+            EngineError::NotAcceptingInput(_) => StatusCode::CONFLICT,
+            EngineError::Correlation(_) => StatusCode::NOT_FOUND,
+            EngineError::InvalidToolResponse(_) | EngineError::Workflow(_) => {
+                StatusCode::BAD_REQUEST
+            }
+            EngineError::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        };
+        Self::new(status, err.code().as_str(), err.to_string())
+    }
+}
+
+fn unavailable() -> ApiError {
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "unavailable",
+        "the chat is not running",
+    )
+}
+
+/// The authenticated caller of `req`.
+pub fn caller(state: &AppState, req: &HttpRequest) -> Result<Caller, ApiError> {
+    state.auth.caller(req).map_err(|e| match e {
+        AuthError::Missing => ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "send Authorization: Bearer <api key>",
+        ),
+        AuthError::Invalid => ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "the API key is not valid",
+        ),
+    })
+}
+
+/// The caller's chat `chat_id`, or 404.
+pub async fn owned_chat(
+    state: &AppState,
+    caller: &Caller,
+    chat_id: &str,
+) -> Result<ChatHandle, ApiError> {
+    state
+        .registry
+        .send(FindChat {
+            chat_id: chat_id.to_owned(),
+            tenant: caller.tenant.clone(),
+            user: caller.user.clone(),
+        })
+        .await
+        .map_err(|_| unavailable())?
+        .ok_or_else(ApiError::not_found)
+}
+
+/// Registers all routes.
+pub fn routes(cfg: &mut web::ServiceConfig) {
+    cfg.route("/healthz", web::get().to(healthz))
+        .route("/readyz", web::get().to(readyz))
+        .route("/metrics", web::get().to(metrics))
+        .service(
+            web::scope("/api/v1")
+                .route("/workflows", web::get().to(list_workflows))
+                .route("/chats", web::post().to(create_chat))
+                .route("/chats", web::get().to(list_chats))
+                .route("/chats/{id}", web::get().to(get_chat))
+                .route("/chats/{id}/messages", web::get().to(get_messages))
+                .route("/chats/{id}/cancel", web::post().to(cancel_chat))
+                .route("/chats/{id}/input", web::post().to(post_input))
+                .route(
+                    "/chats/{id}/tool-responses",
+                    web::post().to(post_tool_response),
+                )
+                .route("/chats/{id}/files/{file}", web::get().to(download_file))
+                .route("/chats/{id}/ws", web::get().to(websocket))
+                .route("/run", web::post().to(run_workflow)),
+        );
+}
+
+async fn healthz() -> HttpResponse {
+    HttpResponse::Ok().json(json!({"status": "ok"}))
+}
+
+async fn readyz(state: web::Data<AppState>) -> HttpResponse {
+    if state.shutting_down.load(Ordering::Relaxed) {
+        return HttpResponse::ServiceUnavailable().json(json!({"status": "shutting_down"}));
+    }
+    HttpResponse::Ok().json(json!({"status": "ready", "workflows": state.workflows.len()}))
+}
+
+async fn metrics(state: web::Data<AppState>) -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("text/plain; version=0.0.4")
+        .body(state.metrics.render())
+}
+
+async fn list_workflows(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+) -> Result<HttpResponse, ApiError> {
+    caller(&state, &req)?;
+    Ok(HttpResponse::Ok().json(json!({"workflows": &*state.workflows})))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateChat {
+    workflow: String,
+    #[serde(default)]
+    context: Map<String, Value>,
+}
+
+async fn create_chat(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    body: web::Json<CreateChat>,
+) -> Result<HttpResponse, ApiError> {
+    let caller = caller(&state, &req)?;
+    let body = body.into_inner();
+    let handle = start_chat(&state, &caller, body.workflow, body.context)?;
+    let chat_id = handle.identity.chat_id.to_string();
+    Ok(HttpResponse::Created().json(json!({
+        "chat_id": chat_id,
+        "workflow": handle.workflow,
+        "ws_url": format!("/api/v1/chats/{chat_id}/ws"),
+    })))
+}
+
+fn start_chat(
+    state: &AppState,
+    caller: &Caller,
+    workflow: String,
+    context: Map<String, Value>,
+) -> Result<ChatHandle, ApiError> {
+    let handle = state.engine.start_chat(NewChat {
+        tenant: caller.tenant.to_string(),
+        user: caller.user.to_string(),
+        workflow,
+        context,
+        chat_id: None,
+    })?;
+    state.registry.do_send(RegisterChat(handle.clone()));
+    state.metrics.chats_created.fetch_add(1, Ordering::Relaxed);
+    state.metrics.chats_open.fetch_add(1, Ordering::Relaxed);
+    tracing::info!(chat_id = %handle.identity.chat_id, tenant = %caller.tenant, workflow = %handle.workflow, "chat created");
+    Ok(handle)
+}
+
+async fn list_chats(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+) -> Result<HttpResponse, ApiError> {
+    let caller = caller(&state, &req)?;
+    let chats = state
+        .registry
+        .send(ListChats {
+            tenant: caller.tenant,
+            user: caller.user,
+        })
+        .await
+        .map_err(|_| unavailable())?;
+    let list: Vec<Value> = chats
+        .iter()
+        .map(|c| json!({"chat_id": &*c.identity.chat_id, "workflow": c.workflow}))
+        .collect();
+    Ok(HttpResponse::Ok().json(json!({"chats": list})))
+}
+
+async fn snapshot(chat: &ChatHandle) -> Result<ChatSnapshot, ApiError> {
+    chat.addr.send(GetSnapshot).await.map_err(|_| unavailable())
+}
+
+async fn get_chat(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    path: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    let caller = caller(&state, &req)?;
+    let chat = owned_chat(&state, &caller, &path).await?;
+    let snap = snapshot(&chat).await?;
+    Ok(HttpResponse::Ok().json(json!({
+        "chat_id": &*snap.chat_id,
+        "workflow": snap.workflow,
+        "status": snap.status.as_str(),
+        "current_agent": &*snap.current_agent,
+        "turn": snap.turn,
+        "last_seq": snap.last_seq,
+        "context": snap.visible_context,
+        "pending_ui_calls": snap.pending_ui_calls,
+    })))
+}
+
+#[derive(Deserialize)]
+struct Paging {
+    #[serde(default)]
+    offset: usize,
+    #[serde(default = "default_limit")]
+    limit: usize,
+}
+
+fn default_limit() -> usize {
+    50
+}
+
+async fn get_messages(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    path: web::Path<String>,
+    paging: web::Query<Paging>,
+) -> Result<HttpResponse, ApiError> {
+    let caller = caller(&state, &req)?;
+    let chat = owned_chat(&state, &caller, &path).await?;
+    let snap = snapshot(&chat).await?;
+    let limit = paging.limit.clamp(1, 500);
+    let total = snap.transcript.len();
+    let page: Vec<Value> = snap
+        .transcript
+        .iter()
+        .skip(paging.offset)
+        .take(limit)
+        .map(|m| json!({"message_id": m.message_id, "role": m.role, "agent": m.agent, "content": m.content, "ui_hidden": m.ui_hidden}))
+        .collect();
+    Ok(HttpResponse::Ok()
+        .json(json!({"messages": page, "offset": paging.offset, "limit": limit, "total": total})))
+}
+
+async fn cancel_chat(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    path: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    let caller = caller(&state, &req)?;
+    let chat = owned_chat(&state, &caller, &path).await?;
+    chat.addr.send(CancelRun).await.map_err(|_| unavailable())?;
+    Ok(HttpResponse::Accepted().json(json!({"status": "cancelling"})))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Input {
+    content: String,
+    #[serde(default)]
+    client_msg_id: Option<String>,
+}
+
+async fn post_input(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    path: web::Path<String>,
+    body: web::Json<Input>,
+) -> Result<HttpResponse, ApiError> {
+    let caller = caller(&state, &req)?;
+    let chat = owned_chat(&state, &caller, &path).await?;
+    let body = body.into_inner();
+    if body.content.trim().is_empty()
+        || body.content.chars().count() > tessera_protocol::MAX_CONTENT_CHARS
+    {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            ErrorCode::InvalidField.as_str(),
+            "content must be 1 to 32768 characters",
+        ));
+    }
+    chat.addr
+        .send(UserInput {
+            content: body.content,
+            client_msg_id: body.client_msg_id,
+        })
+        .await
+        .map_err(|_| unavailable())??;
+    Ok(HttpResponse::Accepted().json(json!({"status": "accepted"})))
+}
+
+async fn post_tool_response(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    path: web::Path<String>,
+    body: web::Json<Value>,
+) -> Result<HttpResponse, ApiError> {
+    let caller = caller(&state, &req)?;
+    let chat = owned_chat(&state, &caller, &path).await?;
+    let frame = json!({"type": "chat.tool_response", "data": body.into_inner()}).to_string();
+    let Ok(tessera_protocol::ClientMessage::ToolResponse(frame)) =
+        tessera_protocol::parse_client_frame(&frame)
+    else {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            ErrorCode::InvalidField.as_str(),
+            "body must be {corr, status, action?, data?, message?, code?}",
+        ));
+    };
+    chat.addr
+        .send(ToolAnswer {
+            corr: frame.corr,
+            response: frame.raw,
+        })
+        .await
+        .map_err(|_| unavailable())??;
+    Ok(HttpResponse::Accepted().json(json!({"status": "accepted"})))
+}
+
+async fn download_file(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    path: web::Path<(String, String)>,
+) -> Result<HttpResponse, ApiError> {
+    let caller = caller(&state, &req)?;
+    let (chat_id, file) = path.into_inner();
+    let chat = owned_chat(&state, &caller, &chat_id).await?;
+    let found = state
+        .artifacts
+        .get(&caller.tenant, &caller.user, &chat.identity.chat_id, &file)
+        .await
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
+    let Some(artifact) = found else {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "no such file",
+        ));
+    };
+    let name: String = artifact
+        .meta
+        .file_name
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
+        .collect();
+    Ok(HttpResponse::Ok()
+        .content_type("application/zip")
+        .insert_header((
+            "Content-Disposition",
+            format!("attachment; filename=\"{name}\""),
+        ))
+        .body(artifact.bytes))
+}
+
+#[derive(Deserialize)]
+struct WsQuery {
+    #[serde(default)]
+    last_seq: u64,
+}
+
+async fn websocket(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    path: web::Path<String>,
+    query: web::Query<WsQuery>,
+    stream: web::Payload,
+) -> Result<HttpResponse, actix_web::Error> {
+    let caller = caller(&state, &req)?;
+    let chat = owned_chat(&state, &caller, &path).await?;
+    crate::ws::upgrade(
+        &req,
+        stream,
+        chat,
+        query.last_seq,
+        state.limits.clone(),
+        state.metrics.clone(),
+    )
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RunRequest {
+    workflow: String,
+    message: String,
+}
+
+/// Runs a workflow without UI tools for one message and returns its answer
+/// (`structured_tool_loop.md`'s `/chat` endpoint).
+async fn run_workflow(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    body: web::Json<RunRequest>,
+) -> Result<HttpResponse, ApiError> {
+    let caller = caller(&state, &req)?;
+    let body = body.into_inner();
+    let chat = start_chat(&state, &caller, body.workflow, Map::new())?;
+    let (done, result) = oneshot::channel();
+    let collector = RunCollector {
+        done: Some(done),
+        started: false,
+        texts: Vec::new(),
+        tools: Vec::new(),
+        usage: (0, 0),
+    }
+    .start();
+    let subscription = chat
+        .addr
+        .send(Subscribe {
+            recipient: collector.recipient(),
+            after_seq: 0,
+        })
+        .await
+        .map_err(|_| unavailable())?;
+    chat.addr
+        .send(UserInput {
+            content: body.message,
+            client_msg_id: None,
+        })
+        .await
+        .map_err(|_| unavailable())??;
+    let outcome = tokio::time::timeout(Duration::from_secs(300), result)
+        .await
+        .map_err(|_| {
+            ApiError::new(
+                StatusCode::GATEWAY_TIMEOUT,
+                "timeout",
+                "the run did not finish in 300 s",
+            )
+        })?
+        .map_err(|_| unavailable())?;
+    chat.addr.do_send(Unsubscribe(subscription));
+    match outcome {
+        RunOutcome::Done { response, tools_used, usage } => Ok(HttpResponse::Ok().json(json!({
+            "chat_id": &*chat.identity.chat_id,
+            "response": response,
+            "tools_used": tools_used,
+            "usage": {"prompt_tokens": usage.0, "completion_tokens": usage.1, "total_tokens": usage.0 + usage.1},
+        }))),
+        RunOutcome::Failed { code, message } => Err(ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, code, message)),
+    }
+}
+
+enum RunOutcome {
+    Done {
+        response: String,
+        tools_used: Vec<String>,
+        usage: (u64, u64),
+    },
+    Failed {
+        code: &'static str,
+        message: String,
+    },
+}
+
+/// Watches one chat's events until the run hands back to the user or ends.
+struct RunCollector {
+    done: Option<oneshot::Sender<RunOutcome>>,
+    started: bool,
+    texts: Vec<String>,
+    tools: Vec<String>,
+    usage: (u64, u64),
+}
+
+impl RunCollector {
+    fn finish(&mut self, outcome: RunOutcome, ctx: &mut Context<Self>) {
+        if let Some(done) = self.done.take() {
+            let _ = done.send(outcome);
+        }
+        ctx.stop();
+    }
+}
+
+impl Actor for RunCollector {
+    type Context = Context<Self>;
+}
+
+impl Handler<Deliver> for RunCollector {
+    type Result = ();
+
+    fn handle(&mut self, Deliver(text): Deliver, ctx: &mut Self::Context) {
+        let Ok(event) = serde_json::from_str::<Value>(&text) else {
+            return;
+        };
+        let data = &event["data"];
+        match event["type"].as_str().unwrap_or_default() {
+            "chat.run_start" => self.started = true,
+            "chat.text"
+                if self.started && data["role"] == "assistant" && data["ui_hidden"] != true =>
+            {
+                self.texts
+                    .push(data["content"].as_str().unwrap_or_default().to_owned());
+            }
+            "chat.tool_call" if data["awaiting_response"] == true => self.finish(
+                RunOutcome::Failed {
+                    code: "ui_tool_required",
+                    message: "this workflow needs a UI tool; use a WebSocket chat".into(),
+                },
+                ctx,
+            ),
+            "chat.tool_call" if self.started => {
+                let name = data["tool_name"].as_str().unwrap_or_default().to_owned();
+                if !self.tools.contains(&name) {
+                    self.tools.push(name);
+                }
+            }
+            "chat.usage" if self.started => {
+                self.usage.0 += data["prompt_tokens"].as_u64().unwrap_or(0);
+                self.usage.1 += data["completion_tokens"].as_u64().unwrap_or(0);
+            }
+            "chat.error" if self.started => {
+                let message = data["message"].as_str().unwrap_or_default().to_owned();
+                self.finish(
+                    RunOutcome::Failed {
+                        code: "run_failed",
+                        message,
+                    },
+                    ctx,
+                );
+            }
+            "chat.input_request" | "chat.run_complete" if self.started => {
+                let response = self.texts.join("\n\n");
+                let outcome = RunOutcome::Done {
+                    response,
+                    tools_used: std::mem::take(&mut self.tools),
+                    usage: self.usage,
+                };
+                self.finish(outcome, ctx);
+            }
+            _ => {}
+        }
+    }
+}

@@ -1,0 +1,96 @@
+//! SQL for the `artifacts` table: tool-produced files, stored as blobs in the database.
+//!
+//! WHY blobs rather than files next to the database: one file to back up, writes are atomic
+//! with the metadata, and deleting a chat removes its files in the same transaction. The
+//! files are small (workflow bundles); object storage can come with a PostgreSQL store.
+//!
+//! Isolation: reads filter on (tenant, user_id, chat_id) as well as the id.
+
+use bytes::Bytes;
+use sha2::{Digest, Sha256};
+use sqlx::{Row, SqlitePool};
+use tessera_tools::{ArtifactRef, StoredArtifact};
+
+use crate::StoreError;
+use crate::convert::{now_ms, sql_to_u64};
+
+/// Store a file under a new id.
+pub(crate) async fn put(
+    pool: &SqlitePool,
+    tenant: &str,
+    user: &str,
+    chat_id: &str,
+    file_name: &str,
+    bytes: Bytes,
+) -> Result<ArtifactRef, StoreError> {
+    let id = format!("art_{}", &uuid::Uuid::new_v4().simple().to_string()[..16]);
+    let size = u64::try_from(bytes.len())
+        .map_err(|_| StoreError::InvalidInput("artifact too large".to_owned()))?;
+    let size_sql = i64::try_from(size)
+        .map_err(|_| StoreError::InvalidInput("artifact too large".to_owned()))?;
+    let sha256 = hex(&Sha256::digest(&bytes));
+    sqlx::query(
+        "INSERT INTO artifacts (id, tenant, user_id, chat_id, file_name, size, sha256, bytes, \
+         created_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    )
+    .bind(&id)
+    .bind(tenant)
+    .bind(user)
+    .bind(chat_id)
+    .bind(file_name)
+    .bind(size_sql)
+    .bind(&sha256)
+    .bind(bytes.as_ref())
+    .bind(now_ms())
+    .execute(pool)
+    .await?;
+    Ok(ArtifactRef {
+        id,
+        file_name: file_name.to_owned(),
+        size,
+        sha256: Some(sha256),
+    })
+}
+
+/// Fetch a file; `None` unless it belongs to exactly this (tenant, user, chat).
+pub(crate) async fn get(
+    pool: &SqlitePool,
+    tenant: &str,
+    user: &str,
+    chat_id: &str,
+    id: &str,
+) -> Result<Option<StoredArtifact>, StoreError> {
+    let row = sqlx::query(
+        "SELECT id, file_name, size, sha256, bytes FROM artifacts \
+         WHERE id = ? AND tenant = ? AND user_id = ? AND chat_id = ?",
+    )
+    .bind(id)
+    .bind(tenant)
+    .bind(user)
+    .bind(chat_id)
+    .fetch_optional(pool)
+    .await?;
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    let bytes: Vec<u8> = row.try_get("bytes")?;
+    Ok(Some(StoredArtifact {
+        meta: ArtifactRef {
+            id: row.try_get("id")?,
+            file_name: row.try_get("file_name")?,
+            size: sql_to_u64(row.try_get("size")?, "artifact size")?,
+            sha256: Some(row.try_get("sha256")?),
+        },
+        bytes: Bytes::from(bytes),
+    }))
+}
+
+fn hex(digest: &[u8]) -> String {
+    use std::fmt::Write;
+    let mut out = String::with_capacity(digest.len() * 2);
+    for b in digest {
+        // Writing to a String cannot fail.
+        let _ = write!(out, "{b:02x}");
+    }
+    out
+}

@@ -1,0 +1,168 @@
+//! SQL for the `chats` table: identity plus the latest state of each chat.
+
+use serde_json::Value;
+use sqlx::sqlite::SqliteRow;
+use sqlx::{Row, SqlitePool};
+
+use crate::convert::{json_from_sql, sql_to_u32};
+use crate::{ChatRecord, ChatState, STATUS_COMPLETED, StoreError, StoredChat};
+
+/// Insert a new chat in its initial state.
+pub(crate) async fn create(pool: SqlitePool, record: ChatRecord) -> Result<(), StoreError> {
+    let state = ChatState::initial(record.created_at_ms);
+    let context = serde_json::to_string(&state.context)?;
+    sqlx::query(
+        "INSERT INTO chats (chat_id, tenant, user_id, workflow, created_at_ms, status, \
+         current_agent, turn, consecutive, context, updated_at_ms) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    )
+    .bind(&record.chat_id)
+    .bind(&record.tenant)
+    .bind(&record.user_id)
+    .bind(&record.workflow)
+    .bind(record.created_at_ms)
+    .bind(&state.status)
+    .bind(&state.current_agent)
+    .bind(i64::from(state.turn))
+    .bind(i64::from(state.consecutive))
+    .bind(context)
+    .bind(state.updated_at_ms)
+    .execute(&pool)
+    .await
+    .map_err(|e| StoreError::from_write(e, &record.chat_id, "chat"))?;
+    Ok(())
+}
+
+/// Replace the state of an existing chat.
+pub(crate) async fn save_state(
+    pool: SqlitePool,
+    chat_id: String,
+    state: ChatState,
+) -> Result<(), StoreError> {
+    let context = serde_json::to_string(&state.context)?;
+    let done = sqlx::query(
+        "UPDATE chats SET status = ?, current_agent = ?, turn = ?, consecutive = ?, \
+         context = ?, updated_at_ms = ? WHERE chat_id = ?",
+    )
+    .bind(&state.status)
+    .bind(&state.current_agent)
+    .bind(i64::from(state.turn))
+    .bind(i64::from(state.consecutive))
+    .bind(context)
+    .bind(state.updated_at_ms)
+    .bind(&chat_id)
+    .execute(&pool)
+    .await?;
+    if done.rows_affected() == 0 {
+        return Err(StoreError::ChatNotFound(chat_id));
+    }
+    Ok(())
+}
+
+/// One chat, or `None`.
+pub(crate) async fn load(
+    pool: SqlitePool,
+    chat_id: String,
+) -> Result<Option<StoredChat>, StoreError> {
+    let row = sqlx::query(
+        "SELECT chat_id, tenant, user_id, workflow, created_at_ms, status, current_agent, \
+         turn, consecutive, context, updated_at_ms FROM chats WHERE chat_id = ?",
+    )
+    .bind(&chat_id)
+    .fetch_optional(&pool)
+    .await?;
+    row.as_ref().map(decode).transpose()
+}
+
+/// One page of an owner's chats, newest first.
+pub(crate) async fn list(
+    pool: SqlitePool,
+    tenant: String,
+    user_id: String,
+    limit: u32,
+    offset: u32,
+) -> Result<Vec<StoredChat>, StoreError> {
+    let rows = sqlx::query(
+        "SELECT chat_id, tenant, user_id, workflow, created_at_ms, status, current_agent, \
+         turn, consecutive, context, updated_at_ms FROM chats \
+         WHERE tenant = ? AND user_id = ? \
+         ORDER BY created_at_ms DESC, rowid DESC LIMIT ? OFFSET ?",
+    )
+    .bind(&tenant)
+    .bind(&user_id)
+    .bind(i64::from(limit))
+    .bind(i64::from(offset))
+    .fetch_all(&pool)
+    .await?;
+    rows.iter().map(decode).collect()
+}
+
+/// Every chat not completed, oldest first.
+pub(crate) async fn list_open(pool: SqlitePool) -> Result<Vec<StoredChat>, StoreError> {
+    let rows = sqlx::query(
+        "SELECT chat_id, tenant, user_id, workflow, created_at_ms, status, current_agent, \
+         turn, consecutive, context, updated_at_ms FROM chats \
+         WHERE status <> ? ORDER BY created_at_ms, rowid",
+    )
+    .bind(STATUS_COMPLETED)
+    .fetch_all(&pool)
+    .await?;
+    rows.iter().map(decode).collect()
+}
+
+/// Delete a chat; rows of the child tables go by `ON DELETE CASCADE`, artifacts explicitly.
+pub(crate) async fn delete(pool: SqlitePool, chat_id: String) -> Result<bool, StoreError> {
+    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+    sqlx::query("DELETE FROM artifacts WHERE chat_id = ?")
+        .bind(&chat_id)
+        .execute(&mut *tx)
+        .await?;
+    let done = sqlx::query("DELETE FROM chats WHERE chat_id = ?")
+        .bind(&chat_id)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(done.rows_affected() > 0)
+}
+
+fn decode(row: &SqliteRow) -> Result<StoredChat, StoreError> {
+    let chat_id: String = row.try_get("chat_id")?;
+    let context_text: String = row.try_get("context")?;
+    let context = match json_from_sql(&context_text, "chat context")? {
+        Value::Object(map) => map,
+        other => {
+            return Err(StoreError::Corrupt(format!(
+                "context of chat '{chat_id}' is not an object: {}",
+                kind_of(&other)
+            )));
+        }
+    };
+    Ok(StoredChat {
+        state: ChatState {
+            status: row.try_get("status")?,
+            current_agent: row.try_get("current_agent")?,
+            turn: sql_to_u32(row.try_get("turn")?, "turn")?,
+            consecutive: sql_to_u32(row.try_get("consecutive")?, "consecutive")?,
+            context,
+            updated_at_ms: row.try_get("updated_at_ms")?,
+        },
+        record: ChatRecord {
+            chat_id,
+            tenant: row.try_get("tenant")?,
+            user_id: row.try_get("user_id")?,
+            workflow: row.try_get("workflow")?,
+            created_at_ms: row.try_get("created_at_ms")?,
+        },
+    })
+}
+
+fn kind_of(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "bool",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    }
+}

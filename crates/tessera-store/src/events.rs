@@ -1,0 +1,76 @@
+//! SQL for the `events` table: the per-chat, append-only event log replayed on reconnect.
+
+use sqlx::sqlite::SqliteRow;
+use sqlx::{Row, SqlitePool};
+
+use crate::convert::{sql_to_u64, u64_to_sql};
+use crate::{StoreError, StoredEvent};
+
+/// Insert a batch in one transaction. A seq that exists is a conflict, never an overwrite;
+/// the transaction is rolled back so the log stays exactly as it was.
+pub(crate) async fn append(
+    pool: SqlitePool,
+    chat_id: String,
+    events: Vec<StoredEvent>,
+) -> Result<(), StoreError> {
+    if events.is_empty() {
+        return Ok(());
+    }
+    let mut rows = Vec::with_capacity(events.len());
+    for e in events {
+        rows.push((u64_to_sql(e.seq, "event seq")?, e));
+    }
+    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+    for (seq, e) in rows {
+        sqlx::query("INSERT INTO events (chat_id, seq, event_type, json) VALUES (?, ?, ?, ?)")
+            .bind(&chat_id)
+            .bind(seq)
+            .bind(&e.event_type)
+            .bind(&e.json)
+            .execute(&mut *tx)
+            .await
+            .map_err(|err| StoreError::from_write(err, &chat_id, &format!("event seq {seq}")))?;
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Up to `limit` events with seq > `after_seq`, ordered by seq.
+pub(crate) async fn after(
+    pool: SqlitePool,
+    chat_id: String,
+    after_seq: u64,
+    limit: u32,
+) -> Result<Vec<StoredEvent>, StoreError> {
+    let Ok(after) = i64::try_from(after_seq) else {
+        return Ok(Vec::new());
+    };
+    let rows = sqlx::query(
+        "SELECT seq, event_type, json FROM events WHERE chat_id = ? AND seq > ? \
+         ORDER BY seq LIMIT ?",
+    )
+    .bind(&chat_id)
+    .bind(after)
+    .bind(i64::from(limit))
+    .fetch_all(&pool)
+    .await?;
+    rows.iter().map(decode).collect()
+}
+
+/// Highest seq, 0 for an empty log.
+pub(crate) async fn last_seq(pool: SqlitePool, chat_id: String) -> Result<u64, StoreError> {
+    let v: i64 = sqlx::query("SELECT COALESCE(MAX(seq), 0) AS s FROM events WHERE chat_id = ?")
+        .bind(&chat_id)
+        .fetch_one(&pool)
+        .await?
+        .try_get("s")?;
+    sql_to_u64(v, "event seq")
+}
+
+fn decode(row: &SqliteRow) -> Result<StoredEvent, StoreError> {
+    Ok(StoredEvent {
+        seq: sql_to_u64(row.try_get("seq")?, "event seq")?,
+        event_type: row.try_get("event_type")?,
+        json: row.try_get("json")?,
+    })
+}

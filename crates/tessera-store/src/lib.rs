@@ -1,0 +1,38 @@
+//! Durable persistence for Tessera chats, so they survive reconnects, restarts and crashes.
+//!
+//! What is stored, per chat: its identity and latest state ([`ChatRecord`], [`ChatState`]),
+//! the transcript ([`StoredMessage`]), the replayable event log ([`StoredEvent`]), UI calls
+//! waiting for the user ([`PendingUiRecord`]) and exactly-once tool invocation records
+//! ([`ToolClaim`]). Besides that, [`SqliteStore`] implements the tool crate's
+//! [`tessera_tools::TaskStore`] and [`tessera_tools::ArtifactStore`].
+//!
+//! The [`ChatStore`] trait is the seam: the server holds an `Arc<dyn ChatStore>`. Only
+//! SQLite exists today; a PostgreSQL store is future work behind the same trait.
+//!
+//! Secrets: nothing in this crate ever receives a secret in clear. Callers strip secrets from
+//! contexts, messages and events before saving; an encrypted vault for the ones that must be
+//! kept is a separate component.
+
+#![warn(missing_docs)]
+
+mod artifacts;
+mod chats;
+mod convert;
+mod error;
+mod events;
+mod messages;
+mod migrate;
+mod model;
+mod pending;
+mod sqlite;
+mod store;
+mod tasks;
+mod tools;
+
+pub use error::StoreError;
+pub use model::{
+    ChatRecord, ChatState, PendingUiRecord, STATUS_AWAITING_USER, STATUS_COMPLETED, StoredChat,
+    StoredEvent, StoredMessage, ToolClaim,
+};
+pub use sqlite::SqliteStore;
+pub use store::{ChatStore, StoreFuture};

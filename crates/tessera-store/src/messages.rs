@@ -1,0 +1,96 @@
+//! SQL for the `messages` table: the transcript, one row per message, keyed by (chat, idx).
+
+use sqlx::sqlite::SqliteRow;
+use sqlx::{Row, SqlitePool};
+
+use crate::convert::{json_from_sql, sql_to_u64, u64_to_sql};
+use crate::{StoreError, StoredMessage};
+
+/// Insert a batch in one transaction; any duplicate idx rolls the whole batch back.
+pub(crate) async fn append(
+    pool: SqlitePool,
+    chat_id: String,
+    messages: Vec<StoredMessage>,
+) -> Result<(), StoreError> {
+    if messages.is_empty() {
+        return Ok(());
+    }
+    // Encode everything before taking the write lock.
+    let mut rows = Vec::with_capacity(messages.len());
+    for m in messages {
+        let idx = u64_to_sql(m.idx, "message idx")?;
+        let raw = serde_json::to_string(&m.raw)?;
+        rows.push((idx, m, raw));
+    }
+    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+    for (idx, m, raw) in rows {
+        sqlx::query(
+            "INSERT INTO messages (chat_id, idx, message_id, role, agent, content, ui_hidden, raw) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        )
+        .bind(&chat_id)
+        .bind(idx)
+        .bind(&m.message_id)
+        .bind(&m.role)
+        .bind(&m.agent)
+        .bind(&m.content)
+        .bind(m.ui_hidden)
+        .bind(raw)
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| StoreError::from_write(e, &chat_id, &format!("message idx {idx}")))?;
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Up to `limit` messages from position `offset`, ordered by idx.
+pub(crate) async fn page(
+    pool: SqlitePool,
+    chat_id: String,
+    offset: u64,
+    limit: u32,
+) -> Result<Vec<StoredMessage>, StoreError> {
+    // An offset beyond i64::MAX cannot match anything.
+    let Ok(from) = i64::try_from(offset) else {
+        return Ok(Vec::new());
+    };
+    let rows = sqlx::query(
+        "SELECT idx, message_id, role, agent, content, ui_hidden, raw FROM messages \
+         WHERE chat_id = ? AND idx >= ? ORDER BY idx LIMIT ?",
+    )
+    .bind(&chat_id)
+    .bind(from)
+    .bind(i64::from(limit))
+    .fetch_all(&pool)
+    .await?;
+    rows.iter().map(decode).collect()
+}
+
+/// The whole transcript, ordered by idx.
+pub(crate) async fn all(
+    pool: SqlitePool,
+    chat_id: String,
+) -> Result<Vec<StoredMessage>, StoreError> {
+    let rows = sqlx::query(
+        "SELECT idx, message_id, role, agent, content, ui_hidden, raw FROM messages \
+         WHERE chat_id = ? ORDER BY idx",
+    )
+    .bind(&chat_id)
+    .fetch_all(&pool)
+    .await?;
+    rows.iter().map(decode).collect()
+}
+
+fn decode(row: &SqliteRow) -> Result<StoredMessage, StoreError> {
+    let raw: String = row.try_get("raw")?;
+    Ok(StoredMessage {
+        idx: sql_to_u64(row.try_get("idx")?, "message idx")?,
+        message_id: row.try_get("message_id")?,
+        role: row.try_get("role")?,
+        agent: row.try_get("agent")?,
+        content: row.try_get("content")?,
+        ui_hidden: row.try_get("ui_hidden")?,
+        raw: json_from_sql(&raw, "message raw")?,
+    })
+}

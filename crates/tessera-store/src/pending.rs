@@ -1,0 +1,73 @@
+//! SQL for the `pending_ui` table: UI tool calls waiting for the user, re-sent on reconnect.
+
+use sqlx::sqlite::SqliteRow;
+use sqlx::{Row, SqlitePool};
+
+use crate::convert::json_from_sql;
+use crate::{PendingUiRecord, StoreError};
+
+/// Insert or replace (same corr) a pending call.
+pub(crate) async fn put(
+    pool: SqlitePool,
+    chat_id: String,
+    record: PendingUiRecord,
+) -> Result<(), StoreError> {
+    let call = serde_json::to_string(&record.call)?;
+    sqlx::query(
+        "INSERT INTO pending_ui (chat_id, corr, turn_key, call, created_at_ms, timeout_at_ms) \
+         VALUES (?, ?, ?, ?, ?, ?) \
+         ON CONFLICT (chat_id, corr) DO UPDATE SET turn_key = excluded.turn_key, \
+         call = excluded.call, created_at_ms = excluded.created_at_ms, \
+         timeout_at_ms = excluded.timeout_at_ms",
+    )
+    .bind(&chat_id)
+    .bind(&record.corr)
+    .bind(&record.turn_key)
+    .bind(call)
+    .bind(record.created_at_ms)
+    .bind(record.timeout_at_ms)
+    .execute(&pool)
+    .await
+    .map_err(|e| StoreError::from_write(e, &chat_id, "pending ui call"))?;
+    Ok(())
+}
+
+/// Remove one; `true` when it existed.
+pub(crate) async fn remove(
+    pool: SqlitePool,
+    chat_id: String,
+    corr: String,
+) -> Result<bool, StoreError> {
+    let done = sqlx::query("DELETE FROM pending_ui WHERE chat_id = ? AND corr = ?")
+        .bind(&chat_id)
+        .bind(&corr)
+        .execute(&pool)
+        .await?;
+    Ok(done.rows_affected() > 0)
+}
+
+/// The chat's pending calls, oldest first.
+pub(crate) async fn list(
+    pool: SqlitePool,
+    chat_id: String,
+) -> Result<Vec<PendingUiRecord>, StoreError> {
+    let rows = sqlx::query(
+        "SELECT corr, turn_key, call, created_at_ms, timeout_at_ms FROM pending_ui \
+         WHERE chat_id = ? ORDER BY created_at_ms, corr",
+    )
+    .bind(&chat_id)
+    .fetch_all(&pool)
+    .await?;
+    rows.iter().map(decode).collect()
+}
+
+fn decode(row: &SqliteRow) -> Result<PendingUiRecord, StoreError> {
+    let call: String = row.try_get("call")?;
+    Ok(PendingUiRecord {
+        corr: row.try_get("corr")?,
+        turn_key: row.try_get("turn_key")?,
+        call: json_from_sql(&call, "pending ui call")?,
+        created_at_ms: row.try_get("created_at_ms")?,
+        timeout_at_ms: row.try_get("timeout_at_ms")?,
+    })
+}

@@ -1,0 +1,133 @@
+//! A real WebSocket client for tests: sends frames, collects every event, and checks that the
+//! logged events arrive with consecutive `seq`s and no duplicates.
+
+use std::time::Duration;
+
+use futures::{SinkExt, StreamExt};
+use serde_json::{Value, json};
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream, connect_async};
+
+/// One connected client.
+pub struct WsClient {
+    socket: WebSocketStream<MaybeTlsStream<TcpStream>>,
+    /// Every event received, in order.
+    pub events: Vec<Value>,
+    /// Highest logged seq seen.
+    pub last_seq: u64,
+}
+
+impl WsClient {
+    /// Connects as `user` (dev mode identifies the user by `X-User-Id`).
+    pub async fn connect(url: &str, user: &str) -> WsClient {
+        match Self::try_connect(url, user).await {
+            Ok(client) => client,
+            Err(e) => panic!("websocket connect failed: {e}"),
+        }
+    }
+
+    /// Connects, returning the handshake error (e.g. 404 for another user's chat).
+    pub async fn try_connect(url: &str, user: &str) -> Result<WsClient, String> {
+        use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+        let mut request = url.into_client_request().map_err(|e| e.to_string())?;
+        let value = user.parse().map_err(|_| "bad user header".to_owned())?;
+        request.headers_mut().insert("x-user-id", value);
+        let (socket, _) = connect_async(request).await.map_err(|e| e.to_string())?;
+        Ok(WsClient {
+            socket,
+            events: Vec::new(),
+            last_seq: 0,
+        })
+    }
+
+    /// Sends a JSON frame.
+    pub async fn send(&mut self, frame: Value) {
+        self.send_text(frame.to_string()).await;
+    }
+
+    /// Sends raw text.
+    pub async fn send_text(&mut self, text: String) {
+        if let Err(e) = self.socket.send(Message::text(text)).await {
+            panic!("send failed: {e}");
+        }
+    }
+
+    /// Sends a user message.
+    pub async fn say(&mut self, content: &str) {
+        self.send(json!({"type": "chat.user_message", "data": {"content": content}}))
+            .await;
+    }
+
+    /// The next event of any type (None when the socket closed).
+    pub async fn next(&mut self) -> Option<Value> {
+        // One deadline for the whole wait: pings from the server must not extend it.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let item = tokio::time::timeout_at(deadline, self.socket.next())
+                .await
+                .ok()??;
+            match item {
+                Ok(Message::Text(text)) => {
+                    let event: Value = serde_json::from_str(&text)
+                        .unwrap_or_else(|e| panic!("server sent non-JSON: {e}"));
+                    if std::env::var_os("TESSERA_TEST_TRACE").is_some() {
+                        eprintln!("<- {event}");
+                    }
+                    let seq = event["seq"].as_u64().unwrap_or(0);
+                    if seq > 0 {
+                        assert_eq!(seq, self.last_seq + 1, "seq gap or duplicate: {event}");
+                        self.last_seq = seq;
+                    }
+                    self.events.push(event.clone());
+                    return Some(event);
+                }
+                Ok(Message::Close(_)) | Err(_) => return None,
+                Ok(_) => {}
+            }
+        }
+    }
+
+    /// Waits for the next event of `kind`. The timeout only stops a broken test from hanging.
+    pub async fn until(&mut self, kind: &str) -> Value {
+        self.until_match(kind, |_| true).await
+    }
+
+    /// Waits for the next event of `kind` that satisfies `pred`.
+    pub async fn until_match(&mut self, kind: &str, pred: impl Fn(&Value) -> bool) -> Value {
+        loop {
+            match self.next().await {
+                Some(event) if event["type"] == kind && pred(&event) => return event,
+                Some(_) => {}
+                None => panic!(
+                    "socket closed while waiting for {kind}; got {:?}",
+                    self.types()
+                ),
+            }
+        }
+    }
+
+    /// Waits for the UI tool call that awaits the browser.
+    pub async fn until_ui_call(&mut self) -> Value {
+        self.until_match("chat.tool_call", |e| e["data"]["awaiting_response"] == true)
+            .await
+    }
+
+    /// Types of all events received.
+    pub fn types(&self) -> Vec<String> {
+        self.events
+            .iter()
+            .map(|e| e["type"].as_str().unwrap_or("?").to_owned())
+            .collect()
+    }
+
+    /// Events of `kind` received so far.
+    pub fn of(&self, kind: &str) -> Vec<&Value> {
+        self.events.iter().filter(|e| e["type"] == kind).collect()
+    }
+
+    /// Closes the socket.
+    pub async fn close(mut self) {
+        let _ = self.socket.close(None).await;
+    }
+}

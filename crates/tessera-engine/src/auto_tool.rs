@@ -241,9 +241,8 @@ async fn run_ui_tool(
                 &ctx.workflow_name,
                 &binding.display,
             );
-            let corr = UiCorrelator::new_corr();
             let call = PendingUiCall {
-                corr: corr.clone(),
+                corr: UiCorrelator::new_corr(),
                 tool_name: binding.tool_name.to_string(),
                 component_type: binding.component.clone(),
                 display: binding.display.clone(),
@@ -251,35 +250,17 @@ async fn run_ui_tool(
                 payload,
                 timeout_s: timeout.map(|t| t.as_secs_f64()),
             };
-            let wait = correlator.send(AwaitUiResponse {
-                chat_id: ctx.chat_id.clone(),
+            wait_for_browser(
+                binding,
+                ctx,
                 call,
+                &agent_message_id,
+                correlator,
                 timeout,
-                publish: msg.publish.clone(),
-            });
-            match wait.await.unwrap_or(UiOutcome::Cancelled) {
-                UiOutcome::Answered(response) => {
-                    let clean =
-                        tessera_tools::sanitize_ui_response(response, &binding.secret_fields);
-                    let result = agent_result(&clean.for_agent, &corr, &agent_message_id);
-                    (true, result, Some(clean.for_agent), clean.secrets)
-                }
-                UiOutcome::TimedOut(after) => (
-                    true,
-                    tessera_tools::ui_timeout_result(after.as_secs_f64()),
-                    None,
-                    Vec::new(),
-                ),
-                UiOutcome::Cancelled => {
-                    (true, tessera_tools::ui_cancelled_result(), None, Vec::new())
-                }
-                UiOutcome::Disconnected => (
-                    true,
-                    json!({"status": "error", "code": "connection_lost", "message": "Connection lost during the UI interaction."}),
-                    None,
-                    Vec::new(),
-                ),
-            }
+                &msg.publish,
+                true,
+            )
+            .await
         }
     };
     msg.publish
@@ -290,6 +271,131 @@ async fn run_ui_tool(
         result,
         ui_response,
         secrets,
+    }
+}
+
+/// Registers the UI call with the correlator, waits for its end, and turns the browser's answer
+/// into the agent's result (secrets split off). `announce` is false when resuming a call whose
+/// `chat.tool_call` is already in the chat's log.
+#[allow(clippy::too_many_arguments)]
+async fn wait_for_browser(
+    binding: &AutoToolBinding,
+    ctx: &ToolContext,
+    call: PendingUiCall,
+    agent_message_id: &str,
+    correlator: &Addr<UiCorrelator>,
+    timeout: Option<Duration>,
+    publish: &Recipient<Publish>,
+    announce: bool,
+) -> (bool, Value, Option<Value>, Vec<(String, String)>) {
+    let corr = call.corr.clone();
+    let wait = correlator.send(AwaitUiResponse {
+        chat_id: ctx.chat_id.clone(),
+        call,
+        timeout,
+        publish: publish.clone(),
+        announce,
+    });
+    let outcome = wait.await.unwrap_or(UiOutcome::Cancelled);
+    interpret_ui_outcome(binding, &corr, agent_message_id, outcome)
+}
+
+/// Turns how a UI wait ended into the agent's result: (handler ok, result, sanitized answer,
+/// secrets split off the answer).
+fn interpret_ui_outcome(
+    binding: &AutoToolBinding,
+    corr: &str,
+    agent_message_id: &str,
+    outcome: UiOutcome,
+) -> (bool, Value, Option<Value>, Vec<(String, String)>) {
+    match outcome {
+        UiOutcome::Answered(response) => {
+            let clean = tessera_tools::sanitize_ui_response(response, &binding.secret_fields);
+            let result = agent_result(&clean.for_agent, corr, agent_message_id);
+            (true, result, Some(clean.for_agent), clean.secrets)
+        }
+        UiOutcome::TimedOut(after) => (
+            true,
+            tessera_tools::ui_timeout_result(after.as_secs_f64()),
+            None,
+            Vec::new(),
+        ),
+        UiOutcome::Cancelled => (true, tessera_tools::ui_cancelled_result(), None, Vec::new()),
+        UiOutcome::Disconnected => (
+            true,
+            json!({"status": "error", "code": "connection_lost", "message": "Connection lost during the UI interaction."}),
+            None,
+            Vec::new(),
+        ),
+    }
+}
+
+/// The UI call announced by a `chat.tool_call` event's data (UI form).
+pub fn pending_call_from_event(data: &Value) -> Result<PendingUiCall, String> {
+    let text = |key: &str| {
+        data.get(key)
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+            .ok_or_else(|| format!("missing {key}"))
+    };
+    Ok(PendingUiCall {
+        corr: text("corr")?,
+        tool_name: text("tool_name")?,
+        component_type: text("component_type")?,
+        display: text("display")?,
+        agent: text("agent")?,
+        payload: data.get("payload").cloned().unwrap_or(Value::Null),
+        timeout_s: data.get("timeout_s").and_then(Value::as_f64),
+    })
+}
+
+/// After a restart: finish a UI call whose turn key was claimed before the crash and whose
+/// wait the session re-registered with the correlator (`outcome` is how that wait ended).
+#[derive(Message)]
+#[rtype(result = "AutoToolOutcome")]
+pub struct FinishUiWait {
+    pub workflow: Arc<CompiledWorkflow>,
+    pub tool_ctx: ToolContext,
+    pub call: PendingUiCall,
+    pub outcome: UiOutcome,
+    pub publish: Recipient<Publish>,
+}
+
+impl Handler<FinishUiWait> for AutoToolHandler {
+    type Result = MessageResult<FinishUiWait>;
+
+    fn handle(&mut self, msg: FinishUiWait, _ctx: &mut Self::Context) -> Self::Result {
+        let key = format!(
+            "{}:{}",
+            msg.tool_ctx.chat_id, msg.tool_ctx.turn_idempotency_key
+        );
+        let Some(binding) = self.binding(&msg.workflow, &msg.tool_ctx.agent_name) else {
+            self.dedup.do_send(CompleteKey(key));
+            return MessageResult(AutoToolOutcome::NoBinding);
+        };
+        let info = ToolCallInfo {
+            agent: &msg.tool_ctx.agent_name,
+            tool_name: &binding.tool_name,
+            corr: &msg.tool_ctx.turn_idempotency_key,
+            component_type: Some(&binding.component),
+            workflow_name: &msg.tool_ctx.workflow_name,
+            interaction: InteractionType::AutoTool,
+        };
+        let agent_message_id = msg.call.payload["agent_message_id"]
+            .as_str()
+            .unwrap_or_default();
+        let (handler_ok, result, ui_response, secrets) =
+            interpret_ui_outcome(&binding, &msg.call.corr, agent_message_id, msg.outcome);
+        msg.publish
+            .do_send(Publish(tool_response_event(&info, handler_ok, &result)));
+        self.dedup.do_send(CompleteKey(key));
+        MessageResult(AutoToolOutcome::Completed {
+            tool_name: binding.tool_name.clone(),
+            success: tessera_tools::is_success(handler_ok, &result),
+            result,
+            ui_response,
+            secrets,
+        })
     }
 }
 

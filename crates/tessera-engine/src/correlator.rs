@@ -55,6 +55,8 @@ pub struct AwaitUiResponse {
     pub timeout: Option<Duration>,
     /// Where `chat.tool_call` is published (the chat's session).
     pub publish: Recipient<Publish>,
+    /// Publish the `chat.tool_call` (false when resuming a call already in the log).
+    pub announce: bool,
 }
 
 /// A browser's answer to `corr`, received on chat `chat_id`.
@@ -178,7 +180,9 @@ impl Handler<AwaitUiResponse> for UiCorrelator {
                 act.finish(&corr, UiOutcome::TimedOut(after), ctx);
             })
         });
-        msg.publish.do_send(Publish(ui_tool_call_event(&msg.call)));
+        if msg.announce {
+            msg.publish.do_send(Publish(ui_tool_call_event(&msg.call)));
+        }
         self.counter += 1;
         self.pending.insert(
             corr,

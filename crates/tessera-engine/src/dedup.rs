@@ -59,6 +59,12 @@ pub struct ClaimKey(pub String);
 #[rtype(result = "()")]
 pub struct CompleteKey(pub String);
 
+/// Marks `key` as claimed by this process without a new durable claim: used when resuming a
+/// tool whose durable record this chat already holds from before a restart.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct AdoptKey(pub String);
+
 /// The bounded idempotency cache actor.
 pub struct DedupCache {
     keys: LruCache<String, KeyState>,
@@ -117,7 +123,9 @@ impl Handler<CompleteKey> for DedupCache {
     type Result = ();
 
     fn handle(&mut self, CompleteKey(key): CompleteKey, ctx: &mut Self::Context) {
-        if let Some(store) = &self.durable {
+        // Only a key this cache claimed has a durable record to complete.
+        let claimed_here = self.keys.peek(&key) == Some(&KeyState::InFlight);
+        if let (true, Some(store)) = (claimed_here, &self.durable) {
             let done = store.complete(&key);
             let log_key = key.clone();
             ctx.spawn(
@@ -130,6 +138,14 @@ impl Handler<CompleteKey> for DedupCache {
             );
         }
         self.keys.put(key, KeyState::Completed);
+    }
+}
+
+impl Handler<AdoptKey> for DedupCache {
+    type Result = ();
+
+    fn handle(&mut self, AdoptKey(key): AdoptKey, _ctx: &mut Self::Context) {
+        self.keys.put(key, KeyState::InFlight);
     }
 }
 

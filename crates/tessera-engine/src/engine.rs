@@ -17,9 +17,11 @@ use tessera_tools::BuiltinRegistry;
 use crate::auto_tool::AutoToolHandler;
 use crate::correlator::UiCorrelator;
 use crate::dedup::{DedupCache, DedupRecordStore};
+use crate::persist::{StoreDedup, now_ms};
 use crate::plan::CompiledWorkflow;
-use crate::session::{ChatIdentity, ChatSession};
+use crate::session::{ChatIdentity, ChatSession, RestoredChat};
 use crate::{EngineConfig, EngineError};
+use tessera_store::{ChatRecord, ChatStore};
 
 /// Sees every event a chat publishes (metrics, audit). Must be cheap and never block.
 pub type EventObserver = Arc<dyn Fn(&ServerEvent) + Send + Sync>;
@@ -31,6 +33,9 @@ pub struct EngineHooks {
     pub durable_dedup: Option<Arc<dyn DedupRecordStore>>,
     /// Called for every published event.
     pub observer: Option<EventObserver>,
+    /// Durable chats: state, transcript, event log, pending UI calls and tool records. Also
+    /// backs the dedup cache unless `durable_dedup` is given.
+    pub store: Option<Arc<dyn ChatStore>>,
 }
 
 /// The helper actors of one arbiter.
@@ -41,12 +46,18 @@ pub struct Shard {
     pub correlator: Addr<UiCorrelator>,
     pub auto_tools: Addr<AutoToolHandler>,
     pub observer: Option<EventObserver>,
+    pub store: Option<Arc<dyn ChatStore>>,
 }
 
 impl Shard {
     /// Starts a shard's actors on `arbiter`.
     pub fn start(arbiter: ArbiterHandle, config: &EngineConfig, hooks: &EngineHooks) -> Self {
-        let durable = hooks.durable_dedup.clone();
+        let durable = hooks.durable_dedup.clone().or_else(|| {
+            hooks
+                .store
+                .clone()
+                .map(|store| Arc::new(StoreDedup(store)) as Arc<dyn DedupRecordStore>)
+        });
         let capacity = config.dedup_capacity;
         let policy = config.disconnect_policy;
         let ui_timeout = config.ui_timeout;
@@ -64,6 +75,7 @@ impl Shard {
             correlator,
             auto_tools,
             observer: hooks.observer.clone(),
+            store: hooks.store.clone(),
         }
     }
 }
@@ -143,16 +155,24 @@ impl Engine {
         })
     }
 
-    /// Starts a chat on the next arbiter.
-    pub fn start_chat(&self, new: NewChat) -> Result<ChatHandle, EngineError> {
-        let wf = self
-            .inner
+    fn workflow(&self, name: &str) -> Result<Arc<CompiledWorkflow>, EngineError> {
+        self.inner
             .workflows
-            .get(&new.workflow)
+            .get(name)
             .cloned()
-            .ok_or_else(|| EngineError::UnknownWorkflow(new.workflow.clone()))?;
+            .ok_or_else(|| EngineError::UnknownWorkflow(name.to_owned()))
+    }
+
+    fn next_shard(&self) -> Shard {
         let index = self.inner.next.fetch_add(1, Ordering::Relaxed) % self.inner.shards.len();
-        let shard = self.inner.shards[index].clone();
+        self.inner.shards[index].clone()
+    }
+
+    /// Starts a chat on the next arbiter. With a store, the chat's record is written first, so
+    /// every later write of the chat has its row.
+    pub async fn start_chat(&self, new: NewChat) -> Result<ChatHandle, EngineError> {
+        let wf = self.workflow(&new.workflow)?;
+        let shard = self.next_shard();
         let chat_id: Arc<str> = Arc::from(
             new.chat_id
                 .unwrap_or_else(|| format!("chat_{}", uuid::Uuid::new_v4().simple())),
@@ -162,6 +182,19 @@ impl Engine {
             tenant: Arc::from(new.tenant),
             user: Arc::from(new.user),
         };
+        if let Some(store) = &shard.store {
+            let record = ChatRecord {
+                chat_id: identity.chat_id.to_string(),
+                tenant: identity.tenant.to_string(),
+                user_id: identity.user.to_string(),
+                workflow: new.workflow.clone(),
+                created_at_ms: now_ms(),
+            };
+            store
+                .create_chat(record)
+                .await
+                .map_err(|e| EngineError::Store(e.to_string()))?;
+        }
         let config = self.inner.config.clone();
         let (id, context) = (identity.clone(), new.context);
         let arbiter = shard.arbiter.clone();
@@ -173,6 +206,64 @@ impl Engine {
             workflow: new.workflow,
             addr,
         })
+    }
+
+    /// Rebuilds every chat the store holds that has not completed (after a restart or crash)
+    /// and resumes its pending work: a pending UI call becomes answerable again, an
+    /// interrupted turn re-runs under its own turn key. Chats of unknown workflows are skipped.
+    pub async fn rehydrate(&self) -> Result<Vec<ChatHandle>, EngineError> {
+        let Some(store) = self.inner.shards.first().and_then(|s| s.store.clone()) else {
+            return Ok(Vec::new());
+        };
+        let store_err = |e: tessera_store::StoreError| EngineError::Store(e.to_string());
+        let mut handles = Vec::new();
+        for chat in store.list_open_chats().await.map_err(store_err)? {
+            let Ok(wf) = self.workflow(&chat.record.workflow) else {
+                tracing::warn!(chat_id = %chat.record.chat_id, workflow = %chat.record.workflow, "stored chat of an unknown workflow left alone");
+                continue;
+            };
+            let chat_id = chat.record.chat_id.clone();
+            let messages = store.all_messages(&chat_id).await.map_err(store_err)?;
+            let events = store
+                .events_after(&chat_id, 0, u32::MAX)
+                .await
+                .map_err(store_err)?;
+            let pending = store
+                .pending_ui(&chat_id)
+                .await
+                .map_err(store_err)?
+                .into_iter()
+                .filter_map(|p| {
+                    serde_json::from_value(p.call)
+                        .ok()
+                        .map(|call| (p.turn_key, call))
+                })
+                .collect();
+            let identity = ChatIdentity {
+                chat_id: Arc::from(chat_id.as_str()),
+                tenant: Arc::from(chat.record.tenant.as_str()),
+                user: Arc::from(chat.record.user_id.as_str()),
+            };
+            let restored = RestoredChat {
+                state: chat.state,
+                messages,
+                events,
+                pending,
+            };
+            let shard = self.next_shard();
+            let config = self.inner.config.clone();
+            let id = identity.clone();
+            let arbiter = shard.arbiter.clone();
+            let addr = ChatSession::start_in_arbiter(&arbiter, move |_| {
+                ChatSession::restore(id, wf, shard, config, restored)
+            });
+            handles.push(ChatHandle {
+                identity,
+                workflow: chat.record.workflow,
+                addr,
+            });
+        }
+        Ok(handles)
     }
 
     /// The compiled workflows, by name.

@@ -19,6 +19,8 @@ pub enum EngineError {
     InvalidToolResponse(String),
     #[error("the chat is no longer running")]
     Unavailable,
+    #[error("storage failed: {0}")]
+    Store(String),
 }
 
 impl EngineError {
@@ -29,7 +31,7 @@ impl EngineError {
             Self::NotAcceptingInput(_) => ErrorCode::NotAcceptingInput,
             Self::Correlation(_) => ErrorCode::UnknownCorrelation,
             Self::InvalidToolResponse(_) => ErrorCode::InvalidToolResponse,
-            Self::Unavailable => ErrorCode::Internal,
+            Self::Unavailable | Self::Store(_) => ErrorCode::Internal,
         }
     }
 }

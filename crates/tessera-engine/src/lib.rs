@@ -15,6 +15,7 @@ pub mod dedup;
 pub mod engine;
 mod error;
 pub mod events;
+pub mod persist;
 pub mod plan;
 pub mod runner;
 pub mod secrets;

@@ -144,14 +144,24 @@ impl AgentRunner {
                 interaction: InteractionType::AgentTool,
             };
             let claimed = claim.await.unwrap_or(ClaimOutcome::InFlight);
-            if !claimed.is_claimed() {
-                let result = Err(ToolError::Failed(format!(
-                    "duplicate invocation refused ({claimed:?})"
-                )));
-                return ToolResult {
-                    call_id: call.call_id,
-                    result,
-                };
+            match claimed {
+                ClaimOutcome::Claimed => {}
+                // Started before a crash and never completed: report it, never re-run it.
+                ClaimOutcome::Interrupted => {
+                    return ToolResult {
+                        call_id: call.call_id,
+                        result: Ok(tessera_tools::interrupted_result()),
+                    };
+                }
+                ClaimOutcome::InFlight | ClaimOutcome::Completed => {
+                    let result = Err(ToolError::Failed(format!(
+                        "this tool call already ran ({claimed:?}); it is not run twice"
+                    )));
+                    return ToolResult {
+                        call_id: call.call_id,
+                        result,
+                    };
+                }
             }
             session.do_send(Publish(tool_call_event(&info, &call.args)));
             let result =

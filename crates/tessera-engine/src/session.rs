@@ -11,15 +11,20 @@ use tessera_manifest::{HandoffKind, HandoffTarget};
 use tessera_protocol::{Envelope, ErrorCode, PendingUiCall, ServerEvent, rfc3339_now};
 use tessera_tools::ToolContext;
 
-use crate::auto_tool::{AutoToolOutcome, InvokeAutoTool};
+use crate::auto_tool::{AutoToolOutcome, FinishUiWait, InvokeAutoTool, pending_call_from_event};
+use crate::correlator::{AwaitUiResponse, UiOutcome};
 use crate::correlator::{
     CancelUiCalls, ChatDisconnected, CorrelationError, ListPendingUiCalls, ResolveUiCall,
 };
+use crate::dedup::AdoptKey;
 use crate::engine::Shard;
+use crate::persist::{WriteBehind, now_ms};
 use crate::runner::{AgentRunner, CancelTurn, RunnerParts, message_id};
 use crate::secrets::SecretVault;
 use crate::turn::{TurnFailure, TurnLimits, TurnOutput};
 use crate::{EngineConfig, EngineError, plan::CompiledWorkflow};
+use std::time::Duration;
+use tessera_store::{ChatState, PendingUiRecord, StoredEvent, StoredMessage};
 
 /// An event, serialized once, on its way to a subscriber.
 #[derive(Message, Clone)]
@@ -166,7 +171,34 @@ pub struct ChatSession {
     subscribers: Vec<Subscriber>,
     next_subscriber: u64,
     secrets: SecretVault,
+    /// Durable writes, when the engine has a store.
+    persist: Option<WriteBehind>,
+    flush_requested: bool,
+    self_addr: Option<Addr<ChatSession>>,
+    /// Set for a chat rebuilt from the store: `started` resumes instead of starting.
+    restored: Option<RestoredWork>,
 }
+
+/// A chat as the store holds it, for [`ChatSession::restore`].
+pub struct RestoredChat {
+    pub state: ChatState,
+    pub messages: Vec<StoredMessage>,
+    pub events: Vec<StoredEvent>,
+    /// (turn key, call) of each pending UI call.
+    pub pending: Vec<(String, PendingUiCall)>,
+}
+
+/// What a chat rebuilt after a restart must pick up again.
+#[derive(Debug, Clone)]
+pub struct RestoredWork {
+    pub status: String,
+    pub pending: Vec<(String, PendingUiCall)>,
+}
+
+/// Flush queued durable writes (sent to self so writes batch per mailbox turn).
+#[derive(Message)]
+#[rtype(result = "()")]
+struct FlushWrites;
 
 impl ChatSession {
     /// A new chat of workflow `wf`; `context` overrides initial context variables.
@@ -186,9 +218,7 @@ impl ChatSession {
         }
         let current_agent = Arc::from(wf.workflow.initial_agent.as_str());
         Self {
-            id,
             wf,
-            shard,
             config,
             history: Vec::new(),
             meta: Vec::new(),
@@ -202,7 +232,54 @@ impl ChatSession {
             subscribers: Vec::new(),
             next_subscriber: 1,
             secrets: SecretVault::default(),
+            persist: shard
+                .store
+                .clone()
+                .map(|store| WriteBehind::new(store, id.chat_id.clone())),
+            flush_requested: false,
+            self_addr: None,
+            restored: None,
+            id,
+            shard,
         }
+    }
+
+    /// A chat rebuilt from its stored state, transcript and event log after a restart.
+    pub fn restore(
+        id: ChatIdentity,
+        wf: Arc<CompiledWorkflow>,
+        shard: Shard,
+        config: Arc<EngineConfig>,
+        stored: RestoredChat,
+    ) -> Self {
+        let mut session = Self::new(id, wf, shard, config, Map::new());
+        session.context = stored.state.context;
+        session.current_agent = Arc::from(stored.state.current_agent.as_str());
+        session.turn = stored.state.turn;
+        session.consecutive = stored.state.consecutive;
+        session.status = match stored.state.status.as_str() {
+            "running" => ChatStatus::Running,
+            "awaiting_tool" => ChatStatus::AwaitingTool,
+            "completed" => ChatStatus::Completed("restored".into()),
+            _ => ChatStatus::AwaitingUser,
+        };
+        for message in stored.messages {
+            let parsed: Option<Message> = serde_json::from_value(message.raw).ok();
+            let parsed =
+                parsed.unwrap_or_else(|| Message::text(Role::User, message.content.as_str()));
+            session.history.push(parsed);
+            session.meta.push((message.message_id, message.ui_hidden));
+        }
+        session.log = stored
+            .events
+            .into_iter()
+            .map(|e| Arc::from(e.json))
+            .collect();
+        session.restored = Some(RestoredWork {
+            status: stored.state.status,
+            pending: stored.pending,
+        });
+        session
     }
 
     fn last_seq(&self) -> u64 {
@@ -225,6 +302,9 @@ impl ChatSession {
         .to_json()
         .into();
         self.log.push(text.clone());
+        if self.persist.is_some() {
+            self.persist_event(seq, &event, &text);
+        }
         self.subscribers.retain(|s| s.recipient.connected());
         for subscriber in &self.subscribers {
             subscriber.recipient.do_send(Deliver(text.clone()));
@@ -245,8 +325,80 @@ impl ChatSession {
     }
 
     fn push_message(&mut self, message: Message, message_id: String, hidden: bool) {
+        if let Some(persist) = &mut self.persist {
+            let role = match message.role {
+                Role::System => "system",
+                Role::User => "user",
+                Role::Assistant => "assistant",
+                Role::Tool => "tool",
+            };
+            persist.queue().messages.push(StoredMessage {
+                idx: self.history.len() as u64,
+                message_id: message_id.clone(),
+                role: role.to_owned(),
+                agent: message.name.as_deref().map(str::to_owned),
+                content: message.content_str().to_owned(),
+                ui_hidden: hidden,
+                raw: serde_json::to_value(&message).unwrap_or(Value::Null),
+            });
+            self.request_flush();
+        }
         self.history.push(message);
         self.meta.push((message_id, hidden));
+    }
+
+    /// Queues an event, the chat's state, and pending-UI bookkeeping for the store.
+    fn persist_event(&mut self, seq: u64, event: &ServerEvent, text: &str) {
+        let state = ChatState {
+            status: self.status.as_str().to_owned(),
+            current_agent: self.current_agent.to_string(),
+            turn: self.turn,
+            consecutive: self.consecutive,
+            context: self.context.clone(),
+            updated_at_ms: now_ms(),
+        };
+        let turn_key = turn_key(&self.id.chat_id, &self.current_agent, self.turn);
+        let Some(persist) = &mut self.persist else {
+            return;
+        };
+        let queue = persist.queue();
+        queue.events.push(StoredEvent {
+            seq,
+            event_type: event.type_name().to_owned(),
+            json: text.to_owned(),
+        });
+        queue.state = Some(state);
+        match event {
+            ServerEvent::ToolCall(data) if data["awaiting_response"] == true => {
+                if let Ok(call) = pending_call_from_event(data) {
+                    let now = now_ms();
+                    let timeout_at_ms = call.timeout_s.map(|t| now + (t * 1000.0) as i64);
+                    queue.put_pending.push(PendingUiRecord {
+                        corr: call.corr.clone(),
+                        turn_key,
+                        call: serde_json::to_value(&call).unwrap_or(Value::Null),
+                        created_at_ms: now,
+                        timeout_at_ms,
+                    });
+                }
+            }
+            ServerEvent::ToolResponse(data) if data["interaction_type"] == "auto_tool" => {
+                if let Some(corr) = data["payload"]["ui_event_id"].as_str() {
+                    queue.remove_pending.push(corr.to_owned());
+                }
+            }
+            _ => {}
+        }
+        self.request_flush();
+    }
+
+    fn request_flush(&mut self) {
+        if !self.flush_requested {
+            if let Some(addr) = &self.self_addr {
+                self.flush_requested = true;
+                addr.do_send(FlushWrites);
+            }
+        }
     }
 
     fn tool_ctx(&self, agent: &Arc<str>) -> ToolContext {
@@ -563,6 +715,14 @@ impl Actor for ChatSession {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
+        self.self_addr = Some(ctx.address());
+        if self.persist.as_ref().is_some_and(|p| p.has_queued()) {
+            self.request_flush();
+        }
+        if let Some(work) = self.restored.take() {
+            self.resume_after_restart(work, ctx);
+            return;
+        }
         let wf = self.wf.workflow.clone();
         let initial = self.current_agent.clone();
         match wf.startup_mode {
@@ -592,6 +752,100 @@ impl Actor for ChatSession {
 
     fn stopped(&mut self, _ctx: &mut Self::Context) {
         self.secrets.wipe();
+    }
+}
+
+impl Handler<FlushWrites> for ChatSession {
+    type Result = ();
+
+    fn handle(&mut self, _: FlushWrites, ctx: &mut Self::Context) {
+        self.flush_requested = false;
+        let Some(flush) = self.persist.as_mut().and_then(WriteBehind::start_flush) else {
+            return;
+        };
+        ctx.spawn(flush.into_actor(self).map(|(), act, _ctx| {
+            if act.persist.as_mut().is_some_and(WriteBehind::flush_done) {
+                act.request_flush();
+            }
+        }));
+    }
+}
+
+impl ChatSession {
+    /// Picks up where a chat stood when the previous process died.
+    fn resume_after_restart(&mut self, work: RestoredWork, ctx: &mut Context<Self>) {
+        tracing::info!(chat_id = %self.id.chat_id, status = %work.status, turn = self.turn, "chat rehydrated");
+        match self.status.clone() {
+            ChatStatus::AwaitingTool => {
+                let Some((turn_key_text, call)) = work.pending.into_iter().next() else {
+                    // The tool was claimed but its UI call never reached the store.
+                    self.publish(ServerEvent::error(
+                        ErrorCode::ToolError,
+                        "the server restarted while a tool was starting; it was not re-run",
+                        true,
+                    ));
+                    self.await_user();
+                    return;
+                };
+                let agent = self.current_agent.clone();
+                let mut tool_ctx = self.tool_ctx(&agent);
+                tool_ctx.turn_idempotency_key = Arc::from(turn_key_text.as_str());
+                let key = format!("{}:{}", self.id.chat_id, turn_key_text);
+                self.shard.dedup.do_send(AdoptKey(key));
+                let timeout = self
+                    .wf
+                    .workflow
+                    .tool(&call.tool_name)
+                    .and_then(|t| t.timeout_s)
+                    .map(Duration::from_secs_f64)
+                    .or(self.config.ui_timeout);
+                // Enqueued now, before this session handles anything else: any later listing
+                // of pending calls already sees it.
+                let wait = self.shard.correlator.send(AwaitUiResponse {
+                    chat_id: self.id.chat_id.clone(),
+                    call: call.clone(),
+                    timeout,
+                    publish: ctx.address().recipient(),
+                    announce: false,
+                });
+                let turn = self.turn;
+                let auto_tools = self.shard.auto_tools.clone();
+                let workflow = self.wf.clone();
+                let publish = ctx.address().recipient();
+                let finish = async move {
+                    let outcome = wait.await.unwrap_or(UiOutcome::Cancelled);
+                    auto_tools
+                        .send(FinishUiWait {
+                            workflow,
+                            tool_ctx,
+                            call,
+                            outcome,
+                            publish,
+                        })
+                        .await
+                };
+                ctx.spawn(
+                    finish
+                        .into_actor(self)
+                        .map(move |outcome, act, ctx| match outcome {
+                            Ok(outcome) => act.on_auto_tool(turn, outcome, ctx),
+                            Err(_) => act.on_auto_tool(
+                                turn,
+                                AutoToolOutcome::Invalid("the auto-tool handler stopped".into()),
+                                ctx,
+                            ),
+                        }),
+                );
+            }
+            ChatStatus::Running => {
+                // Re-run the interrupted turn under the same turn key: tools it had claimed
+                // are found in the durable records and reported, never re-run.
+                let agent = self.current_agent.clone();
+                self.turn = self.turn.saturating_sub(1);
+                self.start_turn(agent, ctx);
+            }
+            ChatStatus::AwaitingUser | ChatStatus::Completed(_) => {}
+        }
     }
 }
 

@@ -329,16 +329,20 @@ async fn structured_output_still_invalid_after_correction_is_an_error_not_a_loop
     assert_eq!(h.model.calls.load(Ordering::SeqCst), 3);
 }
 
-fn json_chat(h: &Harness) -> tessera_engine::ChatHandle {
+async fn json_chat(h: &Harness) -> tessera_engine::ChatHandle {
     let mut context = Map::new();
     context.insert("mode".into(), json!("json"));
-    match h.engine.start_chat(NewChat {
-        tenant: "t".into(),
-        user: "u".into(),
-        workflow: "EngineTest".into(),
-        context,
-        chat_id: None,
-    }) {
+    match h
+        .engine
+        .start_chat(NewChat {
+            tenant: "t".into(),
+            user: "u".into(),
+            workflow: "EngineTest".into(),
+            context,
+            chat_id: None,
+        })
+        .await
+    {
         Ok(chat) => chat,
         Err(e) => panic!("{e}"),
     }
@@ -351,7 +355,7 @@ async fn json_mode_runs_a_valid_tool_call_and_answers() {
         "JsonAgent" => Reply::Text(r#"{"tool": "word_count", "args": {"text": "a b c"}}"#.into()),
         _ => Reply::Text("ok".into()),
     });
-    let mut c = subscribe(json_chat(&h), 0).await;
+    let mut c = subscribe(json_chat(&h).await, 0).await;
     c.until("chat.input_request").await;
     assert!(c.chat.addr.send(say("count")).await.is_ok());
     let call = c.until("chat.tool_call").await;
@@ -373,7 +377,7 @@ async fn json_mode_gives_one_correction_then_stops_with_an_error() {
         "JsonAgent" => Reply::Text(r#"{"tool": "word_count", "args": {"text": 5}}"#.into()),
         _ => Reply::Text("ok".into()),
     });
-    let mut c = subscribe(json_chat(&h), 0).await;
+    let mut c = subscribe(json_chat(&h).await, 0).await;
     c.until("chat.input_request").await;
     assert!(c.chat.addr.send(say("count")).await.is_ok());
     let error = c.until("chat.error").await;

@@ -2,14 +2,14 @@
 //! `{"type", "seq", "chat_id", "timestamp", "data"}`, with `seq` assigned by the chat's
 //! `ChatSession` (one more than the previous event of that chat, never reused).
 
-use serde::{Serialize, Serializer, ser::SerializeMap};
+use serde::{Deserialize, Serialize, Serializer, ser::SerializeMap};
 use serde_json::Value;
 
 use crate::ErrorCode;
 
 /// A UI tool call still waiting for the browser, as listed in `chat.session` and re-sent on
 /// resume so a reloaded page can answer it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PendingUiCall {
     pub corr: String,
     pub tool_name: String,

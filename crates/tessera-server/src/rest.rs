@@ -69,6 +69,7 @@ impl From<EngineError> for ApiError {
                 StatusCode::BAD_REQUEST
             }
             EngineError::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            EngineError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
         Self::new(status, err.code().as_str(), err.to_string())
     }
@@ -180,7 +181,7 @@ async fn create_chat(
 ) -> Result<HttpResponse, ApiError> {
     let caller = caller(&state, &req)?;
     let body = body.into_inner();
-    let handle = start_chat(&state, &caller, body.workflow, body.context)?;
+    let handle = start_chat(&state, &caller, body.workflow, body.context).await?;
     let chat_id = handle.identity.chat_id.to_string();
     Ok(HttpResponse::Created().json(json!({
         "chat_id": chat_id,
@@ -189,19 +190,22 @@ async fn create_chat(
     })))
 }
 
-fn start_chat(
+async fn start_chat(
     state: &AppState,
     caller: &Caller,
     workflow: String,
     context: Map<String, Value>,
 ) -> Result<ChatHandle, ApiError> {
-    let handle = state.engine.start_chat(NewChat {
-        tenant: caller.tenant.to_string(),
-        user: caller.user.to_string(),
-        workflow,
-        context,
-        chat_id: None,
-    })?;
+    let handle = state
+        .engine
+        .start_chat(NewChat {
+            tenant: caller.tenant.to_string(),
+            user: caller.user.to_string(),
+            workflow,
+            context,
+            chat_id: None,
+        })
+        .await?;
     state.registry.do_send(RegisterChat(handle.clone()));
     state.metrics.chats_created.fetch_add(1, Ordering::Relaxed);
     state.metrics.chats_open.fetch_add(1, Ordering::Relaxed);
@@ -419,6 +423,7 @@ async fn websocket(
         query.last_seq,
         state.limits.clone(),
         state.metrics.clone(),
+        state.connections.clone(),
     )
 }
 
@@ -438,7 +443,7 @@ async fn run_workflow(
 ) -> Result<HttpResponse, ApiError> {
     let caller = caller(&state, &req)?;
     let body = body.into_inner();
-    let chat = start_chat(&state, &caller, body.workflow, Map::new())?;
+    let chat = start_chat(&state, &caller, body.workflow, Map::new()).await?;
     let (done, result) = oneshot::channel();
     let collector = RunCollector {
         done: Some(done),

@@ -17,9 +17,8 @@ use tessera_llm::openai::{OpenAiClient, OpenAiConfig};
 use tessera_llm::scripted::ScriptedModel;
 use tessera_manifest::Workflow;
 use tessera_protocol::ServerEvent;
-use tessera_tools::{
-    ArtifactStore, BuiltinRegistry, InMemoryArtifactStore, InMemoryTaskStore, ToolServices,
-};
+use tessera_store::{ChatStore, SqliteStore};
+use tessera_tools::{ArtifactStore, BuiltinRegistry, ToolServices};
 
 use crate::auth::Authenticator;
 use crate::config::{Limits, ServerConfig};
@@ -37,6 +36,10 @@ pub struct AppState {
     /// `GET /workflows` body, built once.
     pub workflows: Arc<Vec<Value>>,
     pub shutting_down: Arc<AtomicBool>,
+    /// Open sockets, closed with 1001 on shutdown.
+    pub connections: Addr<crate::ws::ConnectionHub>,
+    /// Where the workflows live; the web client loads their `ui/*.js` components from here.
+    pub workflows_dir: std::path::PathBuf,
 }
 
 /// Chooses the model of each workflow.
@@ -120,9 +123,17 @@ async fn serve(config: ServerConfig) -> anyhow::Result<()> {
         .iter()
         .map(|(w, m)| workflow_summary(w, m.is_demo()))
         .collect();
-    let artifacts: Arc<dyn ArtifactStore> = Arc::new(InMemoryArtifactStore::default());
+    std::fs::create_dir_all(&config.data_dir)
+        .with_context(|| format!("cannot create the data dir {}", config.data_dir.display()))?;
+    let db_path = config.data_dir.join("tessera.db");
+    let store = Arc::new(
+        SqliteStore::open(&db_path)
+            .await
+            .with_context(|| format!("cannot open {}", db_path.display()))?,
+    );
+    let artifacts: Arc<dyn ArtifactStore> = store.clone();
     let services = ToolServices {
-        tasks: Arc::new(InMemoryTaskStore::default()),
+        tasks: store.clone(),
         artifacts: artifacts.clone(),
     };
     let builtins = BuiltinRegistry::with_defaults(services);
@@ -137,11 +148,31 @@ async fn serve(config: ServerConfig) -> anyhow::Result<()> {
     let hooks = EngineHooks {
         durable_dedup: None,
         observer: Some(Arc::new(move |event: &ServerEvent| observed.observe(event))),
+        store: Some(store.clone() as Arc<dyn ChatStore>),
     };
     let engine = Engine::start(with_models, &builtins, engine_config, hooks)
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     let registry = ChatRegistry::default().start();
+    let restored = engine
+        .rehydrate()
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    if !restored.is_empty() {
+        tracing::info!(
+            chats = restored.len(),
+            "rehydrated open chats from the store"
+        );
+    }
+    metrics.chats_open.fetch_add(
+        i64::try_from(restored.len()).unwrap_or(0),
+        Ordering::Relaxed,
+    );
+    for handle in restored {
+        registry.do_send(crate::registry::RegisterChat(handle));
+    }
     let shutting_down = Arc::new(AtomicBool::new(false));
+    let connections = crate::ws::ConnectionHub::default().start();
+    let hub = connections.clone();
     let state = web::Data::new(AppState {
         engine,
         registry,
@@ -151,6 +182,8 @@ async fn serve(config: ServerConfig) -> anyhow::Result<()> {
         artifacts,
         workflows: Arc::new(summaries),
         shutting_down: shutting_down.clone(),
+        connections,
+        workflows_dir: config.workflows_dir.clone(),
     });
     let workers = if config.http_workers == 0 {
         std::thread::available_parallelism().map_or(1, |n| n.get())
@@ -181,6 +214,8 @@ async fn serve(config: ServerConfig) -> anyhow::Result<()> {
         shutdown_signal().await;
         tracing::info!("shutting down: no new connections; closing sockets");
         flag.store(true, Ordering::Relaxed);
+        let closed = hub.send(crate::ws::CloseAll).await.unwrap_or(0);
+        tracing::info!(sockets = closed, "closed sockets with 1001 (going away)");
         handle.stop(true).await;
     });
     server.await.context("server failed")?;

@@ -23,6 +23,64 @@ use crate::metrics::Metrics;
 /// How often we ping an idle client.
 const HEARTBEAT: Duration = Duration::from_secs(15);
 
+/// Tracks open sockets so shutdown can close them with "going away" (1001).
+#[derive(Default)]
+pub struct ConnectionHub {
+    open: std::collections::HashMap<u64, Addr<WsConnection>>,
+    next: u64,
+}
+
+impl Actor for ConnectionHub {
+    type Context = Context<Self>;
+}
+
+/// A socket opened.
+#[derive(Message)]
+#[rtype(result = "u64")]
+struct Join(Addr<WsConnection>);
+
+/// A socket closed.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Leave(u64);
+
+/// Close every socket with 1001; answers how many were open.
+#[derive(Message)]
+#[rtype(result = "usize")]
+pub struct CloseAll;
+
+/// Sent to one socket on shutdown.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct GoingAway;
+
+impl Handler<Join> for ConnectionHub {
+    type Result = u64;
+    fn handle(&mut self, Join(addr): Join, _: &mut Self::Context) -> u64 {
+        self.next += 1;
+        self.open.insert(self.next, addr);
+        self.next
+    }
+}
+
+impl Handler<Leave> for ConnectionHub {
+    type Result = ();
+    fn handle(&mut self, Leave(id): Leave, _: &mut Self::Context) {
+        self.open.remove(&id);
+    }
+}
+
+impl Handler<CloseAll> for ConnectionHub {
+    type Result = usize;
+    fn handle(&mut self, _: CloseAll, _: &mut Self::Context) -> usize {
+        let count = self.open.len();
+        for (_, addr) in self.open.drain() {
+            addr.do_send(GoingAway);
+        }
+        count
+    }
+}
+
 /// One client socket of one chat.
 pub struct WsConnection {
     chat: ChatHandle,
@@ -33,6 +91,8 @@ pub struct WsConnection {
     last_heard: Instant,
     window_start: Instant,
     window_count: u32,
+    hub: Addr<ConnectionHub>,
+    hub_id: Option<u64>,
 }
 
 impl WsConnection {
@@ -42,6 +102,7 @@ impl WsConnection {
         after_seq: u64,
         limits: Arc<Limits>,
         metrics: Arc<Metrics>,
+        hub: Addr<ConnectionHub>,
     ) -> Self {
         let now = Instant::now();
         Self {
@@ -53,6 +114,8 @@ impl WsConnection {
             last_heard: now,
             window_start: now,
             window_count: 0,
+            hub,
+            hub_id: None,
         }
     }
 
@@ -212,6 +275,8 @@ impl Actor for WsConnection {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         self.metrics.ws_connections.fetch_add(1, Ordering::Relaxed);
+        let join = self.hub.send(Join(ctx.address()));
+        ctx.spawn(join.into_actor(self).map(|id, act, _| act.hub_id = id.ok()));
         let after = self.after_seq;
         self.subscribe(after, ctx);
         let idle = Duration::from_secs(self.limits.idle_timeout_s.max(1));
@@ -230,9 +295,24 @@ impl Actor for WsConnection {
 
     fn stopped(&mut self, _ctx: &mut Self::Context) {
         self.metrics.ws_connections.fetch_sub(1, Ordering::Relaxed);
+        if let Some(id) = self.hub_id.take() {
+            self.hub.do_send(Leave(id));
+        }
         if let Some(id) = self.subscription.take() {
             self.chat.addr.do_send(Unsubscribe(id));
         }
+    }
+}
+
+impl Handler<GoingAway> for WsConnection {
+    type Result = ();
+
+    fn handle(&mut self, _: GoingAway, ctx: &mut Self::Context) {
+        ctx.close(Some(ws::CloseReason {
+            code: ws::CloseCode::Away,
+            description: Some("server shutting down".into()),
+        }));
+        ctx.stop();
     }
 }
 
@@ -297,10 +377,11 @@ pub fn upgrade(
     after_seq: u64,
     limits: Arc<Limits>,
     metrics: Arc<Metrics>,
+    hub: Addr<ConnectionHub>,
 ) -> Result<HttpResponse, actix_web::Error> {
     let codec_limit = limits.max_frame_bytes.saturating_mul(4);
     ws::WsResponseBuilder::new(
-        WsConnection::new(chat, after_seq, limits, metrics),
+        WsConnection::new(chat, after_seq, limits, metrics, hub),
         req,
         stream,
     )

@@ -137,6 +137,23 @@ pub fn harness(
     config: EngineConfig,
     script: impl Fn(&ChatRequest) -> Reply + Send + Sync + 'static,
 ) -> Harness {
+    harness_with_hooks(config, tessera_engine::EngineHooks::default(), script)
+}
+
+/// Helper says NEXT, the planner emits a valid plan: reaches the UI tool in one message.
+pub fn default_plan_script(req: &ChatRequest) -> Reply {
+    match req.agent.as_str() {
+        "PlannerAgent" => Reply::Text(json!({"Plan": "p", "agent_message": "review"}).to_string()),
+        _ => Reply::Text("NEXT".into()),
+    }
+}
+
+/// A harness whose engine has `hooks` (e.g. a store).
+pub fn harness_with_hooks(
+    config: EngineConfig,
+    hooks: tessera_engine::EngineHooks,
+    script: impl Fn(&ChatRequest) -> Reply + Send + Sync + 'static,
+) -> Harness {
     let workflow = match tessera_manifest::load_workflow(&fixture_dir()) {
         Ok(w) => w,
         Err(e) => panic!("fixture must load: {e}"),
@@ -169,7 +186,7 @@ pub fn harness(
             stream: false,
             ..config
         },
-        tessera_engine::EngineHooks::default(),
+        hooks,
     ) {
         Ok(e) => e,
         Err(e) => panic!("engine must start: {e}"),
@@ -222,6 +239,16 @@ impl Client {
         }
     }
 
+    /// Waits for the next `chat.text` written by `agent`.
+    pub async fn until_match_agent(&mut self, agent: &str) -> Value {
+        loop {
+            let text = self.until("chat.text").await;
+            if text["data"]["agent"] == agent {
+                return text;
+            }
+        }
+    }
+
     /// The types of the events seen so far.
     pub fn types(&self) -> Vec<String> {
         self.seen
@@ -237,13 +264,17 @@ impl Client {
 }
 
 pub async fn connect(h: &Harness, tenant: &str) -> Client {
-    let chat = match h.engine.start_chat(NewChat {
-        tenant: tenant.into(),
-        user: "u1".into(),
-        workflow: "EngineTest".into(),
-        context: Map::new(),
-        chat_id: None,
-    }) {
+    let chat = match h
+        .engine
+        .start_chat(NewChat {
+            tenant: tenant.into(),
+            user: "u1".into(),
+            workflow: "EngineTest".into(),
+            context: Map::new(),
+            chat_id: None,
+        })
+        .await
+    {
         Ok(c) => c,
         Err(e) => panic!("chat must start: {e}"),
     };

@@ -1,0 +1,147 @@
+//! Durability: a chat's writes to the [`ChatStore`] and the durable tool-invocation records
+//! behind every `DedupCache`.
+//!
+//! A session never awaits the database inside a handler. It queues writes in a
+//! [`WriteBehind`] and one flush at a time runs as a spawned future, so a chat's writes reach
+//! the store in order (chat → messages → events → pending UI calls → state) and batch
+//! naturally under load.
+
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use serde_json::Value;
+use tessera_store::{ChatState, ChatStore, PendingUiRecord, StoredEvent, StoredMessage, ToolClaim};
+
+use crate::dedup::{ClaimOutcome, DedupRecordStore};
+
+/// Writes queued since the last flush.
+#[derive(Default)]
+pub struct PendingWrites {
+    pub messages: Vec<StoredMessage>,
+    pub events: Vec<StoredEvent>,
+    pub put_pending: Vec<PendingUiRecord>,
+    pub remove_pending: Vec<String>,
+    pub state: Option<ChatState>,
+}
+
+impl PendingWrites {
+    fn is_empty(&self) -> bool {
+        self.messages.is_empty()
+            && self.events.is_empty()
+            && self.put_pending.is_empty()
+            && self.remove_pending.is_empty()
+            && self.state.is_none()
+    }
+}
+
+/// A chat's write-behind queue.
+pub struct WriteBehind {
+    store: Arc<dyn ChatStore>,
+    chat_id: Arc<str>,
+    queued: PendingWrites,
+    flushing: bool,
+}
+
+impl WriteBehind {
+    /// A queue writing chat `chat_id` to `store`.
+    pub fn new(store: Arc<dyn ChatStore>, chat_id: Arc<str>) -> Self {
+        Self {
+            store,
+            chat_id,
+            queued: PendingWrites::default(),
+            flushing: false,
+        }
+    }
+
+    /// True when writes wait for a flush.
+    pub fn has_queued(&self) -> bool {
+        !self.queued.is_empty()
+    }
+
+    /// The queued writes, to add to.
+    pub fn queue(&mut self) -> &mut PendingWrites {
+        &mut self.queued
+    }
+
+    /// Takes the queued writes and returns the future that performs them, unless a flush is
+    /// already running (then the writes wait for the next one) or nothing is queued.
+    pub fn start_flush(&mut self) -> Option<BoxFuture<'static, ()>> {
+        if self.flushing || self.queued.is_empty() {
+            return None;
+        }
+        self.flushing = true;
+        let batch = std::mem::take(&mut self.queued);
+        let store = self.store.clone();
+        let chat_id = self.chat_id.clone();
+        Some(Box::pin(async move {
+            if let Err(error) = write_batch(&*store, &chat_id, batch).await {
+                tracing::error!(chat_id = %chat_id, %error, "persisting chat failed");
+            }
+        }))
+    }
+
+    /// The flush finished; true when more writes are waiting.
+    pub fn flush_done(&mut self) -> bool {
+        self.flushing = false;
+        !self.queued.is_empty()
+    }
+}
+
+async fn write_batch(
+    store: &dyn ChatStore,
+    chat_id: &str,
+    batch: PendingWrites,
+) -> Result<(), tessera_store::StoreError> {
+    if !batch.messages.is_empty() {
+        store.append_messages(chat_id, batch.messages).await?;
+    }
+    if !batch.events.is_empty() {
+        store.append_events(chat_id, batch.events).await?;
+    }
+    for record in batch.put_pending {
+        store.put_pending_ui(chat_id, record).await?;
+    }
+    for corr in batch.remove_pending {
+        store.remove_pending_ui(chat_id, &corr).await?;
+    }
+    if let Some(state) = batch.state {
+        store.save_state(chat_id, state).await?;
+    }
+    Ok(())
+}
+
+/// The store's tool-invocation records as the `DedupCache`'s durable layer. Keys are
+/// `{chat_id}:{invocation_key}`.
+pub struct StoreDedup(pub Arc<dyn ChatStore>);
+
+fn split(key: &str) -> (&str, &str) {
+    key.split_once(':').unwrap_or((key, ""))
+}
+
+impl DedupRecordStore for StoreDedup {
+    fn claim(&self, key: &str) -> BoxFuture<'static, Result<ClaimOutcome, String>> {
+        let (chat_id, invocation) = split(key);
+        let claim = self.0.claim_tool(chat_id, invocation);
+        Box::pin(async move {
+            match claim.await {
+                Ok(ToolClaim::Claimed) => Ok(ClaimOutcome::Claimed),
+                Ok(ToolClaim::AlreadyStarted) => Ok(ClaimOutcome::Interrupted),
+                Ok(ToolClaim::AlreadyCompleted(_)) => Ok(ClaimOutcome::Completed),
+                Err(e) => Err(e.to_string()),
+            }
+        })
+    }
+
+    fn complete(&self, key: &str) -> BoxFuture<'static, Result<(), String>> {
+        let (chat_id, invocation) = split(key);
+        let done = self.0.complete_tool(chat_id, invocation, &Value::Null);
+        Box::pin(async move { done.await.map_err(|e| e.to_string()) })
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}

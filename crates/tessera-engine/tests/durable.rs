@@ -1,0 +1,174 @@
+//! Durability with a real SQLite store: the chat's log and state reach the store, a tool whose
+//! durable record says "started, not completed" is reported as interrupted and never re-run,
+//! and a chat rebuilt after a "restart" (a second engine on the same database) answers its
+//! pending UI call exactly once.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use common::*;
+use serde_json::{Map, json};
+use tessera_engine::session::{GetSnapshot, ToolAnswer, UserInput};
+use tessera_engine::{EngineConfig, EngineHooks, NewChat};
+use tessera_store::{ChatStore, SqliteStore, ToolClaim};
+
+async fn store_at(dir: &std::path::Path) -> Arc<SqliteStore> {
+    match SqliteStore::open(&dir.join("t.db")).await {
+        Ok(s) => Arc::new(s),
+        Err(e) => panic!("open store: {e}"),
+    }
+}
+
+fn hooks(store: &Arc<SqliteStore>) -> EngineHooks {
+    EngineHooks {
+        store: Some(store.clone() as Arc<dyn ChatStore>),
+        ..EngineHooks::default()
+    }
+}
+
+fn say(content: &str) -> UserInput {
+    UserInput {
+        content: content.into(),
+        client_msg_id: None,
+    }
+}
+
+async fn new_chat(h: &Harness) -> Client {
+    let chat = h
+        .engine
+        .start_chat(NewChat {
+            tenant: "t".into(),
+            user: "u".into(),
+            workflow: "EngineTest".into(),
+            context: Map::new(),
+            chat_id: None,
+        })
+        .await;
+    match chat {
+        Ok(chat) => subscribe(chat, 0).await,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+#[actix::test]
+async fn a_tool_started_before_a_crash_is_reported_interrupted_not_rerun() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let store = store_at(dir.path()).await;
+    let h = harness_with_hooks(EngineConfig::default(), hooks(&store), |req| {
+        if after_tool(req) {
+            let fed = req
+                .messages
+                .last()
+                .map(|m| m.content_str().to_owned())
+                .unwrap_or_default();
+            return Reply::Text(if fed.contains("interrupted") {
+                "told interrupted".into()
+            } else {
+                fed
+            });
+        }
+        Reply::Tools(vec![("echo", json!({"message": "hi"}))])
+    });
+    let mut c = new_chat(&h).await;
+    c.until("chat.input_request").await;
+    // The previous process claimed this turn's first tool call and died before completing it.
+    let chat_id = c.chat.identity.chat_id.to_string();
+    let key = format!("turn_{chat_id}_HelperAgent_1:s1:0");
+    assert_eq!(
+        store.claim_tool(&chat_id, &key).await.ok(),
+        Some(ToolClaim::Claimed)
+    );
+
+    assert!(c.chat.addr.send(say("go")).await.is_ok());
+    let answer = c.until_match_agent("HelperAgent").await;
+    assert_eq!(answer["data"]["content"], "told interrupted");
+    assert_eq!(
+        h.echo_runs.load(Ordering::SeqCst),
+        0,
+        "an interrupted tool is never silently re-run"
+    );
+}
+
+#[actix::test]
+async fn a_pending_ui_call_survives_a_restart_and_is_answered_once() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let store = store_at(dir.path()).await;
+    let first = harness_with_hooks(EngineConfig::default(), hooks(&store), default_plan_script);
+    let mut c = new_chat(&first).await;
+    c.until("chat.input_request").await;
+    assert!(c.chat.addr.send(say("next")).await.is_ok());
+    let ui = loop {
+        let call = c.until("chat.tool_call").await;
+        if call["data"]["awaiting_response"] == true {
+            break call;
+        }
+    };
+    let corr = ui["data"]["corr"].as_str().unwrap_or_default().to_owned();
+    let chat_id = c.chat.identity.chat_id.to_string();
+    let seen = c
+        .seen
+        .iter()
+        .filter_map(|e| e["seq"].as_u64())
+        .max()
+        .unwrap_or(0);
+    // Wait until the store has the whole log (writes are behind the session).
+    for _ in 0..200 {
+        if store.last_seq(&chat_id).await.unwrap_or(0) >= seen
+            && !store
+                .pending_ui(&chat_id)
+                .await
+                .unwrap_or_default()
+                .is_empty()
+        {
+            break;
+        }
+        actix::clock::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(store.last_seq(&chat_id).await.ok(), Some(seen));
+
+    // "Restart": a second engine on the same database; the first one's actors are abandoned.
+    let second = harness_with_hooks(EngineConfig::default(), hooks(&store), default_plan_script);
+    let restored = second.engine.rehydrate().await.unwrap_or_default();
+    let chat = restored
+        .into_iter()
+        .find(|h| *h.identity.chat_id == *chat_id)
+        .unwrap_or_else(|| panic!("chat not rehydrated"));
+    let snapshot = chat
+        .addr
+        .send(GetSnapshot)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(snapshot.status.as_str(), "awaiting_tool");
+    assert_eq!(
+        snapshot.last_seq, seen,
+        "the event log continues where it stopped"
+    );
+    assert_eq!(
+        snapshot.pending_ui_calls.first().map(|p| p.corr.clone()),
+        Some(corr.clone())
+    );
+
+    let mut again = subscribe(chat.clone(), seen).await;
+    let response = json!({"status": "success", "data": {}});
+    assert_eq!(
+        chat.addr
+            .send(ToolAnswer {
+                corr: corr.clone(),
+                response: response.clone()
+            })
+            .await
+            .ok(),
+        Some(Ok(()))
+    );
+    let done = again.until("chat.tool_response").await;
+    assert_eq!(done["data"]["success"], true);
+    assert_eq!(done["seq"], seen + 1, "no seq is reused after the restart");
+    again.until("chat.run_complete").await;
+    let replay = chat.addr.send(ToolAnswer { corr, response }).await;
+    assert!(
+        matches!(replay.ok(), Some(Err(_))),
+        "the answer is accepted once"
+    );
+}

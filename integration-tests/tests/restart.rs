@@ -1,0 +1,86 @@
+//! Durability of the real server: SIGKILL while a chat waits on a UI tool, start again on the
+//! same data dir, and the chat is still there, the pending call answerable once, the event log
+//! continuous, and no tool has run twice.
+
+use std::time::Duration;
+
+use integration_tests::server::{ServerOptions, TestServer};
+use integration_tests::wsclient::WsClient;
+use serde_json::{Value, json};
+
+fn answer(corr: &str) -> Value {
+    json!({"type": "chat.tool_response", "data": {"corr": corr, "status": "success", "action": "submit", "data": {}}})
+}
+
+#[tokio::test]
+async fn sigkill_during_a_ui_wait_then_restart_resumes_the_chat_exactly_once() {
+    let data = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let options = ServerOptions { data_dir: Some(data.path().to_path_buf()), ..Default::default() };
+    let server = TestServer::start(options.clone()).await;
+    let chat = server.create_chat("Generator", "alice").await;
+    let mut ws = WsClient::connect(&server.ws_url(&chat, 0), "alice").await;
+    ws.until("chat.input_request").await;
+    ws.say("Automate my invoices").await;
+    let plan = ws.until_ui_call().await;
+    let corr = plan["data"]["corr"].as_str().unwrap_or_default().to_owned();
+    let seen = ws.last_seq;
+    // Writes go to SQLite behind the session; wait until the chat's state says it is waiting.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, snap) = server.get(&format!("/api/v1/chats/{chat}"), "alice").await;
+        if snap["status"] == "awaiting_tool" {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "chat never reached awaiting_tool: {snap}");
+        tokio::task::yield_now().await;
+    }
+    let _ = server.kill().await;
+
+    let server = TestServer::start(options).await;
+    let (status, snap) = server.get(&format!("/api/v1/chats/{chat}"), "alice").await;
+    assert_eq!(status, 200, "the chat survived the crash: {snap}");
+    assert_eq!(snap["status"], "awaiting_tool");
+    assert_eq!(snap["pending_ui_calls"][0]["corr"], corr.as_str());
+    assert_eq!(snap["last_seq"], seen);
+    let (status, _) = server.get(&format!("/api/v1/chats/{chat}"), "mallory").await;
+    assert_eq!(status, 404, "ownership survives the restart");
+
+    let mut again = WsClient::connect(&server.ws_url(&chat, seen), "alice").await;
+    again.last_seq = seen;
+    let boundary = again.until("chat.resume_boundary").await;
+    assert_eq!(boundary["data"]["pending_ui_calls"][0]["corr"], corr.as_str());
+    again.send(answer(&corr)).await;
+    let done = again.until_match("chat.tool_response", |e| e["data"]["tool_name"] == "action_plan").await;
+    assert_eq!(done["data"]["success"], true);
+    assert_eq!(done["seq"], seen + 1, "the log continues with no gap and no reused seq");
+    let next = again.until_ui_call().await;
+    assert_eq!(next["data"]["component_type"], "AgentAPIKeyInput", "the workflow continues after the restart");
+    again.send(answer(&corr)).await;
+    let refused = again.until("chat.error").await;
+    assert_eq!(refused["data"]["code"], "unknown_correlation", "the answer is accepted once");
+
+    // The full log, replayed from the start, shows each tool announced and answered once.
+    let mut full = WsClient::connect(&server.ws_url(&chat, 0), "alice").await;
+    full.until("chat.resume_boundary").await;
+    let calls = full.of("chat.tool_call").iter().filter(|e| e["data"]["tool_name"] == "action_plan").count();
+    let responses = full.of("chat.tool_response").iter().filter(|e| e["data"]["tool_name"] == "action_plan").count();
+    assert_eq!((calls, responses), (2, 1), "one auto-tool announcement + one UI call, one response");
+}
+
+#[tokio::test]
+async fn sigterm_shuts_down_cleanly() {
+    let server = TestServer::start(ServerOptions::default()).await;
+    let chat = server.create_chat("TodoAssistant", "alice").await;
+    let mut ws = WsClient::connect(&server.ws_url(&chat, 0), "alice").await;
+    ws.until("chat.input_request").await;
+    assert!(server.terminate().await, "tessera exits 0 on SIGTERM");
+    // The socket is closed by the server (going away), not left hanging.
+    let mut closed = false;
+    for _ in 0..50 {
+        if ws.next().await.is_none() {
+            closed = true;
+            break;
+        }
+    }
+    assert!(closed, "the socket was closed on shutdown");
+}

@@ -72,10 +72,11 @@ impl AgentRunner {
             Step::CallModel(request) => {
                 let sink = request.stream.then(|| self.delta_sink());
                 let call = self.parts.model.complete(request, sink);
-                let handle = ctx.spawn(call.into_actor(self).map(|result, act, ctx| {
+                let started = std::time::Instant::now();
+                let handle = ctx.spawn(call.into_actor(self).map(move |result, act, ctx| {
                     let step = match result {
                         Ok(reply) => {
-                            act.publish_usage(&reply.model, reply.usage);
+                            act.publish_usage(&reply.model, reply.usage, started.elapsed());
                             act.machine.on_model_reply(reply)
                         }
                         Err(err) => {
@@ -200,13 +201,14 @@ impl AgentRunner {
         })
     }
 
-    fn publish_usage(&self, model: &str, usage: tessera_llm::Usage) {
+    fn publish_usage(&self, model: &str, usage: tessera_llm::Usage, latency: std::time::Duration) {
         self.parts.session.do_send(Publish(ServerEvent::Usage {
             agent: self.machine.plan().name.to_string(),
             model: model.to_owned(),
             prompt_tokens: usage.prompt_tokens,
             completion_tokens: usage.completion_tokens,
             total_tokens: usage.total(),
+            latency_ms: u64::try_from(latency.as_millis()).unwrap_or(u64::MAX),
         }));
     }
 }

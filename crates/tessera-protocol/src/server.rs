@@ -80,6 +80,8 @@ pub enum ServerEvent {
         prompt_tokens: u64,
         completion_tokens: u64,
         total_tokens: u64,
+        /// Wall time of the model call, retries included.
+        latency_ms: u64,
     },
     /// A client message was accepted.
     Ack {

@@ -18,7 +18,14 @@ pub struct Metrics {
     pub tool_calls_ok: AtomicU64,
     pub tool_calls_error: AtomicU64,
     pub llm_tokens: AtomicU64,
+    pub llm_calls: AtomicU64,
+    pub llm_latency_ms_sum: AtomicU64,
+    /// Model calls by latency bucket (upper bounds in [`LATENCY_BUCKETS_MS`], then +Inf).
+    pub llm_latency_buckets: [AtomicU64; LATENCY_BUCKETS_MS.len() + 1],
 }
+
+/// Upper bounds of the model-latency histogram, in milliseconds.
+pub const LATENCY_BUCKETS_MS: [u64; 8] = [10, 50, 100, 250, 500, 1000, 2500, 10000];
 
 impl Metrics {
     /// Counts what a published event says (turns, tool results, tokens, ended chats).
@@ -39,8 +46,20 @@ impl Metrics {
                 };
                 counter.fetch_add(1, Ordering::Relaxed);
             }
-            ServerEvent::Usage { total_tokens, .. } => {
+            ServerEvent::Usage {
+                total_tokens,
+                latency_ms,
+                ..
+            } => {
                 self.llm_tokens.fetch_add(*total_tokens, Ordering::Relaxed);
+                self.llm_calls.fetch_add(1, Ordering::Relaxed);
+                self.llm_latency_ms_sum
+                    .fetch_add(*latency_ms, Ordering::Relaxed);
+                let bucket = LATENCY_BUCKETS_MS
+                    .iter()
+                    .position(|b| latency_ms <= b)
+                    .unwrap_or(LATENCY_BUCKETS_MS.len());
+                self.llm_latency_buckets[bucket].fetch_add(1, Ordering::Relaxed);
             }
             ServerEvent::RunComplete { reason, .. }
                 if reason == "terminate" || reason == "max_turns" =>
@@ -108,6 +127,33 @@ impl Metrics {
             "# HELP tessera_tool_calls_total Tool calls by outcome.\n# TYPE tessera_tool_calls_total counter\ntessera_tool_calls_total{{status=\"ok\"}} {}\ntessera_tool_calls_total{{status=\"error\"}} {}",
             self.tool_calls_ok.load(Ordering::Relaxed),
             self.tool_calls_error.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP tessera_llm_latency_ms Model call latency.\n# TYPE tessera_llm_latency_ms histogram"
+        );
+        let mut cumulative = 0;
+        for (i, bound) in LATENCY_BUCKETS_MS.iter().enumerate() {
+            cumulative += self.llm_latency_buckets[i].load(Ordering::Relaxed);
+            let _ = writeln!(
+                out,
+                "tessera_llm_latency_ms_bucket{{le=\"{bound}\"}} {cumulative}"
+            );
+        }
+        cumulative += self.llm_latency_buckets[LATENCY_BUCKETS_MS.len()].load(Ordering::Relaxed);
+        let _ = writeln!(
+            out,
+            "tessera_llm_latency_ms_bucket{{le=\"+Inf\"}} {cumulative}"
+        );
+        let _ = writeln!(
+            out,
+            "tessera_llm_latency_ms_sum {}",
+            self.llm_latency_ms_sum.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            out,
+            "tessera_llm_latency_ms_count {}",
+            self.llm_calls.load(Ordering::Relaxed)
         );
         out
     }

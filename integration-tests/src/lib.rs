@@ -52,5 +52,48 @@ pub fn tessera_bin() -> PathBuf {
     .clone()
 }
 
+/// Path of the real `tessera-loadgen` binary (the mock LLM server and load generator), built
+/// once per test process with `cargo build -p tessera-loadgen --bin tessera-loadgen`, like
+/// [`tessera_bin`]. Panics with the build output if the build fails.
+pub fn loadgen_bin() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let root = workspace_root();
+        let target =
+            std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
+        let bin = target
+            .join("debug")
+            .join(format!("tessera-loadgen{}", std::env::consts::EXE_SUFFIX));
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let out = Command::new(cargo)
+            .args(["build", "-p", "tessera-loadgen", "--bin", "tessera-loadgen"])
+            .current_dir(&root)
+            .output();
+        match out {
+            Ok(o) if o.status.success() => {}
+            Ok(o) if bin.is_file() => eprintln!(
+                "warning: building tessera-loadgen failed, using the existing binary:\n{}",
+                String::from_utf8_lossy(&o.stderr)
+            ),
+            Ok(o) => panic!(
+                "cargo build -p tessera-loadgen failed:\n{}",
+                String::from_utf8_lossy(&o.stderr)
+            ),
+            Err(e) if bin.is_file() => {
+                eprintln!("warning: cannot run cargo ({e}); using the existing binary")
+            }
+            Err(e) => panic!("cannot run cargo to build tessera-loadgen: {e}"),
+        }
+        assert!(
+            bin.is_file(),
+            "{} does not exist after building",
+            bin.display()
+        );
+        bin
+    })
+    .clone()
+}
+
+pub mod browser;
 pub mod server;
 pub mod wsclient;

@@ -15,7 +15,10 @@ fn answer(corr: &str) -> Value {
 #[tokio::test]
 async fn sigkill_during_a_ui_wait_then_restart_resumes_the_chat_exactly_once() {
     let data = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let options = ServerOptions { data_dir: Some(data.path().to_path_buf()), ..Default::default() };
+    let options = ServerOptions {
+        data_dir: Some(data.path().to_path_buf()),
+        ..Default::default()
+    };
     let server = TestServer::start(options.clone()).await;
     let chat = server.create_chat("Generator", "alice").await;
     let mut ws = WsClient::connect(&server.ws_url(&chat, 0), "alice").await;
@@ -31,7 +34,10 @@ async fn sigkill_during_a_ui_wait_then_restart_resumes_the_chat_exactly_once() {
         if snap["status"] == "awaiting_tool" {
             break;
         }
-        assert!(tokio::time::Instant::now() < deadline, "chat never reached awaiting_tool: {snap}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "chat never reached awaiting_tool: {snap}"
+        );
         tokio::task::yield_now().await;
     }
     let _ = server.kill().await;
@@ -42,29 +48,60 @@ async fn sigkill_during_a_ui_wait_then_restart_resumes_the_chat_exactly_once() {
     assert_eq!(snap["status"], "awaiting_tool");
     assert_eq!(snap["pending_ui_calls"][0]["corr"], corr.as_str());
     assert_eq!(snap["last_seq"], seen);
-    let (status, _) = server.get(&format!("/api/v1/chats/{chat}"), "mallory").await;
+    let (status, _) = server
+        .get(&format!("/api/v1/chats/{chat}"), "mallory")
+        .await;
     assert_eq!(status, 404, "ownership survives the restart");
 
     let mut again = WsClient::connect(&server.ws_url(&chat, seen), "alice").await;
     again.last_seq = seen;
     let boundary = again.until("chat.resume_boundary").await;
-    assert_eq!(boundary["data"]["pending_ui_calls"][0]["corr"], corr.as_str());
+    assert_eq!(
+        boundary["data"]["pending_ui_calls"][0]["corr"],
+        corr.as_str()
+    );
     again.send(answer(&corr)).await;
-    let done = again.until_match("chat.tool_response", |e| e["data"]["tool_name"] == "action_plan").await;
+    let done = again
+        .until_match("chat.tool_response", |e| {
+            e["data"]["tool_name"] == "action_plan"
+        })
+        .await;
     assert_eq!(done["data"]["success"], true);
-    assert_eq!(done["seq"], seen + 1, "the log continues with no gap and no reused seq");
+    assert_eq!(
+        done["seq"],
+        seen + 1,
+        "the log continues with no gap and no reused seq"
+    );
     let next = again.until_ui_call().await;
-    assert_eq!(next["data"]["component_type"], "AgentAPIKeyInput", "the workflow continues after the restart");
+    assert_eq!(
+        next["data"]["component_type"], "AgentAPIKeyInput",
+        "the workflow continues after the restart"
+    );
     again.send(answer(&corr)).await;
     let refused = again.until("chat.error").await;
-    assert_eq!(refused["data"]["code"], "unknown_correlation", "the answer is accepted once");
+    assert_eq!(
+        refused["data"]["code"], "unknown_correlation",
+        "the answer is accepted once"
+    );
 
     // The full log, replayed from the start, shows each tool announced and answered once.
     let mut full = WsClient::connect(&server.ws_url(&chat, 0), "alice").await;
     full.until("chat.resume_boundary").await;
-    let calls = full.of("chat.tool_call").iter().filter(|e| e["data"]["tool_name"] == "action_plan").count();
-    let responses = full.of("chat.tool_response").iter().filter(|e| e["data"]["tool_name"] == "action_plan").count();
-    assert_eq!((calls, responses), (2, 1), "one auto-tool announcement + one UI call, one response");
+    let calls = full
+        .of("chat.tool_call")
+        .iter()
+        .filter(|e| e["data"]["tool_name"] == "action_plan")
+        .count();
+    let responses = full
+        .of("chat.tool_response")
+        .iter()
+        .filter(|e| e["data"]["tool_name"] == "action_plan")
+        .count();
+    assert_eq!(
+        (calls, responses),
+        (2, 1),
+        "one auto-tool announcement + one UI call, one response"
+    );
 }
 
 #[tokio::test]

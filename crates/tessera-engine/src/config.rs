@@ -35,6 +35,8 @@ pub struct EngineConfig {
     pub stream: bool,
     /// Number of arbiters (threads) chats are spread over; 0 means one per core.
     pub arbiters: usize,
+    /// Seals the chats' secret vaults at rest; `None` keeps secrets in memory only.
+    pub vault_key: Option<std::sync::Arc<crate::secrets::VaultKey>>,
 }
 
 impl Default for EngineConfig {
@@ -50,6 +52,7 @@ impl Default for EngineConfig {
             disconnect_policy: DisconnectPolicy::KeepPending,
             stream: true,
             arbiters: 0,
+            vault_key: None,
         }
     }
 }

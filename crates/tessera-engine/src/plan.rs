@@ -220,7 +220,9 @@ fn resolve_exec(
     http: &reqwest::Client,
     default_timeout: Duration,
 ) -> Result<Arc<dyn Tool>, EngineError> {
-    match implementation {
+    // Every tool sees only the collected secrets its manifest entry declares.
+    let scoped = |tool: Arc<dyn Tool>| crate::secrets::scope_secrets(tool, &def.uses_secrets);
+    let exec: Result<Arc<dyn Tool>, EngineError> = match implementation {
         ToolImpl::Builtin { name } => builtins.get(name).ok_or_else(|| {
             EngineError::Workflow(format!(
                 "{workflow}: tool {} names unknown built-in {name:?}",
@@ -234,7 +236,8 @@ fn resolve_exec(
                 .unwrap_or(default_timeout);
             Ok(Arc::new(HttpTool::new(url.clone(), timeout, http.clone())))
         }
-    }
+    };
+    exec.map(scoped)
 }
 
 fn json_catalogue(specs: &[ToolSpec]) -> String {

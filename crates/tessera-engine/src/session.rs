@@ -393,11 +393,11 @@ impl ChatSession {
     }
 
     fn request_flush(&mut self) {
-        if !self.flush_requested {
-            if let Some(addr) = &self.self_addr {
-                self.flush_requested = true;
-                addr.do_send(FlushWrites);
-            }
+        if !self.flush_requested
+            && let Some(addr) = &self.self_addr
+        {
+            self.flush_requested = true;
+            addr.do_send(FlushWrites);
         }
     }
 
@@ -409,6 +409,7 @@ impl ChatSession {
             workflow_name: Arc::from(self.wf.workflow.name.as_str()),
             turn_idempotency_key: Arc::from(turn_key(&self.id.chat_id, agent, self.turn)),
             agent_name: agent.clone(),
+            secrets: self.secrets.view(),
         }
     }
 
@@ -461,9 +462,12 @@ impl ChatSession {
         });
     }
 
-    fn complete(&mut self, reason: &str, _ctx: &mut Context<Self>) {
+    fn complete(&mut self, reason: &str, ctx: &mut Context<Self>) {
         self.status = ChatStatus::Completed(reason.to_owned());
         self.secrets.wipe();
+        if let Some(forget) = crate::secrets::forget(self.shard.store.as_ref(), &self.id.chat_id) {
+            ctx.spawn(forget.into_actor(self));
+        }
         self.publish(ServerEvent::RunComplete {
             reason: reason.to_owned(),
             agent: self.current_agent.to_string(),
@@ -557,7 +561,19 @@ impl ChatSession {
                 secrets,
                 ..
             } => {
+                let collected = !secrets.is_empty();
                 self.secrets.store(secrets);
+                if collected
+                    && let Some(save) = crate::secrets::save(
+                        self.shard.store.as_ref(),
+                        self.config.vault_key.as_deref(),
+                        &self.id.chat_id,
+                        &self.secrets,
+                    )
+                {
+                    // Waited for, so a later `complete` cannot delete before this write.
+                    ctx.wait(save.into_actor(self));
+                }
                 let text = format!("[{tool_name} result] {result}");
                 let id = format!("msg_tool_{}", self.turn);
                 self.push_message(Message::text(Role::User, text), id, true);
@@ -720,7 +736,20 @@ impl Actor for ChatSession {
             self.request_flush();
         }
         if let Some(work) = self.restored.take() {
-            self.resume_after_restart(work, ctx);
+            let load = crate::secrets::load(
+                self.shard.store.as_ref(),
+                self.config.vault_key.clone(),
+                &self.id.chat_id,
+            );
+            match load {
+                // The sealed vault is opened before anything else runs, so a resumed tool
+                // sees the secrets collected before the restart.
+                Some(load) => ctx.wait(load.into_actor(self).map(move |secrets, act, ctx| {
+                    act.secrets.store(secrets);
+                    act.resume_after_restart(work, ctx);
+                })),
+                None => self.resume_after_restart(work, ctx),
+            }
             return;
         }
         let wf = self.wf.workflow.clone();

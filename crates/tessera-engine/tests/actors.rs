@@ -513,6 +513,7 @@ async fn the_same_structured_output_delivered_twice_concurrently_runs_the_tool_o
         workflow_name: "EngineTest".into(),
         turn_idempotency_key: "turn_chat_dup_PlannerAgent_1".into(),
         agent_name: "PlannerAgent".into(),
+        secrets: None,
     };
     let data = json!({"Plan": "p", "agent_message": "m"});
     let invoke = || InvokeAutoTool {

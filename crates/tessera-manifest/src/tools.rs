@@ -77,6 +77,9 @@ pub struct ToolDef {
     pub parameters: Arc<Value>,
     /// Keys of the UI response `data` whose values must never reach the agent or the logs.
     pub secret_fields: Vec<String>,
+    /// Names of collected secrets (some UI tool's `secret_fields`) this tool may read from
+    /// the chat's vault; every other tool gets none.
+    pub uses_secrets: Vec<String>,
     /// Per-tool timeout in seconds for the UI wait or the tool run.
     pub timeout_s: Option<f64>,
 }
@@ -91,6 +94,7 @@ const TOOL_KEYS: &[&str] = &[
     "impl",
     "parameters",
     "secret_fields",
+    "uses_secrets",
     "timeout_s",
 ];
 
@@ -147,7 +151,39 @@ pub(crate) fn parse(doc: &Value, ctx: &ToolCtx<'_>, d: &mut Diag) -> Tools {
             out.tools.push(t);
         }
     }
+    check_uses_secrets(items, &tloc, d);
     out
+}
+
+/// Every `uses_secrets` name must be collected by some tool's `secret_fields`: a typo would
+/// otherwise silently give the tool nothing, and an undeclared name hints at a tool reaching
+/// for a secret the workflow never meant to share.
+fn check_uses_secrets(items: &[Value], tloc: &Loc, d: &mut Diag) {
+    let collected: BTreeSet<&str> = items
+        .iter()
+        .filter_map(|v| v.get("secret_fields").and_then(Value::as_array))
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    for (i, v) in items.iter().enumerate() {
+        let Some(Value::Array(names)) = v.get("uses_secrets") else {
+            continue;
+        };
+        for (j, name) in names.iter().enumerate() {
+            if let Some(name) = name.as_str()
+                && !name.trim().is_empty()
+                && !collected.contains(name)
+            {
+                tloc.idx(i).key("uses_secrets").idx(j).err(
+                    d,
+                    format!(
+                        "secret \"{name}\" is not collected by any tool's \"secret_fields\"{}; declare it there or remove it",
+                        did_you_mean(name, collected.iter().copied())
+                    ),
+                );
+            }
+        }
+    }
 }
 
 fn parse_tool(
@@ -328,6 +364,12 @@ fn parse_tool(
         ok = false;
     }
 
+    let uses_secrets: Vec<String> = o
+        .opt_str_list("uses_secrets", d)
+        .into_iter()
+        .map(|(_, s)| s.to_owned())
+        .collect();
+
     let timeout_s = o.opt_positive("timeout_s", d);
     if o.get("timeout_s").is_some() && timeout_s.is_none() {
         ok = false;
@@ -347,6 +389,7 @@ fn parse_tool(
         parameters: parameters
             .unwrap_or_else(|| Arc::new(json!({"type": "object", "properties": {}}))),
         secret_fields,
+        uses_secrets,
         timeout_s,
     })
 }

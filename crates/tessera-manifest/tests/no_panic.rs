@@ -50,6 +50,7 @@ const WORDS: &[&str] = &[
     "properties",
     "required",
     "secret_fields",
+    "uses_secrets",
     "timeout_s",
     "system_message",
     "max_consecutive_auto_reply",

@@ -20,10 +20,107 @@ pub struct ServerConfig {
     pub workflows_dir: PathBuf,
     pub llm: LlmConfig,
     pub limits: Limits,
-    /// Tenants and their API keys; empty means dev mode (one default tenant, no key).
+    /// Tenants and their API keys; empty (and no JWT) means dev mode (one tenant, no key).
     pub tenants: Vec<TenantConfig>,
     /// HTTP worker threads; 0 means one per core.
     pub http_workers: usize,
+    /// JWTs, browser origins and WebSocket tickets.
+    pub auth: AuthConfig,
+    /// The key that encrypts the chats' secret vaults at rest.
+    pub secrets: SecretsConfig,
+}
+
+/// Authentication beyond tenant API keys. See `SECURITY.md`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthConfig {
+    /// Accept JWTs (in addition to API keys); `None` accepts API keys only.
+    pub jwt: Option<JwtConfig>,
+    /// Origins (`scheme://host[:port]`, exact match) browsers may call from. Same-origin
+    /// requests and requests without `Origin` (non-browser clients) are always allowed; dev
+    /// mode does not check origins.
+    pub allowed_origins: Vec<String>,
+    /// Lifetime of a single-use WebSocket ticket from `POST /api/v1/ws-ticket`, in seconds.
+    pub ticket_ttl_s: u64,
+}
+
+/// How JWTs are verified: HS256 with a shared secret and/or RS256 with a public key. Only
+/// the configured algorithms are accepted; `exp`, `iss` and `aud` are always checked.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JwtConfig {
+    /// HS256 shared secret (`TESSERA_JWT_SECRET` overrides it; prefer the variable).
+    #[serde(default)]
+    pub hs256_secret: Option<String>,
+    /// PEM file with the RS256 public key.
+    #[serde(default)]
+    pub rs256_public_key_file: Option<PathBuf>,
+    /// Required `iss`.
+    pub issuer: String,
+    /// Required `aud`.
+    pub audience: String,
+    /// Claim that names the tenant (the user is always `sub`).
+    #[serde(default = "default_tenant_claim")]
+    pub tenant_claim: String,
+    /// Clock skew tolerated on `exp`/`nbf`, in seconds.
+    #[serde(default = "default_leeway")]
+    pub leeway_s: u64,
+}
+
+fn default_tenant_claim() -> String {
+    "tenant".to_owned()
+}
+
+fn default_leeway() -> u64 {
+    30
+}
+
+/// The vault key. Without one, a random key is made per process and secrets do not survive
+/// a restart.
+#[derive(Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SecretsConfig {
+    /// 32 bytes as 64 hex characters (`TESSERA_SECRET_KEY` overrides it).
+    pub key_hex: Option<String>,
+}
+
+impl std::fmt::Debug for SecretsConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SecretsConfig")
+            .field("key_hex", &self.key_hex.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
+}
+
+impl SecretsConfig {
+    /// The configured key, if any; an invalid one is an error (never silently replaced).
+    pub fn key(&self) -> anyhow::Result<Option<[u8; 32]>> {
+        let Some(text) = &self.key_hex else {
+            return Ok(None);
+        };
+        let text = text.trim();
+        let bytes = (0..text.len())
+            .step_by(2)
+            .map(|i| {
+                text.get(i..i + 2)
+                    .and_then(|h| u8::from_str_radix(h, 16).ok())
+            })
+            .collect::<Option<Vec<u8>>>();
+        match bytes.and_then(|b| <[u8; 32]>::try_from(b).ok()) {
+            Some(key) => Ok(Some(key)),
+            None => anyhow::bail!("secrets.key_hex / TESSERA_SECRET_KEY must be 64 hex characters"),
+        }
+    }
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        Self {
+            jwt: None,
+            allowed_origins: Vec::new(),
+            ticket_ttl_s: 30,
+        }
+    }
 }
 
 /// Which model chats use.
@@ -46,13 +143,21 @@ pub struct LlmConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Limits {
-    /// Largest text frame a client may send, in bytes; larger ones get `frame_too_large`.
+    /// Largest text frame a client may send, in bytes; larger ones get `frame_too_large` and
+    /// the connection stays open. Frames over 4× this break the protocol: close 1009.
     pub max_frame_bytes: usize,
     /// Client messages per minute per connection.
     pub messages_per_minute: u32,
+    /// Client messages per minute over all connections of one tenant.
+    pub messages_per_minute_per_tenant: u32,
+    /// Frames refused as `rate_limited` in one minute before the socket is closed with 1008.
+    pub rate_limit_strikes: u32,
+    /// Chats of one tenant that may be open (not completed) at once; 0 = no limit.
+    pub max_open_chats_per_tenant: usize,
     /// Default wait for a UI tool answer, in seconds (0 waits until cancelled).
     pub ui_timeout_s: f64,
-    /// Events queued for one slow WebSocket client before it is disconnected.
+    /// Events queued for one slow WebSocket client: a queue over this at two checks a second
+    /// apart disconnects the client with 1008.
     pub outbound_queue: usize,
     /// Seconds without a pong before a WebSocket is closed.
     pub idle_timeout_s: u64,
@@ -64,6 +169,7 @@ pub struct Limits {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TenantConfig {
+    /// The tenant id: scopes every chat, task and file.
     pub id: String,
     /// SHA-256 hex digests of the tenant's API keys (never the keys themselves).
     #[serde(default)]
@@ -80,6 +186,8 @@ impl Default for ServerConfig {
             limits: Limits::default(),
             tenants: Vec::new(),
             http_workers: 0,
+            auth: AuthConfig::default(),
+            secrets: SecretsConfig::default(),
         }
     }
 }
@@ -101,6 +209,9 @@ impl Default for Limits {
         Self {
             max_frame_bytes: 64 * 1024,
             messages_per_minute: 120,
+            messages_per_minute_per_tenant: 1200,
+            rate_limit_strikes: 10,
+            max_open_chats_per_tenant: 1000,
             ui_timeout_s: 900.0,
             outbound_queue: 1024,
             idle_timeout_s: 60,
@@ -160,6 +271,37 @@ impl ServerConfig {
                 .parse()
                 .with_context(|| format!("TESSERA_MESSAGES_PER_MINUTE={v:?} is not a number"))?;
         }
+        let number = |name: &str| -> anyhow::Result<Option<u64>> {
+            env(name)
+                .map(|v| {
+                    v.parse()
+                        .with_context(|| format!("{name}={v:?} is not a number"))
+                })
+                .transpose()
+        };
+        if let Some(v) = number("TESSERA_MESSAGES_PER_MINUTE_PER_TENANT")? {
+            config.limits.messages_per_minute_per_tenant = u32::try_from(v).unwrap_or(u32::MAX);
+        }
+        if let Some(v) = number("TESSERA_RATE_LIMIT_STRIKES")? {
+            config.limits.rate_limit_strikes = u32::try_from(v).unwrap_or(u32::MAX);
+        }
+        if let Some(v) = number("TESSERA_MAX_OPEN_CHATS_PER_TENANT")? {
+            config.limits.max_open_chats_per_tenant = usize::try_from(v).unwrap_or(usize::MAX);
+        }
+        if let Some(v) = number("TESSERA_OUTBOUND_QUEUE")? {
+            config.limits.outbound_queue = usize::try_from(v).unwrap_or(usize::MAX);
+        }
+        if let Some(v) = number("TESSERA_IDLE_TIMEOUT_S")? {
+            config.limits.idle_timeout_s = v;
+        }
+        if let Some(v) = env("TESSERA_SECRET_KEY") {
+            config.secrets.key_hex = Some(v);
+        }
+        if let Some(v) = env("TESSERA_JWT_SECRET")
+            && let Some(jwt) = &mut config.auth.jwt
+        {
+            jwt.hs256_secret = Some(v);
+        }
         if let Some(v) = env("TESSERA_HTTP_WORKERS") {
             config.http_workers = v
                 .parse()
@@ -203,5 +345,24 @@ mod tests {
         assert!(bad.is_err());
         let parsed: Result<ServerConfig, _> = toml::from_str("bindd = \"x\"");
         assert!(parsed.is_err());
+    }
+
+    #[test]
+    fn auth_and_secret_key_parse_and_bad_keys_are_refused() -> anyhow::Result<()> {
+        let parsed: ServerConfig = toml::from_str(
+            "[auth]\nallowed_origins = [\"https://app.example\"]\n[auth.jwt]\nissuer = \"i\"\naudience = \"a\"\n[secrets]\nkey_hex = \"00\"\n",
+        )?;
+        assert_eq!(parsed.auth.ticket_ttl_s, 30);
+        assert_eq!(
+            parsed.auth.jwt.as_ref().map(|j| j.tenant_claim.as_str()),
+            Some("tenant")
+        );
+        assert!(parsed.secrets.key().is_err(), "a short key is an error");
+        assert!(!format!("{:?}", parsed.secrets).contains("00\""));
+        let good = SecretsConfig {
+            key_hex: Some("ab".repeat(32)),
+        };
+        assert_eq!(good.key()?, Some([0xab; 32]));
+        Ok(())
     }
 }

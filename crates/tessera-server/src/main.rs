@@ -2,6 +2,7 @@
 
 mod auth;
 mod config;
+mod limits;
 mod metrics;
 mod registry;
 mod rest;

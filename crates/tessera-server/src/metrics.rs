@@ -14,6 +14,10 @@ pub struct Metrics {
     pub ws_connections: AtomicI64,
     pub ws_frames_in: AtomicU64,
     pub ws_errors: AtomicU64,
+    /// Frames refused because a connection or tenant exceeded its message budget.
+    pub ws_rate_limited: AtomicU64,
+    /// Connections cut off because they did not read their events.
+    pub ws_slow_consumers: AtomicU64,
     pub turns: AtomicU64,
     pub tool_calls_ok: AtomicU64,
     pub tool_calls_error: AtomicU64,
@@ -109,6 +113,18 @@ impl Metrics {
             "Client frames refused with chat.error.",
             "counter",
             load(&self.ws_errors),
+        );
+        gauge(
+            "tessera_ws_rate_limited_total",
+            "Client frames refused by a message budget.",
+            "counter",
+            load(&self.ws_rate_limited),
+        );
+        gauge(
+            "tessera_ws_slow_consumers_total",
+            "Connections closed because the client did not read.",
+            "counter",
+            load(&self.ws_slow_consumers),
         );
         gauge(
             "tessera_turns_total",

@@ -30,6 +30,11 @@ pub struct ListChats {
     pub user: Arc<str>,
 }
 
+/// Every chat of one tenant (for the open-chat quota).
+#[derive(Message)]
+#[rtype(result = "Vec<ChatHandle>")]
+pub struct TenantChats(pub Arc<str>);
+
 /// Every registered chat (for shutdown).
 #[derive(Message)]
 #[rtype(result = "Vec<ChatHandle>")]
@@ -74,6 +79,19 @@ impl Handler<ListChats> for ChatRegistry {
             .collect();
         mine.sort_by_key(|entry| std::cmp::Reverse(entry.0));
         MessageResult(mine.into_iter().map(|(_, h)| h.clone()).collect())
+    }
+}
+
+impl Handler<TenantChats> for ChatRegistry {
+    type Result = MessageResult<TenantChats>;
+    fn handle(&mut self, TenantChats(tenant): TenantChats, _: &mut Self::Context) -> Self::Result {
+        MessageResult(
+            self.chats
+                .values()
+                .filter(|(_, h)| h.identity.tenant == tenant)
+                .map(|(_, h)| h.clone())
+                .collect(),
+        )
     }
 }
 

@@ -1,6 +1,10 @@
 //! The REST API under `/api/v1`, plus health, readiness and metrics. Errors are JSON
 //! `{code, message}` with the matching status; a chat of another tenant or user answers 404
 //! exactly like a chat that does not exist.
+//!
+//! Every `/api/v1` route authenticates its caller (see `auth.rs`); `/healthz`, `/readyz` and
+//! `/metrics` stay open because they carry no tenant data (metrics have no tenant or chat
+//! labels) — put them behind the network boundary if even counts are sensitive.
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -85,7 +89,12 @@ fn unavailable() -> ApiError {
 
 /// The authenticated caller of `req`.
 pub fn caller(state: &AppState, req: &HttpRequest) -> Result<Caller, ApiError> {
-    state.auth.caller(req).map_err(|e| match e {
+    state.auth.caller(req).map_err(caller_error)
+}
+
+/// The REST error of a refused credential.
+fn caller_error(e: AuthError) -> ApiError {
+    match e {
         AuthError::Missing => ApiError::new(
             StatusCode::UNAUTHORIZED,
             "unauthorized",
@@ -94,9 +103,14 @@ pub fn caller(state: &AppState, req: &HttpRequest) -> Result<Caller, ApiError> {
         AuthError::Invalid => ApiError::new(
             StatusCode::UNAUTHORIZED,
             "unauthorized",
-            "the API key is not valid",
+            "the credential is not valid",
         ),
-    })
+        AuthError::Origin => ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden_origin",
+            "this origin may not call the API",
+        ),
+    }
 }
 
 /// The caller's chat `chat_id`, or 404.
@@ -137,6 +151,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
                 )
                 .route("/chats/{id}/files/{file}", web::get().to(download_file))
                 .route("/chats/{id}/ws", web::get().to(websocket))
+                .route("/ws-ticket", web::post().to(ws_ticket))
                 .route("/run", web::post().to(run_workflow)),
         );
 }
@@ -196,6 +211,24 @@ async fn start_chat(
     workflow: String,
     context: Map<String, Value>,
 ) -> Result<ChatHandle, ApiError> {
+    let limit = state.limits.max_open_chats_per_tenant;
+    // Held until the chat is registered, so concurrent creations cannot overshoot the cap.
+    let lock = state.chat_quota.tenant_lock(&caller.tenant);
+    let _guard = lock.lock().await;
+    if limit > 0 {
+        let chats = state
+            .registry
+            .send(crate::registry::TenantChats(caller.tenant.clone()))
+            .await
+            .map_err(|_| unavailable())?;
+        if state.chat_quota.open_count(chats, limit).await >= limit {
+            return Err(ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too_many_chats",
+                format!("at most {limit} open chats per tenant; finish or cancel one first"),
+            ));
+        }
+    }
     let handle = state
         .engine
         .start_chat(NewChat {
@@ -206,7 +239,11 @@ async fn start_chat(
             chat_id: None,
         })
         .await?;
-    state.registry.do_send(RegisterChat(handle.clone()));
+    state
+        .registry
+        .send(RegisterChat(handle.clone()))
+        .await
+        .map_err(|_| unavailable())?;
     state.metrics.chats_created.fetch_add(1, Ordering::Relaxed);
     state.metrics.chats_open.fetch_add(1, Ordering::Relaxed);
     tracing::info!(chat_id = %handle.identity.chat_id, tenant = %caller.tenant, workflow = %handle.workflow, "chat created");
@@ -405,6 +442,9 @@ async fn download_file(
 struct WsQuery {
     #[serde(default)]
     last_seq: u64,
+    /// A single-use ticket from `POST /api/v1/ws-ticket` (browsers without a header).
+    #[serde(default)]
+    ticket: Option<String>,
 }
 
 async fn websocket(
@@ -414,17 +454,46 @@ async fn websocket(
     query: web::Query<WsQuery>,
     stream: web::Payload,
 ) -> Result<HttpResponse, actix_web::Error> {
-    let caller = caller(&state, &req)?;
+    let caller = state
+        .auth
+        .ws_caller(&req, &path, query.ticket.as_deref())
+        .map_err(caller_error)?;
     let chat = owned_chat(&state, &caller, &path).await?;
     crate::ws::upgrade(
         &req,
         stream,
         chat,
         query.last_seq,
-        state.limits.clone(),
-        state.metrics.clone(),
-        state.connections.clone(),
+        crate::ws::ConnectionShared {
+            limits: state.limits.clone(),
+            metrics: state.metrics.clone(),
+            hub: state.connections.clone(),
+            tenant_limiter: state.tenant_limiter.clone(),
+            tenant: caller.tenant.clone(),
+        },
     )
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TicketRequest {
+    chat_id: String,
+}
+
+/// Issues a short-lived, single-use ticket for opening one chat's WebSocket, so a browser
+/// never puts a long-lived credential in a URL.
+async fn ws_ticket(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    body: web::Json<TicketRequest>,
+) -> Result<HttpResponse, ApiError> {
+    let caller = caller(&state, &req)?;
+    let chat = owned_chat(&state, &caller, &body.chat_id).await?;
+    let (ticket, ttl) = state
+        .auth
+        .issue_ticket(&caller, &chat.identity.chat_id)
+        .map_err(caller_error)?;
+    Ok(HttpResponse::Ok().json(json!({"ticket": ticket, "expires_in_s": ttl})))
 }
 
 #[derive(Deserialize)]

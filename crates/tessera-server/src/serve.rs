@@ -30,6 +30,10 @@ pub struct AppState {
     pub engine: Engine,
     pub registry: Addr<ChatRegistry>,
     pub auth: Authenticator,
+    /// Tenant-wide WebSocket message budget.
+    pub tenant_limiter: Arc<crate::limits::TenantRateLimiter>,
+    /// Cap on each tenant's open chats.
+    pub chat_quota: crate::limits::ChatQuota,
     pub metrics: Arc<Metrics>,
     pub limits: Arc<Limits>,
     pub artifacts: Arc<dyn ArtifactStore>,
@@ -117,6 +121,20 @@ pub fn run(config: ServerConfig) -> anyhow::Result<()> {
 }
 
 async fn serve(config: ServerConfig) -> anyhow::Result<()> {
+    let auth = Authenticator::new(config.tenants.clone(), &config.auth)?;
+    if auth.dev_mode() {
+        tracing::warn!("no tenants or JWT configured: DEV MODE, every request is trusted");
+    }
+    let vault_key = match config.secrets.key()? {
+        Some(key) => key,
+        None => {
+            tracing::warn!(
+                "no secrets.key_hex / TESSERA_SECRET_KEY: collected secrets are encrypted with a per-process key and do not survive a restart"
+            );
+            tessera_engine::secrets::VaultKey::random_bytes()
+                .map_err(|e| anyhow::anyhow!("cannot make a vault key: {e}"))?
+        }
+    };
     let workflows = load_workflows(&config.workflows_dir)?;
     let with_models = models_for(&config, workflows)?;
     let summaries: Vec<Value> = with_models
@@ -141,6 +159,7 @@ async fn serve(config: ServerConfig) -> anyhow::Result<()> {
         ui_timeout: config.limits.ui_timeout(),
         tool_timeout: Duration::from_secs_f64(config.limits.tool_timeout_s.max(0.1)),
         stream: config.llm.stream,
+        vault_key: Some(Arc::new(tessera_engine::secrets::VaultKey::new(vault_key))),
         ..EngineConfig::default()
     };
     let metrics = Arc::new(Metrics::default());
@@ -176,7 +195,11 @@ async fn serve(config: ServerConfig) -> anyhow::Result<()> {
     let state = web::Data::new(AppState {
         engine,
         registry,
-        auth: Authenticator::new(config.tenants.clone()),
+        auth,
+        tenant_limiter: Arc::new(crate::limits::TenantRateLimiter::new(
+            config.limits.messages_per_minute_per_tenant,
+        )),
+        chat_quota: crate::limits::ChatQuota::default(),
         metrics,
         limits: Arc::new(config.limits.clone()),
         artifacts,

@@ -3,9 +3,23 @@
 //!
 //! This is the only module that uses `actix-web-actors` (deprecated upstream in favour of
 //! `actix-ws`), so moving to `actix-ws` is a change to this file alone.
+//!
+//! Limits (see `SECURITY.md`): a soft frame limit (`chat.error` `frame_too_large`, the socket
+//! stays open) and a hard one at 4× (close 1009); a message budget per connection and per
+//! tenant (`chat.error` `rate_limited`, then close 1008 after `rate_limit_strikes` refusals
+//! in a minute); a bounded outbound queue (close 1008 for a client that does not read); and
+//! an idle timeout driven by ping/pong (close 1001). No extension (permessage-deflate) is
+//! ever negotiated.
+//!
+//! WHY an [`Outbox`] actor: `WebsocketContext` buffers writes without bound, and the
+//! connection actor only runs when the HTTP dispatcher polls the response body — which it
+//! stops doing while the peer does not read. Chat events therefore go to a separate small
+//! actor that keeps running, counts the backlog, and cuts off a connection whose backlog stays
+//! over the limit.
 
-use std::sync::Arc;
+use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
@@ -18,10 +32,28 @@ use tessera_protocol::{
 };
 
 use crate::config::Limits;
+use crate::limits::TenantRateLimiter;
 use crate::metrics::Metrics;
 
-/// How often we ping an idle client.
+/// How often we ping an idle client (at most; shorter when the idle timeout is short).
 const HEARTBEAT: Duration = Duration::from_secs(15);
+/// How often the outbox checks its backlog; a backlog over the limit at two checks in a row
+/// disconnects the client.
+const OUTBOX_CHECK: Duration = Duration::from_secs(1);
+
+/// What every connection shares with the server.
+pub struct ConnectionShared {
+    /// Configured limits.
+    pub limits: Arc<Limits>,
+    /// Process counters.
+    pub metrics: Arc<Metrics>,
+    /// Open sockets, for shutdown.
+    pub hub: Addr<ConnectionHub>,
+    /// The tenant-wide message budget.
+    pub tenant_limiter: Arc<TenantRateLimiter>,
+    /// The caller's tenant.
+    pub tenant: Arc<str>,
+}
 
 /// Tracks open sockets so shutdown can close them with "going away" (1001).
 #[derive(Default)]
@@ -81,6 +113,109 @@ impl Handler<CloseAll> for ConnectionHub {
     }
 }
 
+/// Events waiting for one connection, shared by its [`Outbox`] (producer) and its
+/// [`WsConnection`] (consumer).
+#[derive(Default)]
+struct OutboxQueue {
+    items: VecDeque<Arc<str>>,
+    /// A `Flush` is on its way to the connection.
+    flush_pending: bool,
+    /// The connection was cut off; nothing more is queued.
+    closed: bool,
+}
+
+type SharedQueue = Arc<Mutex<OutboxQueue>>;
+
+fn lock(queue: &SharedQueue) -> std::sync::MutexGuard<'_, OutboxQueue> {
+    queue.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Receives a chat's events for one connection and bounds its backlog (see the module doc).
+pub struct Outbox {
+    conn: Addr<WsConnection>,
+    queue: SharedQueue,
+    limit: usize,
+    over_at_last_check: bool,
+    metrics: Arc<Metrics>,
+}
+
+/// The connection should move the queued events to its socket.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Flush;
+
+/// The connection fell too far behind: close it.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct SlowConsumer;
+
+/// The connection ended: stop the outbox.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct StopOutbox;
+
+impl Actor for Outbox {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        ctx.run_interval(OUTBOX_CHECK, |act, ctx| {
+            let backlog = lock(&act.queue).items.len();
+            if backlog <= act.limit {
+                act.over_at_last_check = false;
+            } else if !act.over_at_last_check {
+                // Could be a burst (a long replay): give the reader one interval.
+                act.over_at_last_check = true;
+            } else {
+                act.cut_off(backlog, ctx);
+            }
+        });
+    }
+}
+
+impl Outbox {
+    fn cut_off(&mut self, backlog: usize, ctx: &mut Context<Self>) {
+        {
+            let mut queue = lock(&self.queue);
+            queue.closed = true;
+            queue.items = VecDeque::new();
+        }
+        self.metrics
+            .ws_slow_consumers
+            .fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(
+            backlog,
+            limit = self.limit,
+            "websocket client does not read; disconnecting it"
+        );
+        self.conn.do_send(SlowConsumer);
+        ctx.stop();
+    }
+}
+
+impl Handler<Deliver> for Outbox {
+    type Result = ();
+
+    fn handle(&mut self, Deliver(text): Deliver, _ctx: &mut Self::Context) {
+        let mut queue = lock(&self.queue);
+        if queue.closed {
+            return;
+        }
+        queue.items.push_back(text);
+        if !queue.flush_pending {
+            queue.flush_pending = true;
+            self.conn.do_send(Flush);
+        }
+    }
+}
+
+impl Handler<StopOutbox> for Outbox {
+    type Result = ();
+
+    fn handle(&mut self, _: StopOutbox, ctx: &mut Self::Context) {
+        ctx.stop();
+    }
+}
+
 /// One client socket of one chat.
 pub struct WsConnection {
     chat: ChatHandle,
@@ -88,34 +223,39 @@ pub struct WsConnection {
     subscription: Option<u64>,
     limits: Arc<Limits>,
     metrics: Arc<Metrics>,
+    tenant_limiter: Arc<TenantRateLimiter>,
+    tenant: Arc<str>,
     last_heard: Instant,
     window_start: Instant,
     window_count: u32,
+    /// Frames refused as `rate_limited` in the current window.
+    strikes: u32,
     hub: Addr<ConnectionHub>,
     hub_id: Option<u64>,
+    queue: SharedQueue,
+    outbox: Option<Addr<Outbox>>,
 }
 
 impl WsConnection {
     /// A connection that first replays the chat's events after `after_seq`.
-    pub fn new(
-        chat: ChatHandle,
-        after_seq: u64,
-        limits: Arc<Limits>,
-        metrics: Arc<Metrics>,
-        hub: Addr<ConnectionHub>,
-    ) -> Self {
+    pub fn new(chat: ChatHandle, after_seq: u64, shared: ConnectionShared) -> Self {
         let now = Instant::now();
         Self {
             chat,
             after_seq,
             subscription: None,
-            limits,
-            metrics,
+            limits: shared.limits,
+            metrics: shared.metrics,
+            tenant_limiter: shared.tenant_limiter,
+            tenant: shared.tenant,
             last_heard: now,
             window_start: now,
             window_count: 0,
-            hub,
+            strikes: 0,
+            hub: shared.hub,
             hub_id: None,
+            queue: SharedQueue::default(),
+            outbox: None,
         }
     }
 
@@ -123,8 +263,11 @@ impl WsConnection {
         if let Some(old) = self.subscription.take() {
             self.chat.addr.do_send(Unsubscribe(old));
         }
+        let Some(outbox) = &self.outbox else {
+            return;
+        };
         let request = self.chat.addr.send(Subscribe {
-            recipient: ctx.address().recipient(),
+            recipient: outbox.clone().recipient(),
             after_seq,
         });
         ctx.wait(
@@ -179,14 +322,32 @@ impl WsConnection {
         );
     }
 
-    /// Counts a frame against the per-minute budget; false when over it.
+    /// Counts a frame against the connection's and the tenant's per-minute budgets; false
+    /// when over either.
     fn within_rate(&mut self) -> bool {
         if self.window_start.elapsed() >= Duration::from_secs(60) {
             self.window_start = Instant::now();
             self.window_count = 0;
+            self.strikes = 0;
         }
-        self.window_count += 1;
-        self.window_count <= self.limits.messages_per_minute
+        self.window_count = self.window_count.saturating_add(1);
+        // Both are counted: refused frames use up the tenant's budget too.
+        let tenant_ok = self.tenant_limiter.allow(&self.tenant);
+        self.window_count <= self.limits.messages_per_minute && tenant_ok
+    }
+
+    /// Closes the socket with `code` and stops the actor.
+    fn close_with(
+        &self,
+        ctx: &mut ws::WebsocketContext<Self>,
+        code: ws::CloseCode,
+        why: &'static str,
+    ) {
+        ctx.close(Some(ws::CloseReason {
+            code,
+            description: Some(why.into()),
+        }));
+        ctx.stop();
     }
 
     fn on_text(&mut self, text: &str, ctx: &mut ws::WebsocketContext<Self>) {
@@ -200,6 +361,13 @@ impl WsConnection {
             return;
         }
         if !self.within_rate() {
+            self.strikes = self.strikes.saturating_add(1);
+            self.metrics.ws_rate_limited.fetch_add(1, Ordering::Relaxed);
+            if self.strikes >= self.limits.rate_limit_strikes.max(1) {
+                tracing::warn!(chat_id = %self.chat.identity.chat_id, "closing a websocket that keeps exceeding its rate limit");
+                self.close_with(ctx, ws::CloseCode::Policy, "rate limit exceeded");
+                return;
+            }
             self.send_error(
                 ctx,
                 ErrorCode::RateLimited,
@@ -277,16 +445,23 @@ impl Actor for WsConnection {
         self.metrics.ws_connections.fetch_add(1, Ordering::Relaxed);
         let join = self.hub.send(Join(ctx.address()));
         ctx.spawn(join.into_actor(self).map(|id, act, _| act.hub_id = id.ok()));
+        self.outbox = Some(
+            Outbox {
+                conn: ctx.address(),
+                queue: self.queue.clone(),
+                limit: self.limits.outbound_queue.max(1),
+                over_at_last_check: false,
+                metrics: self.metrics.clone(),
+            }
+            .start(),
+        );
         let after = self.after_seq;
         self.subscribe(after, ctx);
         let idle = Duration::from_secs(self.limits.idle_timeout_s.max(1));
-        ctx.run_interval(HEARTBEAT, move |act, ctx| {
+        let beat = (idle / 2).clamp(Duration::from_millis(250), HEARTBEAT);
+        ctx.run_interval(beat, move |act, ctx| {
             if act.last_heard.elapsed() > idle {
-                ctx.close(Some(ws::CloseReason {
-                    code: ws::CloseCode::Away,
-                    description: Some("idle timeout".into()),
-                }));
-                ctx.stop();
+                act.close_with(ctx, ws::CloseCode::Away, "idle timeout");
             } else {
                 ctx.ping(b"");
             }
@@ -295,6 +470,9 @@ impl Actor for WsConnection {
 
     fn stopped(&mut self, _ctx: &mut Self::Context) {
         self.metrics.ws_connections.fetch_sub(1, Ordering::Relaxed);
+        if let Some(outbox) = self.outbox.take() {
+            outbox.do_send(StopOutbox);
+        }
         if let Some(id) = self.hub_id.take() {
             self.hub.do_send(Leave(id));
         }
@@ -316,11 +494,30 @@ impl Handler<GoingAway> for WsConnection {
     }
 }
 
-impl Handler<Deliver> for WsConnection {
+impl Handler<Flush> for WsConnection {
     type Result = ();
 
-    fn handle(&mut self, Deliver(text): Deliver, ctx: &mut Self::Context) {
-        ctx.text(&*text);
+    fn handle(&mut self, _: Flush, ctx: &mut Self::Context) {
+        let items = {
+            let mut queue = lock(&self.queue);
+            queue.flush_pending = false;
+            std::mem::take(&mut queue.items)
+        };
+        for text in items {
+            ctx.text(&*text);
+        }
+    }
+}
+
+impl Handler<SlowConsumer> for WsConnection {
+    type Result = ();
+
+    fn handle(&mut self, _: SlowConsumer, ctx: &mut Self::Context) {
+        self.close_with(
+            ctx,
+            ws::CloseCode::Policy,
+            "outbound queue full: the client does not read",
+        );
     }
 }
 
@@ -370,21 +567,18 @@ impl StreamHandler<Result<ws::Message, ws::ProtocolError>> for WsConnection {
 
 /// Upgrades `req` to a WebSocket bound to `chat`. Frames larger than 4× the text limit break
 /// the protocol and close the socket with 1009; smaller oversize frames get `chat.error`.
+/// The `tessera.v1` subprotocol is echoed when offered (never a `bearer.` entry), and no
+/// extension is negotiated.
 pub fn upgrade(
     req: &HttpRequest,
     stream: web::Payload,
     chat: ChatHandle,
     after_seq: u64,
-    limits: Arc<Limits>,
-    metrics: Arc<Metrics>,
-    hub: Addr<ConnectionHub>,
+    shared: ConnectionShared,
 ) -> Result<HttpResponse, actix_web::Error> {
-    let codec_limit = limits.max_frame_bytes.saturating_mul(4);
-    ws::WsResponseBuilder::new(
-        WsConnection::new(chat, after_seq, limits, metrics, hub),
-        req,
-        stream,
-    )
-    .frame_size(codec_limit)
-    .start()
+    let codec_limit = shared.limits.max_frame_bytes.saturating_mul(4);
+    ws::WsResponseBuilder::new(WsConnection::new(chat, after_seq, shared), req, stream)
+        .frame_size(codec_limit)
+        .protocols(&[crate::auth::WS_PROTOCOL])
+        .start()
 }

@@ -10,8 +10,8 @@
 //! SQLite exists today; a PostgreSQL store is future work behind the same trait.
 //!
 //! Secrets: nothing in this crate ever receives a secret in clear. Callers strip secrets from
-//! contexts, messages and events before saving; an encrypted vault for the ones that must be
-//! kept is a separate component.
+//! contexts, messages and events before saving; the one place secrets are kept is the
+//! `chat_secrets` table, which holds only vaults the engine sealed (encrypted) itself.
 
 #![warn(missing_docs)]
 
@@ -24,6 +24,7 @@ mod messages;
 mod migrate;
 mod model;
 mod pending;
+mod secrets;
 mod sqlite;
 mod store;
 mod tasks;

@@ -22,7 +22,8 @@ use tessera_tools::{ArtifactRef, ArtifactStore, StoredArtifact, Task, TaskFilter
 use crate::store::StoreFuture;
 use crate::{
     ChatRecord, ChatState, ChatStore, PendingUiRecord, StoreError, StoredChat, StoredEvent,
-    StoredMessage, ToolClaim, artifacts, chats, events, messages, migrate, pending, tasks, tools,
+    StoredMessage, ToolClaim, artifacts, chats, events, messages, migrate, pending, secrets, tasks,
+    tools,
 };
 
 /// How long a connection waits for another writer's lock before failing with "busy".
@@ -227,6 +228,18 @@ impl ChatStore for SqliteStore {
 
     fn delete_chat(&self, chat_id: &str) -> StoreFuture<bool> {
         Box::pin(chats::delete(self.pool.clone(), chat_id.to_owned()))
+    }
+
+    fn put_secrets(&self, chat_id: &str, sealed: Vec<u8>) -> StoreFuture<()> {
+        Box::pin(secrets::put(self.pool.clone(), chat_id.to_owned(), sealed))
+    }
+
+    fn load_secrets(&self, chat_id: &str) -> StoreFuture<Option<Vec<u8>>> {
+        Box::pin(secrets::load(self.pool.clone(), chat_id.to_owned()))
+    }
+
+    fn delete_secrets(&self, chat_id: &str) -> StoreFuture<bool> {
+        Box::pin(secrets::delete(self.pool.clone(), chat_id.to_owned()))
     }
 }
 

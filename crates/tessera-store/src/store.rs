@@ -20,7 +20,7 @@ pub type StoreFuture<T> = BoxFuture<'static, Result<T, StoreError>>;
 /// pending UI calls and exactly-once tool invocation records.
 ///
 /// Secrets: no method ever receives a secret in clear; callers strip them from contexts,
-/// messages and events before saving (an encrypted vault is a separate, later component).
+/// messages and events before saving, and the vault methods take sealed bytes only.
 pub trait ChatStore: Send + Sync + 'static {
     /// Persist a new chat; its state starts as `awaiting_user`, turn 0, empty context.
     /// A chat id that already exists is a [`StoreError::Conflict`].
@@ -91,4 +91,23 @@ pub trait ChatStore: Send + Sync + 'static {
 
     /// Delete the chat and everything hanging off it; `true` when it existed.
     fn delete_chat(&self, chat_id: &str) -> StoreFuture<bool>;
+
+    /// Keep the chat's sealed (already encrypted) secret vault, replacing any previous one.
+    /// The default keeps nothing: secrets then do not survive a restart.
+    fn put_secrets(&self, chat_id: &str, sealed: Vec<u8>) -> StoreFuture<()> {
+        let _ = (chat_id, sealed);
+        Box::pin(async { Ok(()) })
+    }
+
+    /// The chat's sealed secret vault, if one is kept.
+    fn load_secrets(&self, chat_id: &str) -> StoreFuture<Option<Vec<u8>>> {
+        let _ = chat_id;
+        Box::pin(async { Ok(None) })
+    }
+
+    /// Forget the chat's sealed secret vault; `true` when one existed.
+    fn delete_secrets(&self, chat_id: &str) -> StoreFuture<bool> {
+        let _ = chat_id;
+        Box::pin(async { Ok(false) })
+    }
 }

@@ -27,7 +27,7 @@ pub use error::{StoreError, ToolError};
 pub use http::HttpTool;
 pub use registry::{BuiltinRegistry, RegisteredTool, ToolServices};
 pub use tasks::{InMemoryTaskStore, Task, TaskFilter, TaskStore};
-pub use tool::{Tool, ToolContext};
+pub use tool::{SecretView, Tool, ToolContext};
 pub use truncate::summarize_for_model;
 pub use ui::{
     SanitizedResponse, build_ui_payload, interrupted_result, is_success, normalize_ui_response,

@@ -23,6 +23,69 @@ pub struct ToolContext {
     pub turn_idempotency_key: Arc<str>,
     /// The agent that made the call.
     pub agent_name: Arc<str>,
+    /// Secrets the chat collected that this tool declared in `uses_secrets` (the engine
+    /// narrows the view per tool); `None` for every other tool. Never part of [`Self::to_json`].
+    pub secrets: Option<SecretView>,
+}
+
+/// A read-only view of some of a chat's collected secrets (e.g. the Generator's `apiKey`).
+///
+/// WHY its own type: `Debug` shows only the names, and the values are overwritten when the
+/// last view is dropped, so a tool context can be logged or cloned without leaking them.
+#[derive(Clone)]
+pub struct SecretView(Arc<SecretEntries>);
+
+struct SecretEntries(Vec<(String, String)>);
+
+impl Drop for SecretEntries {
+    fn drop(&mut self) {
+        for (_, value) in &mut self.0 {
+            let mut bytes = std::mem::take(value).into_bytes();
+            bytes.iter_mut().for_each(|b| *b = 0);
+            std::hint::black_box(&bytes);
+        }
+    }
+}
+
+impl SecretView {
+    /// A view of `(name, value)` pairs.
+    pub fn new(entries: Vec<(String, String)>) -> Self {
+        Self(Arc::new(SecretEntries(entries)))
+    }
+
+    /// The value of secret `name`, if collected.
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.0
+            .0
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// Whether secret `name` was collected (what a tool may record instead of the value).
+    pub fn contains(&self, name: &str) -> bool {
+        self.get(name).is_some()
+    }
+
+    /// The view narrowed to `names`; `None` when none of them is held.
+    pub fn only(&self, names: &[String]) -> Option<SecretView> {
+        let kept: Vec<(String, String)> = self
+            .0
+            .0
+            .iter()
+            .filter(|(n, _)| names.contains(n))
+            .cloned()
+            .collect();
+        (!kept.is_empty()).then(|| SecretView::new(kept))
+    }
+}
+
+impl std::fmt::Debug for SecretView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_set()
+            .entries(self.0.0.iter().map(|(n, _)| format!("{n}=<redacted>")))
+            .finish()
+    }
 }
 
 impl ToolContext {
@@ -50,4 +113,25 @@ pub trait Tool: Send + Sync + 'static {
         args: Map<String, Value>,
         ctx: ToolContext,
     ) -> BoxFuture<'static, Result<Value, ToolError>>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secret_view_redacts_and_narrows() {
+        let view = SecretView::new(vec![
+            ("apiKey".into(), "sk-canary-42".into()),
+            ("other".into(), "x".into()),
+        ]);
+        assert!(!format!("{view:?}").contains("sk-canary-42"));
+        let narrowed = view.only(&["apiKey".to_owned()]);
+        assert_eq!(
+            narrowed.as_ref().and_then(|v| v.get("apiKey")),
+            Some("sk-canary-42")
+        );
+        assert!(narrowed.is_some_and(|v| !v.contains("other")));
+        assert!(view.only(&["missing".to_owned()]).is_none());
+    }
 }

@@ -2,8 +2,10 @@
 //! Delivery Pattern"). It runs before the FileDownloadCenter UI is shown; its result (`mode`,
 //! `files`) is merged into that UI payload.
 //!
-//! It only ever sees the agent's structured output and the call context, never the secret
-//! vault, so a bundle cannot contain collected credentials.
+//! It sees the agent's structured output and the call context. Its manifest entry declares
+//! `uses_secrets: ["apiKey"]`, so the context carries the collected key, but the tool records
+//! only *that* a key was provided (`api_key_provided`), never its value: a bundle cannot
+//! contain collected credentials.
 
 use std::sync::Arc;
 
@@ -101,6 +103,7 @@ impl GenerateAndDownload {
         Ok(json!({
             "status": "success",
             "mode": "download",
+            "api_key_provided": api_key_provided(ctx),
             "files": [{
                 "name": stored.file_name,
                 "size": stored.size,
@@ -137,6 +140,7 @@ fn bundle_entries(
     let phases = plan.map(plan_phases).unwrap_or_default();
     let agents = plan.map(plan_agents).unwrap_or_default();
 
+    let key_provided = api_key_provided(ctx);
     let workflow = json!({
         "name": name,
         "version": 1,
@@ -144,6 +148,7 @@ fn bundle_entries(
         "phases": phases,
         "agents": agents,
         "tools": [],
+        "api_key_provided": key_provided,
     });
     let to_json = |v: &Value| {
         serde_json::to_vec_pretty(v)
@@ -163,6 +168,11 @@ fn bundle_entries(
             readme.push_str(&format!("{}. {}\n", i + 1, phase));
         }
     }
+    readme.push_str(if key_provided {
+        "\nAPI key: provided during the chat (kept in the chat's encrypted vault, not in this bundle).\n"
+    } else {
+        "\nAPI key: not provided.\n"
+    });
     readme
         .push_str("\n## Contents\n\n- `workflow.json`: workflow skeleton (name, phases, agents)\n");
     if plan.is_some() {
@@ -177,6 +187,11 @@ fn bundle_entries(
         entries.push((format!("{slug}/action_plan.json"), to_json(plan)?));
     }
     Ok(entries)
+}
+
+/// Whether the chat collected an API key; the value itself is never read here.
+fn api_key_provided(ctx: &ToolContext) -> bool {
+    ctx.secrets.as_ref().is_some_and(|s| s.contains("apiKey"))
 }
 
 /// The phases array of a plan (`workflow.phases` or `phases`).

@@ -13,5 +13,6 @@ pub fn ctx(tenant: &str, user: &str, chat: &str) -> ToolContext {
         workflow_name: Arc::from("Generator"),
         turn_idempotency_key: Arc::from(format!("{chat}:turn-1").as_str()),
         agent_name: Arc::from("TestAgent"),
+        secrets: None,
     }
 }

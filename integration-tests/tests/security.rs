@@ -1,0 +1,1518 @@
+//! Multi-tenant security and hostile input, against the real `tessera serve` binary over real
+//! HTTP and WebSocket. Every test tries an attack and checks that it fails (see SECURITY.md).
+//!
+//! Servers here are started with a temporary TOML config passed with `--config`, their stderr
+//! goes to a file so tests can grep the log, and their data dir is a temp dir so tests can grep
+//! the raw SQLite bytes.
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::{SinkExt, StreamExt};
+use integration_tests::{tessera_bin, workspace_root};
+use jsonwebtoken::{Algorithm, EncodingKey, Header};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::net::TcpStream;
+use tokio::process::{Child, Command};
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream, connect_async};
+
+const KEY_A: &str = "tk_tenant_a_4f0c2b9e8d7a6f5e";
+const KEY_B: &str = "tk_tenant_b_9a8b7c6d5e4f3a2b";
+const JWT_SECRET: &str = "jwt-hs256-test-secret-5d6e7f8091a2b3c4";
+const ISSUER: &str = "https://issuer.test";
+const AUDIENCE: &str = "tessera";
+/// Upper bound on any single wait, so a broken test fails instead of hanging.
+const WAIT: Duration = Duration::from_secs(30);
+
+// ---------------------------------------------------------------------------------------------
+// A server under test
+
+struct Srv {
+    child: Child,
+    base: String,
+    dir: tempfile::TempDir,
+    data: PathBuf,
+    log: PathBuf,
+    http: reqwest::Client,
+}
+
+#[derive(Default, Clone)]
+struct Opts {
+    /// TOML after the generated `data_dir`/`workflows_dir` lines.
+    toml: String,
+    env: Vec<(String, String)>,
+    workflows: Option<PathBuf>,
+    /// Reuse a data dir (restart tests).
+    data: Option<PathBuf>,
+    rust_log: Option<String>,
+}
+
+impl Srv {
+    async fn start(opts: Opts) -> Srv {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+        let data = opts.data.clone().unwrap_or_else(|| dir.path().join("data"));
+        let workflows = opts
+            .workflows
+            .clone()
+            .unwrap_or_else(|| workspace_root().join("workflows"));
+        let config = dir.path().join("tessera.toml");
+        let text = format!(
+            "data_dir = {:?}\nworkflows_dir = {:?}\n{}",
+            data.display().to_string(),
+            workflows.display().to_string(),
+            opts.toml
+        );
+        std::fs::write(&config, text).unwrap_or_else(|e| panic!("write config: {e}"));
+        let log = dir.path().join("stderr.log");
+        let log_file = std::fs::File::create(&log).unwrap_or_else(|e| panic!("log: {e}"));
+        let mut command = Command::new(tessera_bin());
+        command
+            .args(["serve", "--bind", "127.0.0.1:0", "--config"])
+            .arg(&config)
+            .env_remove("OPENAI_API_KEY")
+            .env_remove("OPENAI_BASE_URL")
+            .env_remove("TESSERA_DATA_DIR")
+            .env_remove("TESSERA_WORKFLOWS_DIR")
+            .env("RUST_LOG", opts.rust_log.as_deref().unwrap_or("info"))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(log_file))
+            .kill_on_drop(true);
+        for (k, v) in &opts.env {
+            command.env(k, v);
+        }
+        let mut child = command
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start tessera: {e}"));
+        let stdout = child.stdout.take().unwrap_or_else(|| panic!("no stdout"));
+        let mut lines = BufReader::new(stdout).lines();
+        let base = tokio::time::timeout(Duration::from_secs(60), async {
+            while let Ok(Some(line)) = lines.next_line().await {
+                if let Some(url) = line.strip_prefix("tessera listening on ") {
+                    return Some(url.trim().to_owned());
+                }
+            }
+            None
+        })
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or_else(|| {
+            panic!(
+                "tessera did not start:\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            )
+        });
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        Srv {
+            child,
+            base,
+            dir,
+            data,
+            log,
+            http: reqwest::Client::new(),
+        }
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn ws_url(&self, chat: &str) -> String {
+        format!(
+            "{}/api/v1/chats/{chat}/ws",
+            self.base.replacen("http", "ws", 1)
+        )
+    }
+
+    /// A request with `headers`; returns (status, JSON body or Null).
+    async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        headers: &[(&str, String)],
+        body: Option<Value>,
+    ) -> (u16, Value) {
+        let mut request = self.http.request(method, format!("{}{path}", self.base));
+        for (k, v) in headers {
+            request = request.header(*k, v);
+        }
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        match request.send().await {
+            Ok(r) => {
+                let status = r.status().as_u16();
+                (status, r.json::<Value>().await.unwrap_or(Value::Null))
+            }
+            Err(e) => panic!("request failed: {e}"),
+        }
+    }
+
+    async fn get(&self, path: &str, who: &[(&str, String)]) -> (u16, Value) {
+        self.call(reqwest::Method::GET, path, who, None).await
+    }
+
+    async fn post(&self, path: &str, who: &[(&str, String)], body: Value) -> (u16, Value) {
+        self.call(reqwest::Method::POST, path, who, Some(body))
+            .await
+    }
+
+    async fn text(&self, path: &str) -> (u16, String) {
+        match self.http.get(format!("{}{path}", self.base)).send().await {
+            Ok(r) => (r.status().as_u16(), r.text().await.unwrap_or_default()),
+            Err(e) => panic!("request failed: {e}"),
+        }
+    }
+
+    async fn create_chat(&self, workflow: &str, who: &[(&str, String)]) -> String {
+        let (status, body) = self
+            .post("/api/v1/chats", who, json!({"workflow": workflow}))
+            .await;
+        assert_eq!(status, 201, "create chat: {body}");
+        body["chat_id"].as_str().unwrap_or_default().to_owned()
+    }
+
+    /// A metric's value from `/metrics`.
+    async fn metric(&self, name: &str) -> i64 {
+        let (_, text) = self.text("/metrics").await;
+        text.lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
+            .unwrap_or(-1)
+    }
+
+    /// Waits (bounded) until `metric` satisfies `pred`.
+    async fn until_metric(&self, name: &str, pred: impl Fn(i64) -> bool) -> i64 {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let value = self.metric(name).await;
+            if pred(value) {
+                return value;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{name} stayed at {value}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Every byte of the SQLite files in the data dir (db, -wal, -shm).
+    fn database_bytes(&self) -> Vec<(String, Vec<u8>)> {
+        std::fs::read_dir(&self.data)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("tessera.db"))
+            .map(|e| {
+                (
+                    e.file_name().to_string_lossy().into_owned(),
+                    std::fs::read(e.path()).unwrap_or_default(),
+                )
+            })
+            .collect()
+    }
+
+    async fn kill(mut self) -> tempfile::TempDir {
+        let _ = self.child.kill().await;
+        self.dir
+    }
+}
+
+fn contains_bytes(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+fn sha256_hex(data: &[u8]) -> String {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(data)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn fixture(name: &str) -> PathBuf {
+    workspace_root()
+        .join("integration-tests/tests/fixtures")
+        .join(name)
+}
+
+/// Two tenants with API keys, plus JWTs (HS256 and RS256) and one allowed browser origin.
+fn tenants_toml(extra: &str) -> String {
+    format!(
+        r#"
+[auth]
+allowed_origins = ["https://app.example"]
+ticket_ttl_s = 30
+
+[auth.jwt]
+hs256_secret = "{JWT_SECRET}"
+rs256_public_key_file = {pubkey:?}
+issuer = "{ISSUER}"
+audience = "{AUDIENCE}"
+
+[[tenants]]
+id = "tenant-a"
+api_key_sha256 = ["{a}"]
+
+[[tenants]]
+id = "tenant-b"
+api_key_sha256 = ["{b}"]
+
+{extra}
+"#,
+        pubkey = fixture("jwt_rs256_public.pem").display().to_string(),
+        a = sha256_hex(KEY_A.as_bytes()),
+        b = sha256_hex(KEY_B.as_bytes()),
+    )
+}
+
+/// Headers of an API-key caller.
+fn key(key: &str, user: &str) -> Vec<(&'static str, String)> {
+    vec![
+        ("authorization", format!("Bearer {key}")),
+        ("x-user-id", user.to_owned()),
+    ]
+}
+
+fn bearer(token: &str) -> Vec<(&'static str, String)> {
+    vec![("authorization", format!("Bearer {token}"))]
+}
+
+fn now_s() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+fn claims(tenant: &str, sub: &str) -> Value {
+    json!({"sub": sub, "tenant": tenant, "iss": ISSUER, "aud": AUDIENCE, "exp": now_s() + 600})
+}
+
+fn hs256(claims: &Value, secret: &[u8]) -> String {
+    jsonwebtoken::encode(
+        &Header::new(Algorithm::HS256),
+        claims,
+        &EncodingKey::from_secret(secret),
+    )
+    .unwrap_or_else(|e| panic!("encode: {e}"))
+}
+
+fn rs256(claims: &Value) -> String {
+    let pem = std::fs::read(fixture("jwt_rs256_private.pem")).unwrap_or_default();
+    let key = EncodingKey::from_rsa_pem(&pem).unwrap_or_else(|e| panic!("rsa key: {e}"));
+    jsonwebtoken::encode(&Header::new(Algorithm::RS256), claims, &key)
+        .unwrap_or_else(|e| panic!("encode: {e}"))
+}
+
+// ---------------------------------------------------------------------------------------------
+// A WebSocket client that also sees close frames and handshake headers
+
+type Socket = WebSocketStream<MaybeTlsStream<TcpStream>>;
+
+struct Ws {
+    socket: Socket,
+    events: Vec<Value>,
+    /// Handshake response headers (lowercase name, value).
+    headers: Vec<(String, String)>,
+}
+
+enum Next {
+    Event(Value),
+    Closed(Option<u16>, String),
+}
+
+/// Connects with extra request headers; `Err(status)` when the upgrade was refused.
+async fn ws_connect(url: &str, headers: &[(&str, String)]) -> Result<Ws, u16> {
+    let mut request = url
+        .into_client_request()
+        .unwrap_or_else(|e| panic!("url: {e}"));
+    for (k, v) in headers {
+        let value = v.parse().unwrap_or_else(|_| panic!("header {k}"));
+        let name: tokio_tungstenite::tungstenite::http::HeaderName =
+            k.parse().unwrap_or_else(|_| panic!("header name {k}"));
+        request.headers_mut().insert(name, value);
+    }
+    match connect_async(request).await {
+        Ok((socket, response)) => Ok(Ws {
+            socket,
+            events: Vec::new(),
+            headers: response
+                .headers()
+                .iter()
+                .map(|(k, v)| {
+                    (
+                        k.as_str().to_ascii_lowercase(),
+                        v.to_str().unwrap_or_default().to_owned(),
+                    )
+                })
+                .collect(),
+        }),
+        Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
+            Err(response.status().as_u16())
+        }
+        Err(e) => panic!("websocket connect failed: {e}"),
+    }
+}
+
+async fn ws(url: &str, headers: &[(&str, String)]) -> Ws {
+    match ws_connect(url, headers).await {
+        Ok(ws) => ws,
+        Err(status) => panic!("websocket refused with {status}"),
+    }
+}
+
+impl Ws {
+    async fn send(&mut self, frame: Value) {
+        self.send_raw(Message::text(frame.to_string())).await;
+    }
+
+    async fn send_raw(&mut self, message: Message) {
+        if let Err(e) = self.socket.send(message).await {
+            panic!("send failed: {e}");
+        }
+    }
+
+    /// Sends and reports whether the socket took it (false once the server closed).
+    async fn try_send(&mut self, message: Message) -> bool {
+        self.socket.send(message).await.is_ok()
+    }
+
+    async fn say(&mut self, content: &str) {
+        self.send(json!({"type": "chat.user_message", "data": {"content": content}}))
+            .await;
+    }
+
+    async fn next(&mut self) -> Next {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let item = match tokio::time::timeout_at(deadline, self.socket.next()).await {
+                Ok(item) => item,
+                Err(_) => panic!("no event within {WAIT:?}; got {:?}", self.types()),
+            };
+            match item {
+                Some(Ok(Message::Text(text))) => {
+                    let event: Value = serde_json::from_str(&text)
+                        .unwrap_or_else(|e| panic!("server sent non-JSON: {e}"));
+                    self.events.push(event.clone());
+                    return Next::Event(event);
+                }
+                Some(Ok(Message::Close(frame))) => {
+                    let (code, reason) = frame.map_or((None, String::new()), |f: CloseFrame| {
+                        (Some(u16::from(f.code)), f.reason.to_string())
+                    });
+                    return Next::Closed(code, reason);
+                }
+                Some(Ok(_)) => {}
+                Some(Err(_)) | None => return Next::Closed(None, String::new()),
+            }
+        }
+    }
+
+    async fn until_match(&mut self, kind: &str, pred: impl Fn(&Value) -> bool) -> Value {
+        loop {
+            match self.next().await {
+                Next::Event(e) if e["type"] == kind && pred(&e) => return e,
+                Next::Event(_) => {}
+                Next::Closed(code, reason) => panic!(
+                    "closed ({code:?} {reason}) while waiting for {kind}; got {:?}",
+                    self.types()
+                ),
+            }
+        }
+    }
+
+    async fn until(&mut self, kind: &str) -> Value {
+        self.until_match(kind, |_| true).await
+    }
+
+    async fn until_ui_call(&mut self) -> Value {
+        self.until_match("chat.tool_call", |e| e["data"]["awaiting_response"] == true)
+            .await
+    }
+
+    /// Reads until the server closes; returns the close code and reason.
+    async fn until_closed(&mut self) -> (Option<u16>, String) {
+        loop {
+            if let Next::Closed(code, reason) = self.next().await {
+                return (code, reason);
+            }
+        }
+    }
+
+    fn types(&self) -> Vec<String> {
+        self.events
+            .iter()
+            .map(|e| e["type"].as_str().unwrap_or("?").to_owned())
+            .collect()
+    }
+
+    fn all_text(&self) -> String {
+        serde_json::to_string(&self.events).unwrap_or_default()
+    }
+
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+fn answer(call: &Value, status: &str, data: Value) -> Value {
+    json!({"type": "chat.tool_response", "data": {
+        "corr": call["data"]["corr"], "status": status, "action": "submit", "data": data,
+    }})
+}
+
+/// Walks a Generator demo chat to its ActionPlan UI call.
+async fn generator_at_action_plan(srv: &Srv, who: &[(&str, String)]) -> (String, Ws, Value) {
+    let chat = srv.create_chat("Generator", who).await;
+    let mut socket = ws(&srv.ws_url(&chat), who).await;
+    socket.until("chat.input_request").await;
+    socket.say("Automate my weekly report").await;
+    let plan = socket.until_ui_call().await;
+    assert_eq!(plan["data"]["component_type"], "ActionPlan");
+    (chat, socket, plan)
+}
+
+/// A copy of the shipped workflows, to tweak one manifest in a test.
+fn workflows_copy() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    copy_dir(&workspace_root().join("workflows"), dir.path());
+    dir
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    for entry in std::fs::read_dir(from).into_iter().flatten().flatten() {
+        let target = to.join(entry.file_name());
+        if entry.path().is_dir() {
+            std::fs::create_dir_all(&target).unwrap_or_else(|e| panic!("{e}"));
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).unwrap_or_else(|e| panic!("{e}"));
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Auth
+
+#[tokio::test]
+async fn every_api_route_and_the_websocket_demand_a_valid_credential() {
+    let srv = Srv::start(Opts {
+        toml: tenants_toml(""),
+        ..Opts::default()
+    })
+    .await;
+    // Open endpoints carry no tenant data.
+    for path in ["/healthz", "/readyz", "/metrics"] {
+        assert_eq!(srv.text(path).await.0, 200, "{path} stays open");
+    }
+    let chat = srv.create_chat("TodoAssistant", &key(KEY_A, "alice")).await;
+
+    // No credential, a wrong key, and forged/expired/misaddressed JWTs are all refused.
+    let mut expired = claims("tenant-a", "alice");
+    expired["exp"] = json!(now_s() - 3600);
+    let mut wrong_aud = claims("tenant-a", "alice");
+    wrong_aud["aud"] = json!("someone-else");
+    let mut wrong_iss = claims("tenant-a", "alice");
+    wrong_iss["iss"] = json!("https://evil.test");
+    let mut unknown_tenant = claims("tenant-z", "alice");
+    unknown_tenant["tenant"] = json!("tenant-z");
+    let public_pem = std::fs::read(fixture("jwt_rs256_public.pem")).unwrap_or_default();
+    let refused: Vec<(&str, Vec<(&str, String)>)> = vec![
+        ("no credential", vec![("x-user-id", "alice".to_owned())]),
+        ("unknown API key", key("tk_guessed_key", "alice")),
+        (
+            "a key digest instead of the key",
+            key(&sha256_hex(KEY_A.as_bytes()), "alice"),
+        ),
+        (
+            "JWT signed with another secret",
+            bearer(&hs256(&claims("tenant-a", "alice"), b"not-the-secret")),
+        ),
+        (
+            "expired JWT",
+            bearer(&hs256(&expired, JWT_SECRET.as_bytes())),
+        ),
+        (
+            "wrong audience",
+            bearer(&hs256(&wrong_aud, JWT_SECRET.as_bytes())),
+        ),
+        (
+            "wrong issuer",
+            bearer(&hs256(&wrong_iss, JWT_SECRET.as_bytes())),
+        ),
+        (
+            "tenant not configured",
+            bearer(&hs256(&unknown_tenant, JWT_SECRET.as_bytes())),
+        ),
+        (
+            "RS256/HS256 confusion (public key as HMAC secret)",
+            bearer(&hs256(&claims("tenant-a", "alice"), &public_pem)),
+        ),
+        (
+            "alg none",
+            bearer(&format!(
+                "{}.{}.",
+                b64url(br#"{"alg":"none","typ":"JWT"}"#),
+                b64url(claims("tenant-a", "alice").to_string().as_bytes())
+            )),
+        ),
+    ];
+    let routes = [
+        ("GET", "/api/v1/workflows".to_owned()),
+        ("GET", "/api/v1/chats".to_owned()),
+        ("GET", format!("/api/v1/chats/{chat}")),
+        ("GET", format!("/api/v1/chats/{chat}/messages")),
+        ("POST", format!("/api/v1/chats/{chat}/cancel")),
+        ("POST", "/api/v1/ws-ticket".to_owned()),
+    ];
+    for (name, headers) in &refused {
+        for (method, path) in &routes {
+            let method: reqwest::Method = method.parse().unwrap_or(reqwest::Method::GET);
+            let body = (method == reqwest::Method::POST).then(|| json!({"chat_id": chat}));
+            let (status, body) = srv.call(method, path, headers, body).await;
+            assert_eq!(status, 401, "{name} on {path}: {body}");
+            assert!(!body.to_string().contains(KEY_A));
+        }
+        assert_eq!(
+            ws_connect(&srv.ws_url(&chat), headers).await.err(),
+            Some(401),
+            "{name} on the websocket"
+        );
+    }
+
+    // Valid credentials: API key, HS256 and RS256 JWTs (user from `sub`).
+    assert_eq!(
+        srv.get("/api/v1/workflows", &key(KEY_A, "alice")).await.0,
+        200
+    );
+    let jwt = hs256(&claims("tenant-a", "alice"), JWT_SECRET.as_bytes());
+    let (status, list) = srv.get("/api/v1/chats", &bearer(&jwt)).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        list["chats"][0]["chat_id"],
+        chat.as_str(),
+        "same tenant and user"
+    );
+    let rsa = rs256(&claims("tenant-a", "alice"));
+    assert_eq!(
+        srv.get(&format!("/api/v1/chats/{chat}"), &bearer(&rsa))
+            .await
+            .0,
+        200
+    );
+
+    // Browsers: the token rides in the subprotocol; only `tessera.v1` is echoed, and no
+    // extension (permessage-deflate) is ever negotiated.
+    let mut browser = ws(
+        &srv.ws_url(&chat),
+        &[
+            (
+                "sec-websocket-protocol",
+                format!("tessera.v1, bearer.{jwt}"),
+            ),
+            (
+                "sec-websocket-extensions",
+                "permessage-deflate; client_max_window_bits".to_owned(),
+            ),
+            ("origin", "https://app.example".to_owned()),
+        ],
+    )
+    .await;
+    assert_eq!(browser.header("sec-websocket-protocol"), Some("tessera.v1"));
+    assert_eq!(browser.header("sec-websocket-extensions"), None);
+    browser.until("chat.session").await;
+
+    // A foreign origin is refused on REST and on the upgrade; no Origin (non-browser) passes.
+    let mut evil = key(KEY_A, "alice");
+    evil.push(("origin", "https://evil.example".to_owned()));
+    assert_eq!(srv.get("/api/v1/chats", &evil).await.0, 403);
+    assert_eq!(ws_connect(&srv.ws_url(&chat), &evil).await.err(), Some(403));
+
+    // Tickets: single use, bound to their chat, never the key in the URL.
+    let (status, body) = srv
+        .post(
+            "/api/v1/ws-ticket",
+            &key(KEY_A, "alice"),
+            json!({"chat_id": chat}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["expires_in_s"], 30);
+    let ticket = body["ticket"].as_str().unwrap_or_default().to_owned();
+    assert!(!ticket.contains(KEY_A));
+    let with_ticket = format!("{}?ticket={ticket}", srv.ws_url(&chat));
+    let mut first = ws(&with_ticket, &[]).await;
+    first.until("chat.session").await;
+    assert_eq!(
+        ws_connect(&with_ticket, &[]).await.err(),
+        Some(401),
+        "a ticket is single use"
+    );
+    let other = srv.create_chat("TodoAssistant", &key(KEY_A, "alice")).await;
+    let (_, body) = srv
+        .post(
+            "/api/v1/ws-ticket",
+            &key(KEY_A, "alice"),
+            json!({"chat_id": chat}),
+        )
+        .await;
+    let ticket = body["ticket"].as_str().unwrap_or_default();
+    assert_eq!(
+        ws_connect(&format!("{}?ticket={ticket}", srv.ws_url(&other)), &[])
+            .await
+            .err(),
+        Some(401),
+        "a ticket opens only the chat it was issued for"
+    );
+    let (status, _) = srv
+        .post(
+            "/api/v1/ws-ticket",
+            &key(KEY_B, "alice"),
+            json!({"chat_id": chat}),
+        )
+        .await;
+    assert_eq!(status, 404, "no ticket for another tenant's chat");
+    assert!(!srv.log_text().contains(KEY_A), "keys never reach the log");
+}
+
+/// Unpadded base64url, enough to forge an `alg: none` token.
+fn b64url(bytes: &[u8]) -> String {
+    const ABC: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |acc, (i, b)| acc | (u32::from(*b) << (16 - 8 * i)));
+        for i in 0..=chunk.len() {
+            out.push(char::from(ABC[((n >> (18 - 6 * i)) & 63) as usize]));
+        }
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
+// Isolation
+
+#[tokio::test]
+async fn tenants_never_see_each_others_chats_files_tasks_or_metrics() {
+    const CANARY_A: &str = "CANARY-tenant-a-5e1f9c";
+    let srv = Srv::start(Opts {
+        toml: tenants_toml(""),
+        rust_log: Some("debug".into()),
+        ..Opts::default()
+    })
+    .await;
+    let a = key(KEY_A, "alice");
+    // Same user name in the other tenant: isolation is by tenant, not only by user.
+    let b = key(KEY_B, "alice");
+    let b_jwt = bearer(&hs256(&claims("tenant-b", "alice"), JWT_SECRET.as_bytes()));
+
+    // Tenant A plants a canary as a todo task and builds a Generator bundle.
+    let todo = srv.create_chat("TodoAssistant", &a).await;
+    let mut socket = ws(&srv.ws_url(&todo), &a).await;
+    socket.until("chat.input_request").await;
+    socket.say(CANARY_A).await;
+    let added = socket.until("chat.tool_response").await;
+    assert_eq!(added["data"]["payload"]["task"]["title"], CANARY_A);
+    socket.until("chat.input_request").await;
+    let (generator, mut gen_ws, plan) = generator_at_action_plan(&srv, &a).await;
+    gen_ws
+        .send(answer(&plan, "success", json!({"approved": true})))
+        .await;
+    let key_call = gen_ws.until_ui_call().await;
+    gen_ws
+        .send(answer(
+            &key_call,
+            "success",
+            json!({"apiKey": "sk-x-1234567"}),
+        ))
+        .await;
+    let download = gen_ws.until_ui_call().await;
+    let path = download["data"]["payload"]["files"][0]["download_path"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(path.starts_with("/api/v1/chats/"), "{download}");
+    let (status, _) = srv.get(&path, &a).await;
+    assert_eq!(status, 200, "the owner downloads the bundle");
+
+    // Tenant B (API key or JWT) reaches none of it: every answer is a plain 404.
+    for who in [&b, &b_jwt, &key(KEY_A, "mallory")] {
+        let (status, list) = srv.get("/api/v1/chats", who).await;
+        assert_eq!(status, 200);
+        assert!(!list.to_string().contains(&todo) && !list.to_string().contains(&generator));
+        for chat in [&todo, &generator] {
+            for (method, route, body) in [
+                ("GET", format!("/api/v1/chats/{chat}"), None),
+                ("GET", format!("/api/v1/chats/{chat}/messages"), None),
+                (
+                    "POST",
+                    format!("/api/v1/chats/{chat}/cancel"),
+                    Some(json!({})),
+                ),
+                (
+                    "POST",
+                    format!("/api/v1/chats/{chat}/input"),
+                    Some(json!({"content": "hi"})),
+                ),
+                (
+                    "POST",
+                    format!("/api/v1/chats/{chat}/tool-responses"),
+                    Some(json!({"corr": download["data"]["corr"], "status": "success"})),
+                ),
+                (
+                    "POST",
+                    "/api/v1/ws-ticket".to_owned(),
+                    Some(json!({"chat_id": chat})),
+                ),
+            ] {
+                let method: reqwest::Method = method.parse().unwrap_or(reqwest::Method::GET);
+                let (status, body) = srv.call(method, &route, who, body).await;
+                assert_eq!(status, 404, "{route}: {body}");
+                assert!(!body.to_string().contains(CANARY_A));
+            }
+            assert_eq!(ws_connect(&srv.ws_url(chat), who).await.err(), Some(404));
+        }
+        let (status, _) = srv.get(&path, who).await;
+        assert_eq!(status, 404, "the bundle's download path is owner-only");
+    }
+
+    // Tenant B's own tools see only B's tasks.
+    let b_todo = srv.create_chat("TodoAssistant", &b).await;
+    let mut b_ws = ws(&srv.ws_url(&b_todo), &b).await;
+    b_ws.until("chat.input_request").await;
+    b_ws.say("b's own task").await;
+    b_ws.until("chat.input_request").await;
+    assert!(
+        !b_ws.all_text().contains(CANARY_A),
+        "nothing of A reached B"
+    );
+
+    // A's chats are still A's: they kept working and their data is intact.
+    let (status, messages) = srv.get(&format!("/api/v1/chats/{todo}/messages"), &a).await;
+    assert_eq!(status, 200);
+    assert!(messages.to_string().contains(CANARY_A));
+
+    // Metrics carry no tenant, chat or content.
+    let (_, metrics) = srv.text("/metrics").await;
+    for needle in [
+        CANARY_A,
+        "tenant-a",
+        "tenant-b",
+        todo.as_str(),
+        generator.as_str(),
+    ] {
+        assert!(!metrics.contains(needle), "/metrics leaks {needle}");
+    }
+    // Keys never reach the log; chat content is not logged.
+    let log = srv.log_text();
+    for needle in [KEY_A, KEY_B, CANARY_A] {
+        assert!(!log.contains(needle), "the log contains {needle}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Correlation ids
+
+#[tokio::test]
+async fn replayed_forged_and_foreign_correlation_ids_are_refused_and_never_logged() {
+    const PAYLOAD_CANARY: &str = "CANARY-corr-payload-0b7d1e";
+    let srv = Srv::start(Opts {
+        toml: tenants_toml(""),
+        rust_log: Some("debug".into()),
+        ..Opts::default()
+    })
+    .await;
+    let a = key(KEY_A, "alice");
+    let b = key(KEY_B, "alice");
+    let (a_chat, mut a_ws, a_plan) = generator_at_action_plan(&srv, &a).await;
+    let (_b_chat, mut b_ws, b_plan) = generator_at_action_plan(&srv, &b).await;
+    assert_ne!(a_plan["data"]["corr"], b_plan["data"]["corr"]);
+
+    // B answers A's call over its own socket: refused, A's call stays pending.
+    b_ws.send(answer(&a_plan, "success", json!({"note": PAYLOAD_CANARY})))
+        .await;
+    let refused = b_ws.until("chat.error").await;
+    assert_eq!(refused["data"]["code"], "unknown_correlation");
+    // ... and over REST, through B's chat and directly at A's chat.
+    let body = json!({"corr": a_plan["data"]["corr"], "status": "success", "data": {"note": PAYLOAD_CANARY}});
+    let (status, _) = srv
+        .post(
+            &format!("/api/v1/chats/{_b_chat}/tool-responses"),
+            &b,
+            body.clone(),
+        )
+        .await;
+    assert_eq!(status, 404);
+    let (status, _) = srv
+        .post(&format!("/api/v1/chats/{a_chat}/tool-responses"), &b, body)
+        .await;
+    assert_eq!(status, 404);
+
+    // A forged corr is refused.
+    let mut forged = a_plan.clone();
+    forged["data"]["corr"] = json!("corr_00000000000000000000000000000000");
+    a_ws.send(answer(&forged, "success", json!({"note": PAYLOAD_CANARY})))
+        .await;
+    let refused = a_ws.until("chat.error").await;
+    assert_eq!(refused["data"]["code"], "unknown_correlation");
+
+    // The real answer still works, once; its replay is refused.
+    let (_, snapshot) = srv.get(&format!("/api/v1/chats/{a_chat}"), &a).await;
+    assert_eq!(
+        snapshot["pending_ui_calls"][0]["corr"],
+        a_plan["data"]["corr"]
+    );
+    a_ws.send(answer(&a_plan, "success", json!({"approved": true})))
+        .await;
+    let ack = a_ws
+        .until_match("chat.ack", |e| e["data"]["kind"] == "tool_response")
+        .await;
+    assert_eq!(ack["data"]["client_msg_id"], a_plan["data"]["corr"]);
+    a_ws.send(answer(&a_plan, "success", json!({"note": PAYLOAD_CANARY})))
+        .await;
+    let refused = a_ws.until("chat.error").await;
+    assert_eq!(refused["data"]["code"], "unknown_correlation");
+
+    let log = srv.log_text();
+    assert!(
+        !log.contains(PAYLOAD_CANARY),
+        "a refused answer's payload reached the log"
+    );
+    assert!(!b_ws.all_text().contains(PAYLOAD_CANARY));
+}
+
+// ---------------------------------------------------------------------------------------------
+// LLM output is untrusted
+
+/// Answers OpenAI chat completions from a script, in order; records every request body.
+struct Script {
+    replies: Mutex<VecDeque<Value>>,
+    requests: Arc<Mutex<Vec<String>>>,
+}
+
+impl wiremock::Respond for Script {
+    fn respond(&self, request: &wiremock::Request) -> wiremock::ResponseTemplate {
+        if let Ok(mut seen) = self.requests.lock() {
+            seen.push(String::from_utf8_lossy(&request.body).into_owned());
+        }
+        let message = self
+            .replies
+            .lock()
+            .ok()
+            .and_then(|mut r| r.pop_front())
+            .unwrap_or_else(|| json!({"role": "assistant", "content": "ok"}));
+        let finish = if message.get("tool_calls").is_some() {
+            "tool_calls"
+        } else {
+            "stop"
+        };
+        wiremock::ResponseTemplate::new(200).set_body_json(json!({
+            "id": "chatcmpl-test", "object": "chat.completion", "created": 0, "model": "mock",
+            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+        }))
+    }
+}
+
+fn tool_calls(calls: &[(&str, Value)]) -> Value {
+    let calls: Vec<Value> = calls
+        .iter()
+        .enumerate()
+        .map(|(i, (name, args))| {
+            json!({"id": format!("call_{i}"), "type": "function",
+                   "function": {"name": name, "arguments": args.to_string()}})
+        })
+        .collect();
+    json!({"role": "assistant", "content": null, "tool_calls": calls})
+}
+
+fn text_reply(text: &str) -> Value {
+    json!({"role": "assistant", "content": text})
+}
+
+#[tokio::test]
+async fn model_calls_to_foreign_tools_and_injected_arguments_never_run() {
+    const BOB_CANARY: &str = "CANARY-bob-task-8c2a4f";
+    let mock = wiremock::MockServer::start().await;
+    let requests = Arc::new(Mutex::new(Vec::new()));
+    let bob = vec![("x-user-id", "bob".to_owned())];
+    let alice = vec![("x-user-id", "alice".to_owned())];
+    let script = Script {
+        replies: Mutex::new(VecDeque::from(vec![
+            // bob: add a task
+            tool_calls(&[("add_task", json!({"title": BOB_CANARY}))]),
+            text_reply("added"),
+        ])),
+        requests: requests.clone(),
+    };
+    wiremock::Mock::given(wiremock::matchers::method("POST"))
+        .and(wiremock::matchers::path("/v1/chat/completions"))
+        .respond_with(script)
+        .mount(&mock)
+        .await;
+    let srv = Srv::start(Opts {
+        env: vec![
+            ("OPENAI_BASE_URL".into(), format!("{}/v1", mock.uri())),
+            ("OPENAI_API_KEY".into(), "sk-test".into()),
+            ("TESSERA_STREAM".into(), "0".into()),
+        ],
+        ..Opts::default()
+    })
+    .await;
+
+    let bob_chat = srv.create_chat("TodoAssistant", &bob).await;
+    let mut bob_ws = ws(&srv.ws_url(&bob_chat), &bob).await;
+    bob_ws.until("chat.resume_boundary").await;
+    bob_ws.say("remember this").await;
+    let added = bob_ws.until("chat.tool_response").await;
+    let bob_task = added["data"]["payload"]["task"]["id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(!bob_task.is_empty(), "{added}");
+    bob_ws.until("chat.input_request").await;
+
+    // alice's model: a tool TodoAgent does not own, and a delete of bob's task with injected
+    // identity fields; then a plain answer.
+    mock.reset().await;
+    let script = Script {
+        replies: Mutex::new(VecDeque::from(vec![
+            tool_calls(&[
+                (
+                    "generate_and_download",
+                    json!({"ActionPlan": {"name": "pwn"}}),
+                ),
+                (
+                    "delete_task",
+                    json!({"task_id": bob_task, "user_id": "bob", "app_id": "dev", "chat_id": bob_chat}),
+                ),
+            ]),
+            text_reply("done"),
+            // bob: list the tasks afterwards
+            tool_calls(&[("list_tasks", json!({"status": "all"}))]),
+            text_reply("listed"),
+        ])),
+        requests: requests.clone(),
+    };
+    wiremock::Mock::given(wiremock::matchers::method("POST"))
+        .and(wiremock::matchers::path("/v1/chat/completions"))
+        .respond_with(script)
+        .mount(&mock)
+        .await;
+    let alice_chat = srv.create_chat("TodoAssistant", &alice).await;
+    let mut alice_ws = ws(&srv.ws_url(&alice_chat), &alice).await;
+    alice_ws.until("chat.resume_boundary").await;
+    alice_ws.say("do something").await;
+    alice_ws.until("chat.input_request").await;
+
+    for event in alice_ws.events.iter() {
+        let data = &event["data"];
+        if event["type"] == "chat.tool_response" && data["tool_name"] == "generate_and_download" {
+            assert_eq!(
+                data["success"], false,
+                "a foreign tool never succeeds: {event}"
+            );
+        }
+        if event["type"] == "chat.tool_response" && data["tool_name"] == "delete_task" {
+            assert_eq!(data["success"], false, "bob's task is not alice's: {event}");
+        }
+        assert!(
+            !(event["type"] == "chat.tool_call" && data["awaiting_response"] == true),
+            "no UI tool was started: {event}"
+        );
+    }
+    assert!(
+        !alice_ws.all_text().contains("download_path"),
+        "no bundle was built"
+    );
+    let (_, files) = srv
+        .get(
+            &format!("/api/v1/chats/{alice_chat}/files/anything"),
+            &alice,
+        )
+        .await;
+    assert_eq!(files["code"], "not_found");
+
+    // bob's task survived, and alice's model context never saw it.
+    bob_ws.say("what is on my list").await;
+    let listed = bob_ws
+        .until_match("chat.tool_response", |e| {
+            e["data"]["tool_name"] == "list_tasks"
+        })
+        .await;
+    assert!(listed.to_string().contains(BOB_CANARY), "{listed}");
+    let seen = requests.lock().map(|r| r.clone()).unwrap_or_default();
+    let alice_requests: Vec<&String> = seen.iter().filter(|r| r.contains("do something")).collect();
+    assert!(
+        alice_requests.len() >= 2,
+        "the refusal went back to the model"
+    );
+    assert!(alice_requests.iter().all(|r| !r.contains(BOB_CANARY)));
+    assert!(
+        alice_requests
+            .iter()
+            .all(|r| !r.contains("\"name\":\"generate_and_download\",\"parameters\"")),
+        "TodoAgent is never offered generate_and_download"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Limits
+
+#[tokio::test]
+async fn oversize_frames_get_an_error_then_a_1009_close() {
+    let srv = Srv::start(Opts {
+        toml: "[limits]\nmax_frame_bytes = 1000\n".into(),
+        ..Opts::default()
+    })
+    .await;
+    let who = vec![("x-user-id", "frames".to_owned())];
+    let chat = srv.create_chat("TodoAssistant", &who).await;
+    let mut socket = ws(&srv.ws_url(&chat), &who).await;
+    socket.until("chat.resume_boundary").await;
+    socket.say(&"x".repeat(1500)).await;
+    let error = socket.until("chat.error").await;
+    assert_eq!(error["data"]["code"], "frame_too_large");
+    socket.send(json!({"type": "chat.ping"})).await;
+    socket
+        .until_match("chat.ack", |e| e["data"]["kind"] == "pong")
+        .await;
+    socket.say(&"x".repeat(5000)).await;
+    let (code, _) = socket.until_closed().await;
+    assert_eq!(
+        code,
+        Some(1009),
+        "beyond 4x the soft limit the socket closes"
+    );
+}
+
+#[tokio::test]
+async fn message_budgets_per_connection_and_per_tenant_refuse_then_close_with_1008() {
+    let srv = Srv::start(Opts {
+        toml: tenants_toml(""),
+        env: vec![
+            ("TESSERA_MESSAGES_PER_MINUTE".into(), "5".into()),
+            ("TESSERA_MESSAGES_PER_MINUTE_PER_TENANT".into(), "8".into()),
+            ("TESSERA_RATE_LIMIT_STRIKES".into(), "3".into()),
+        ],
+        ..Opts::default()
+    })
+    .await;
+    let a = key(KEY_A, "alice");
+    let ping = json!({"type": "chat.ping"});
+    let chat = srv.create_chat("TodoAssistant", &a).await;
+
+    // Per connection: 5 pass, then rate_limited, then 1008.
+    let mut flood = ws(&srv.ws_url(&chat), &a).await;
+    flood.until("chat.resume_boundary").await;
+    for _ in 0..5 {
+        flood.send(ping.clone()).await;
+        flood
+            .until_match("chat.ack", |e| e["data"]["kind"] == "pong")
+            .await;
+    }
+    flood.send(ping.clone()).await;
+    let limited = flood.until("chat.error").await;
+    assert_eq!(limited["data"]["code"], "rate_limited");
+    for _ in 0..5 {
+        if !flood.try_send(Message::text(ping.to_string())).await {
+            break;
+        }
+    }
+    let (code, reason) = flood.until_closed().await;
+    assert_eq!(code, Some(1008), "{reason}");
+
+    // Per tenant: tenant A has used 8+ of its 8; a fresh connection of A is refused at once,
+    // while tenant B is unaffected.
+    let mut again = ws(&srv.ws_url(&chat), &a).await;
+    again.until("chat.resume_boundary").await;
+    again.send(ping.clone()).await;
+    let limited = again.until("chat.error").await;
+    assert_eq!(
+        limited["data"]["code"], "rate_limited",
+        "the tenant budget is shared"
+    );
+    let b = key(KEY_B, "bob");
+    let b_chat = srv.create_chat("TodoAssistant", &b).await;
+    let mut other = ws(&srv.ws_url(&b_chat), &b).await;
+    other.until("chat.resume_boundary").await;
+    other.send(ping).await;
+    other
+        .until_match("chat.ack", |e| e["data"]["kind"] == "pong")
+        .await;
+    assert!(srv.metric("tessera_ws_rate_limited_total").await >= 2);
+}
+
+#[tokio::test]
+async fn open_chats_per_tenant_are_capped_with_429() {
+    let srv = Srv::start(Opts {
+        toml: tenants_toml(""),
+        env: vec![("TESSERA_MAX_OPEN_CHATS_PER_TENANT".into(), "2".into())],
+        ..Opts::default()
+    })
+    .await;
+    let a = key(KEY_A, "alice");
+    srv.create_chat("TodoAssistant", &a).await;
+    srv.create_chat("TodoAssistant", &key(KEY_A, "carol")).await;
+    let (status, body) = srv
+        .post("/api/v1/chats", &a, json!({"workflow": "TodoAssistant"}))
+        .await;
+    assert_eq!(status, 429, "{body}");
+    assert_eq!(body["code"], "too_many_chats");
+    let (status, _) = srv
+        .post(
+            "/api/v1/run",
+            &a,
+            json!({"workflow": "TodoAssistant", "message": "x"}),
+        )
+        .await;
+    assert_eq!(status, 429, "the run endpoint counts too");
+    srv.create_chat("TodoAssistant", &key(KEY_B, "bob")).await;
+}
+
+#[tokio::test]
+async fn a_silent_client_is_closed_by_the_idle_timeout() {
+    let srv = Srv::start(Opts {
+        env: vec![("TESSERA_IDLE_TIMEOUT_S".into(), "1".into())],
+        ..Opts::default()
+    })
+    .await;
+    let who = vec![("x-user-id", "idle".to_owned())];
+    let chat = srv.create_chat("TodoAssistant", &who).await;
+    // Never read: the client answers no ping, so the server hears nothing.
+    let mut silent = ws(&srv.ws_url(&chat), &who).await;
+    srv.until_metric("tessera_ws_connections", |v| v == 1).await;
+    srv.until_metric("tessera_ws_connections", |v| v == 0).await;
+    let (code, reason) = silent.until_closed().await;
+    assert_eq!(code, Some(1001), "{reason}");
+    assert_eq!(reason, "idle timeout");
+}
+
+#[tokio::test]
+async fn a_client_that_never_reads_is_cut_off_and_its_backlog_dropped() {
+    // A workflow that never runs out of turns, so the flood can go on as long as needed.
+    let workflows = workflows_copy();
+    let path = workflows.path().join("TextToolkit/workflow.json");
+    let mut manifest: Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap_or_default())
+            .unwrap_or_else(|e| panic!("{e}"));
+    manifest["max_turns"] = json!(100_000);
+    std::fs::write(&path, manifest.to_string()).unwrap_or_else(|e| panic!("{e}"));
+    let srv = Srv::start(Opts {
+        workflows: Some(workflows.path().to_path_buf()),
+        env: vec![
+            ("TESSERA_OUTBOUND_QUEUE".into(), "8".into()),
+            ("TESSERA_MESSAGES_PER_MINUTE".into(), "100000".into()),
+            (
+                "TESSERA_MESSAGES_PER_MINUTE_PER_TENANT".into(),
+                "100000".into(),
+            ),
+            ("TESSERA_MAX_FRAME_BYTES".into(), "200000".into()),
+        ],
+        ..Opts::default()
+    })
+    .await;
+    let who = vec![("x-user-id", "flood".to_owned())];
+    let chat = srv.create_chat("TextToolkit", &who).await;
+    let mut stalled = ws(&srv.ws_url(&chat), &who).await;
+    let mut driver = ws(&srv.ws_url(&chat), &who).await;
+    driver.until("chat.input_request").await;
+    // ~128 KiB per message, echoed in several events: the stalled socket's buffers fill fast.
+    let big = "\u{1F642}".repeat(32_000);
+    // ~60 rounds push well over any loopback socket buffers; after that the stalled
+    // connection's queue only has to stay over its limit.
+    for _ in 0..60 {
+        if srv.metric("tessera_ws_slow_consumers_total").await >= 1 {
+            break;
+        }
+        driver.say(&big).await;
+        driver.until("chat.input_request").await;
+    }
+    srv.until_metric("tessera_ws_slow_consumers_total", |v| v >= 1)
+        .await;
+    let published = driver
+        .events
+        .iter()
+        .filter_map(|e| e["seq"].as_u64())
+        .max()
+        .unwrap_or(0);
+    // The healthy client is unaffected; the stalled one gets what was already in flight, then
+    // a 1008 close — not the whole backlog.
+    driver.say("still alive").await;
+    driver.until("chat.input_request").await;
+    let (code, reason) = stalled.until_closed().await;
+    assert_eq!(code, Some(1008), "{reason}");
+    assert!(reason.contains("does not read"), "{reason}");
+    let received = stalled
+        .events
+        .iter()
+        .filter_map(|e| e["seq"].as_u64())
+        .max()
+        .unwrap_or(0);
+    assert!(
+        received < published,
+        "the backlog was dropped ({received} of {published} events delivered)"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Secrets
+
+#[tokio::test]
+async fn collected_secrets_are_encrypted_at_rest_survive_a_restart_and_leak_nowhere() {
+    const SECRET: &str = "sk-CANARY-secret-3f9b7d1c5e";
+    let key_hex = "5a".repeat(32);
+    let toml = format!("[secrets]\nkey_hex = \"{key_hex}\"\n");
+    let opts = Opts {
+        toml: toml.clone(),
+        rust_log: Some("debug".into()),
+        ..Opts::default()
+    };
+    let srv = Srv::start(opts.clone()).await;
+    let who = vec![("x-user-id", "alice".to_owned())];
+    let (chat, mut socket, plan) = generator_at_action_plan(&srv, &who).await;
+    socket
+        .send(answer(&plan, "success", json!({"approved": true})))
+        .await;
+    let key_call = socket.until_ui_call().await;
+    assert_eq!(key_call["data"]["tool_name"], "request_api_key");
+    // The user gives the key but does not confirm yet (status error): the chat then waits for
+    // the user, with the key in its vault.
+    socket
+        .send(answer(
+            &key_call,
+            "error",
+            json!({"service": "openai", "apiKey": SECRET}),
+        ))
+        .await;
+    socket.until("chat.input_request").await;
+    // The snapshot is answered after the vault write (the session waits for it).
+    let (_, snapshot) = srv.get(&format!("/api/v1/chats/{chat}"), &who).await;
+    assert_eq!(snapshot["status"], "awaiting_user");
+    let mut seen = socket.all_text();
+    let mut logs = srv.log_text();
+    let data_dir = srv.data.clone();
+    let first = srv.kill().await;
+
+    // Restart on the same data dir and key: the chat comes back, and so does its vault.
+    let srv = Srv::start(Opts {
+        data: Some(data_dir),
+        ..opts
+    })
+    .await;
+    let mut socket = ws(&srv.ws_url(&chat), &who).await;
+    socket.until("chat.resume_boundary").await;
+    socket.say("ok, use the key I gave").await;
+    let key_call = socket.until_ui_call().await;
+    socket
+        .send(answer(&key_call, "success", json!({"service": "openai"})))
+        .await;
+    let download = socket.until_ui_call().await;
+    assert_eq!(download["data"]["tool_name"], "generate_and_download");
+    assert_eq!(
+        download["data"]["payload"]["api_key_provided"], true,
+        "the tool that declares uses_secrets saw the key collected before the restart"
+    );
+    let path = download["data"]["payload"]["files"][0]["download_path"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let bundle = match srv
+        .http
+        .get(format!("{}{path}", srv.base))
+        .header("x-user-id", "alice")
+        .send()
+        .await
+    {
+        Ok(r) => r.bytes().await.map(|b| b.to_vec()).unwrap_or_default(),
+        Err(e) => panic!("download: {e}"),
+    };
+    assert!(bundle.starts_with(b"PK"));
+    assert!(
+        contains_bytes(&bundle, b"API key: provided"),
+        "the bundle records that a key was given"
+    );
+    assert!(
+        !contains_bytes(&bundle, SECRET.as_bytes()),
+        "but not the key"
+    );
+
+    // While pending, the database holds the vault only encrypted.
+    for (file, bytes) in srv.database_bytes() {
+        assert!(
+            !contains_bytes(&bytes, SECRET.as_bytes()),
+            "{file} holds the secret in clear"
+        );
+    }
+    socket
+        .send(answer(&download, "success", json!({"downloaded": true})))
+        .await;
+    socket.until("chat.run_complete").await;
+
+    seen.push_str(&socket.all_text());
+    let (_, messages) = srv
+        .get(&format!("/api/v1/chats/{chat}/messages?limit=500"), &who)
+        .await;
+    let (_, snapshot) = srv.get(&format!("/api/v1/chats/{chat}"), &who).await;
+    let (_, metrics) = srv.text("/metrics").await;
+    logs.push_str(&srv.log_text());
+    assert!(logs.contains("DEBUG"), "the log ran at debug level");
+    for (what, text) in [
+        ("events", seen),
+        ("messages", messages.to_string()),
+        ("snapshot", snapshot.to_string()),
+        ("metrics", metrics),
+        ("server log", logs),
+    ] {
+        assert!(!text.contains(SECRET), "the secret reached the {what}");
+    }
+    for (file, bytes) in srv.database_bytes() {
+        assert!(
+            !contains_bytes(&bytes, SECRET.as_bytes()),
+            "{file} holds the secret in clear"
+        );
+    }
+    drop(first);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fuzzing over the wire
+
+/// Random and malformed frames generated by proptest (deterministic seed, test-sized).
+fn hostile_frames(cases: usize) -> Vec<Message> {
+    use proptest::prelude::*;
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::TestRunner;
+
+    let json_leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::from),
+        any::<i64>().prop_map(Value::from),
+        any::<f64>()
+            .prop_map(|f| serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number)),
+        ".{0,40}".prop_map(Value::from),
+    ];
+    let json_value = json_leaf.prop_recursive(4, 32, 6, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..6).prop_map(Value::from),
+            prop::collection::btree_map(".{0,8}", inner, 0..6)
+                .prop_map(|m| Value::Object(m.into_iter().collect())),
+        ]
+    });
+    let kinds = prop_oneof![
+        Just("chat.user_message"),
+        Just("chat.tool_response"),
+        Just("chat.resume"),
+        Just("chat.cancel"),
+        Just("chat.ping"),
+        Just("chat.nope"),
+    ];
+    let typed = (kinds, json_value.clone())
+        .prop_map(|(kind, data)| Message::text(json!({"type": kind, "data": data}).to_string()));
+    let strategy = prop_oneof![
+        typed,
+        json_value.prop_map(|v| Message::text(v.to_string())),
+        ".{0,200}".prop_map(Message::text),
+        prop::collection::vec(any::<u8>(), 0..300).prop_map(Message::binary),
+    ];
+    let mut runner = TestRunner::deterministic();
+    (0..cases)
+        .filter_map(|_| strategy.new_tree(&mut runner).ok().map(|t| t.current()))
+        .collect()
+}
+
+#[tokio::test]
+async fn hostile_frames_never_take_the_server_down() {
+    let srv = Srv::start(Opts {
+        env: vec![
+            ("TESSERA_MESSAGES_PER_MINUTE".into(), "100000".into()),
+            (
+                "TESSERA_MESSAGES_PER_MINUTE_PER_TENANT".into(),
+                "100000".into(),
+            ),
+        ],
+        ..Opts::default()
+    })
+    .await;
+    let who = vec![("x-user-id", "fuzz".to_owned())];
+    let chat = srv.create_chat("Generator", &who).await;
+    let url = srv.ws_url(&chat);
+    let mut socket = ws(&url, &who).await;
+
+    let mut frames = hostile_frames(256);
+    // Hand-made nasties: deep nesting, huge numbers, wrong types, lone surrogates in JSON.
+    frames.push(Message::text(format!(
+        "{{\"type\":\"chat.user_message\",\"data\":{}{}}}",
+        "[".repeat(20_000),
+        "]".repeat(20_000)
+    )));
+    frames.push(Message::text(
+        r#"{"type":"chat.user_message","data":{"content":"\ud800"}}"#,
+    ));
+    frames.push(Message::text(
+        r#"{"type":"chat.resume","data":{"last_seq":1e999}}"#,
+    ));
+    frames.push(Message::text(
+        r#"{"type":"chat.resume","data":{"last_seq":-1}}"#,
+    ));
+    frames.push(Message::text(
+        r#"{"type":"chat.tool_response","data":{"corr":{"$gt":""},"status":"success"}}"#,
+    ));
+    frames.push(Message::text("\u{0}\u{FEFF}{}"));
+    for frame in frames {
+        if !socket.try_send(frame.clone()).await {
+            // The server may close a socket that broke the protocol; open another.
+            socket = ws(&url, &who).await;
+            let _ = socket.try_send(frame).await;
+        }
+    }
+    // Invalid UTF-8 in a text frame is a protocol error: the server closes that socket.
+    let raw = tokio_tungstenite::tungstenite::protocol::frame::Frame::message(
+        vec![0xff, 0xfe, 0x80],
+        tokio_tungstenite::tungstenite::protocol::frame::coding::OpCode::Data(
+            tokio_tungstenite::tungstenite::protocol::frame::coding::Data::Text,
+        ),
+        true,
+    );
+    let mut broken = ws(&url, &who).await;
+    let _ = broken.try_send(Message::Frame(raw)).await;
+    let (code, _) = broken.until_closed().await;
+    assert_ne!(code, Some(1000), "invalid UTF-8 is not a normal close");
+    // A flood on one socket.
+    let mut flood = ws(&url, &who).await;
+    for _ in 0..2000 {
+        if !flood
+            .try_send(Message::text(r#"{"type":"chat.ping"}"#))
+            .await
+        {
+            break;
+        }
+    }
+    drop(flood);
+
+    // The server is up and a canary chat still runs end to end.
+    assert_eq!(srv.text("/healthz").await.0, 200);
+    let canary = srv.create_chat("TodoAssistant", &who).await;
+    let mut check = ws(&srv.ws_url(&canary), &who).await;
+    check.until("chat.input_request").await;
+    check.say("CANARY-after-fuzz").await;
+    let added = check.until("chat.tool_response").await;
+    assert_eq!(added["data"]["success"], true);
+    let text = check
+        .until_match("chat.text", |e| e["data"]["agent"] == "TodoAgent")
+        .await;
+    assert!(text.to_string().contains("CANARY-after-fuzz"));
+    check.until("chat.input_request").await;
+}

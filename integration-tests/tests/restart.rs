@@ -27,11 +27,15 @@ async fn sigkill_during_a_ui_wait_then_restart_resumes_the_chat_exactly_once() {
     let plan = ws.until_ui_call().await;
     let corr = plan["data"]["corr"].as_str().unwrap_or_default().to_owned();
     let seen = ws.last_seq;
-    // Writes go to SQLite behind the session; wait until the chat's state says it is waiting.
+    // Writes go to SQLite behind the session; wait until the store holds the whole log
+    // (the state is written in the same batch, after the events).
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
         let (_, snap) = server.get(&format!("/api/v1/chats/{chat}"), "alice").await;
-        if snap["status"] == "awaiting_tool" {
+        if snap["status"] == "awaiting_tool"
+            && snap["persisted_seq"] == snap["last_seq"]
+            && snap["last_seq"] == seen
+        {
             break;
         }
         assert!(

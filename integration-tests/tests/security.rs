@@ -1301,6 +1301,19 @@ async fn collected_secrets_are_encrypted_at_rest_survive_a_restart_and_leak_nowh
     // The snapshot is answered after the vault write (the session waits for it).
     let (_, snapshot) = srv.get(&format!("/api/v1/chats/{chat}"), &who).await;
     assert_eq!(snapshot["status"], "awaiting_user");
+    // Kill only once the store holds the whole event log and state.
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let (_, snap) = srv.get(&format!("/api/v1/chats/{chat}"), &who).await;
+        if snap["persisted_seq"] == snap["last_seq"] {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the store never caught up: {snap}"
+        );
+        tokio::task::yield_now().await;
+    }
     let mut seen = socket.all_text();
     let mut logs = srv.log_text();
     let data_dir = srv.data.clone();

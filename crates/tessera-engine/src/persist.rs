@@ -40,6 +40,10 @@ pub struct WriteBehind {
     chat_id: Arc<str>,
     queued: PendingWrites,
     flushing: bool,
+    /// Highest event seq of the flush under way.
+    in_flight_seq: u64,
+    /// Highest event seq known to be in the store.
+    persisted_seq: u64,
 }
 
 impl WriteBehind {
@@ -50,7 +54,21 @@ impl WriteBehind {
             chat_id,
             queued: PendingWrites::default(),
             flushing: false,
+            in_flight_seq: 0,
+            persisted_seq: 0,
         }
+    }
+
+    /// Highest event seq the store is known to hold: clients and operators can tell how far
+    /// durability has caught up with the live log.
+    pub fn persisted_seq(&self) -> u64 {
+        self.persisted_seq
+    }
+
+    /// Starts counting from `seq` (a chat restored from the store already holds its log).
+    pub fn set_persisted_seq(&mut self, seq: u64) {
+        self.persisted_seq = seq;
+        self.in_flight_seq = seq;
     }
 
     /// True when writes wait for a flush.
@@ -65,24 +83,32 @@ impl WriteBehind {
 
     /// Takes the queued writes and returns the future that performs them, unless a flush is
     /// already running (then the writes wait for the next one) or nothing is queued.
-    pub fn start_flush(&mut self) -> Option<BoxFuture<'static, ()>> {
+    pub fn start_flush(&mut self) -> Option<BoxFuture<'static, bool>> {
         if self.flushing || self.queued.is_empty() {
             return None;
         }
         self.flushing = true;
         let batch = std::mem::take(&mut self.queued);
+        self.in_flight_seq = batch.events.last().map_or(self.persisted_seq, |e| e.seq);
         let store = self.store.clone();
         let chat_id = self.chat_id.clone();
         Some(Box::pin(async move {
-            if let Err(error) = write_batch(&*store, &chat_id, batch).await {
-                tracing::error!(chat_id = %chat_id, %error, "persisting chat failed");
+            match write_batch(&*store, &chat_id, batch).await {
+                Ok(()) => true,
+                Err(error) => {
+                    tracing::error!(chat_id = %chat_id, %error, "persisting chat failed");
+                    false
+                }
             }
         }))
     }
 
     /// The flush finished; true when more writes are waiting.
-    pub fn flush_done(&mut self) -> bool {
+    pub fn flush_done(&mut self, ok: bool) -> bool {
         self.flushing = false;
+        if ok {
+            self.persisted_seq = self.in_flight_seq;
+        }
         !self.queued.is_empty()
     }
 }

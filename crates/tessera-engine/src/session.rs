@@ -114,6 +114,8 @@ pub struct ChatSnapshot {
     pub current_agent: Arc<str>,
     pub turn: u32,
     pub last_seq: u64,
+    /// Highest seq the store holds (`None` without a store).
+    pub persisted_seq: Option<u64>,
     /// Context variables the manifest lets clients see.
     pub visible_context: Map<String, Value>,
     pub pending_ui_calls: Vec<PendingUiCall>,
@@ -275,6 +277,10 @@ impl ChatSession {
             .into_iter()
             .map(|e| Arc::from(e.json))
             .collect();
+        let restored_seq = session.last_seq();
+        if let Some(persist) = &mut session.persist {
+            persist.set_persisted_seq(restored_seq);
+        }
         session.restored = Some(RestoredWork {
             status: stored.state.status,
             pending: stored.pending,
@@ -792,8 +798,8 @@ impl Handler<FlushWrites> for ChatSession {
         let Some(flush) = self.persist.as_mut().and_then(WriteBehind::start_flush) else {
             return;
         };
-        ctx.spawn(flush.into_actor(self).map(|(), act, _ctx| {
-            if act.persist.as_mut().is_some_and(WriteBehind::flush_done) {
+        ctx.spawn(flush.into_actor(self).map(|ok, act, _ctx| {
+            if act.persist.as_mut().is_some_and(|p| p.flush_done(ok)) {
                 act.request_flush();
             }
         }));
@@ -1104,6 +1110,7 @@ impl Handler<GetSnapshot> for ChatSession {
                 current_agent: act.current_agent.clone(),
                 turn: act.turn,
                 last_seq: act.last_seq(),
+                persisted_seq: act.persist.as_ref().map(WriteBehind::persisted_seq),
                 visible_context: visible,
                 pending_ui_calls: pending.unwrap_or_default(),
                 transcript,

@@ -289,6 +289,7 @@ async fn get_chat(
         "current_agent": &*snap.current_agent,
         "turn": snap.turn,
         "last_seq": snap.last_seq,
+        "persisted_seq": snap.persisted_seq,
         "context": snap.visible_context,
         "pending_ui_calls": snap.pending_ui_calls,
     })))

@@ -34,7 +34,10 @@ impl ChatModel for InProcessModel {
         _deltas: Option<DeltaSink>,
     ) -> BoxFuture<'static, Result<ChatResponse, LlmError>> {
         let n = self.0.fetch_add(1, Ordering::Relaxed);
-        let after_tool = request.messages.last().is_some_and(|m| m.role == Role::Tool);
+        let after_tool = request
+            .messages
+            .last()
+            .is_some_and(|m| m.role == Role::Tool);
         let message = match request.tools.iter().find(|t| t.name == "echo") {
             Some(tool) if !after_tool => Message {
                 role: Role::Assistant,

@@ -23,7 +23,10 @@ fn load(name: &str) -> Workflow {
 fn all_shipped_workflows_load() {
     let all = load_workflows(&workflows_root());
     let names: Vec<&str> = all.iter().map(|(n, _)| n.as_str()).collect();
-    assert_eq!(names, ["Generator", "TextToolkit", "TodoAssistant"]);
+    assert_eq!(
+        names,
+        ["Generator", "LoadTest", "TextToolkit", "TodoAssistant"]
+    );
     for (name, result) in &all {
         if let Err(e) = result {
             panic!("{name} failed to load:\n{e}");

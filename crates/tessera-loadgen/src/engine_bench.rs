@@ -1,0 +1,274 @@
+//! `engine-bench`: the engine alone, in process. N chats of the LoadTest workflow each run K
+//! turns; a turn is model call → one `echo` tool call → the tool runs → model call → final
+//! answer, with an in-process [`ChatModel`] (no HTTP, no sockets). Prints one JSON line.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use anyhow::Context as _;
+use futures::future::BoxFuture;
+use serde_json::{Map, json};
+use tessera_engine::session::{Deliver, Subscribe, UserInput};
+use tessera_engine::{ChatHandle, Engine, EngineConfig, EngineHooks, NewChat};
+use tessera_llm::{ChatModel, ChatRequest, ChatResponse, DeltaSink, LlmError, Message, Role};
+use tessera_llm::{ToolCall, Usage};
+use tessera_tools::{BuiltinRegistry, InMemoryArtifactStore, InMemoryTaskStore, ToolServices};
+use tokio::sync::mpsc;
+
+use crate::report::{proc_status_kib, process_cpu_seconds};
+
+/// Options of `engine-bench`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct EngineBenchArgs {
+    /// Concurrent chats.
+    #[arg(long, default_value_t = 1000)]
+    pub chats: usize,
+    /// Turns per chat.
+    #[arg(long, default_value_t = 5)]
+    pub turns: u32,
+    /// Engine arbiters (threads); 0 means one per core.
+    #[arg(long, default_value_t = 0)]
+    pub arbiters: usize,
+    /// Folder of workflow folders (must hold LoadTest).
+    #[arg(long)]
+    pub workflows: Option<PathBuf>,
+    /// Hard limit of the run, in seconds.
+    #[arg(long, default_value_t = 300)]
+    pub max_seconds: u64,
+}
+
+/// The in-process model: a call of the first offered tool after a user message, a final
+/// answer after a tool result.
+pub struct BenchModel {
+    calls: AtomicU64,
+    args: Arc<str>,
+}
+
+impl BenchModel {
+    /// A model whose tool calls carry `args` (JSON text).
+    pub fn new(args: &str) -> Self {
+        Self {
+            calls: AtomicU64::new(0),
+            args: Arc::from(args),
+        }
+    }
+}
+
+impl ChatModel for BenchModel {
+    fn complete(
+        &self,
+        request: ChatRequest,
+        _deltas: Option<DeltaSink>,
+    ) -> BoxFuture<'static, Result<ChatResponse, LlmError>> {
+        let n = self.calls.fetch_add(1, Ordering::Relaxed);
+        let after_tool = request
+            .messages
+            .last()
+            .is_some_and(|m| m.role == Role::Tool);
+        let message = match request.tools.first() {
+            Some(tool) if !after_tool => Message {
+                role: Role::Assistant,
+                content: None,
+                name: None,
+                tool_calls: vec![ToolCall {
+                    id: format!("call_{n}"),
+                    name: tool.name.clone(),
+                    arguments: self.args.to_string(),
+                }],
+                tool_call_id: None,
+            },
+            _ => Message::text(Role::Assistant, "Done: the tool returned its result."),
+        };
+        Box::pin(futures::future::ready(Ok(ChatResponse {
+            message,
+            usage: Usage {
+                prompt_tokens: 10,
+                completion_tokens: 5,
+            },
+            finish_reason: None,
+            model: "bench".into(),
+        })))
+    }
+
+    fn label(&self) -> &str {
+        "bench"
+    }
+}
+
+/// Drives one chat: each `chat.input_request` ends a turn and starts the next.
+struct Driver {
+    chat: ChatHandle,
+    index: usize,
+    requests_seen: u32,
+    turns: u32,
+    done: mpsc::UnboundedSender<usize>,
+    go: bool,
+}
+
+/// Start the first turn (sent once every chat is ready).
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Go;
+
+impl Actor for Driver {
+    type Context = Context<Self>;
+}
+
+impl Driver {
+    fn send_input(&self) {
+        self.chat.addr.do_send(UserInput {
+            content: format!(
+                "bench message {} of chat {}",
+                self.requests_seen, self.index
+            ),
+            client_msg_id: None,
+        });
+    }
+}
+
+impl Handler<Deliver> for Driver {
+    type Result = ();
+
+    fn handle(&mut self, Deliver(text): Deliver, _: &mut Self::Context) {
+        if !text.starts_with("{\"type\":\"chat.input_request\"") {
+            return;
+        }
+        self.requests_seen += 1;
+        // The first input request is the chat's initial one (replayed on subscribe).
+        if self.requests_seen == 1 {
+            if self.go {
+                self.send_input();
+            }
+            return;
+        }
+        if self.requests_seen > self.turns {
+            let _ = self.done.send(self.index);
+        } else {
+            self.send_input();
+        }
+    }
+}
+
+impl Handler<Go> for Driver {
+    type Result = ();
+
+    fn handle(&mut self, _: Go, _: &mut Self::Context) {
+        self.go = true;
+        if self.requests_seen >= 1 {
+            self.send_input();
+        }
+    }
+}
+
+fn workflows_dir(given: Option<PathBuf>) -> PathBuf {
+    given.unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../workflows"))
+}
+
+/// Runs the benchmark and prints its JSON line.
+pub fn run(args: EngineBenchArgs) -> anyhow::Result<()> {
+    let dir = workflows_dir(args.workflows.clone()).join("LoadTest");
+    let workflow = tessera_manifest::load_workflow(&dir)
+        .map_err(|e| anyhow::anyhow!("cannot load {}: {e}", dir.display()))?;
+    let system = actix::System::new();
+    let result = system.block_on(bench(args, workflow));
+    System::current().stop();
+    let line = result?;
+    println!("{line}");
+    Ok(())
+}
+
+async fn bench(
+    args: EngineBenchArgs,
+    workflow: tessera_manifest::Workflow,
+) -> anyhow::Result<String> {
+    let services = ToolServices {
+        tasks: Arc::new(InMemoryTaskStore::default()),
+        artifacts: Arc::new(InMemoryArtifactStore::default()),
+    };
+    let builtins = BuiltinRegistry::with_defaults(services);
+    let model: Arc<dyn ChatModel> = Arc::new(BenchModel::new(r#"{"message":"hello"}"#));
+    let engine = Engine::start(
+        vec![(workflow, model)],
+        &builtins,
+        EngineConfig {
+            stream: false,
+            arbiters: args.arbiters,
+            ..EngineConfig::default()
+        },
+        EngineHooks::default(),
+    )
+    .map_err(|e| anyhow::anyhow!("engine: {e}"))?;
+
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel();
+    let mut drivers = Vec::with_capacity(args.chats);
+    for index in 0..args.chats {
+        let chat = engine
+            .start_chat(NewChat {
+                tenant: "bench".into(),
+                user: format!("u{index}"),
+                workflow: "LoadTest".into(),
+                context: Map::new(),
+                chat_id: None,
+            })
+            .await
+            .map_err(|e| anyhow::anyhow!("start chat: {e}"))?;
+        let addr = chat.addr.clone();
+        let driver = Driver {
+            chat,
+            index,
+            requests_seen: 0,
+            turns: args.turns,
+            done: done_tx.clone(),
+            go: false,
+        }
+        .start();
+        addr.send(Subscribe {
+            recipient: driver.clone().recipient(),
+            after_seq: 0,
+        })
+        .await
+        .context("subscribe")?;
+        drivers.push(driver);
+    }
+    drop(done_tx);
+
+    let cpu_start = process_cpu_seconds();
+    let started = Instant::now();
+    for driver in &drivers {
+        driver.do_send(Go);
+    }
+    let deadline = Duration::from_secs(args.max_seconds.max(1));
+    let mut finished = 0;
+    while finished < args.chats {
+        match tokio::time::timeout(deadline.saturating_sub(started.elapsed()), done_rx.recv()).await
+        {
+            Ok(Some(_)) => finished += 1,
+            Ok(None) => break,
+            Err(_) => anyhow::bail!(
+                "only {finished} of {} chats finished within {}s",
+                args.chats,
+                args.max_seconds
+            ),
+        }
+    }
+    let wall = started.elapsed().as_secs_f64();
+    let cpu = process_cpu_seconds() - cpu_start;
+    let turns = args.chats as f64 * f64::from(args.turns);
+    let peak = proc_status_kib("self", "VmHWM").map_or(0.0, |k| k as f64 / 1024.0);
+    let round = |v: f64, digits: i32| {
+        let f = 10f64.powi(digits);
+        (v * f).round() / f
+    };
+    Ok(json!({
+        "framework": "tessera",
+        "N": args.chats,
+        "K": args.turns,
+        "turns_per_s": round(turns / wall, 0),
+        "cpu_ms_per_turn": round(cpu * 1000.0 / turns, 4),
+        "peak_rss_MiB": round(peak, 1),
+    })
+    .to_string())
+}

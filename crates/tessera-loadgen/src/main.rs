@@ -1,0 +1,51 @@
+//! `tessera-loadgen`: the load generator, the mock OpenAI-compatible LLM server, and the
+//! in-process engine benchmark of Tessera. Traffic goes to 127.0.0.0/8 only; every loop is
+//! bounded in count and time.
+
+mod engine_bench;
+mod mock;
+mod report;
+mod run;
+mod schema;
+
+use clap::{Parser, Subcommand};
+
+/// Load generator and benchmarks for the Tessera engine.
+#[derive(Parser)]
+#[command(name = "tessera-loadgen", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve a stateless OpenAI-compatible mock at POST /v1/chat/completions.
+    MockLlm(mock::MockArgs),
+    /// Drive N concurrent chats for K turns each over WebSocket, verifying every event.
+    Run(run::RunArgs),
+    /// Open N chats and hold them idle, to measure the server's memory per chat.
+    Idle(run::IdleArgs),
+    /// Benchmark the engine in process (no HTTP): N chats x K turns; prints one JSON line.
+    EngineBench(engine_bench::EngineBenchArgs),
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::MockLlm(args) => mock::run(args),
+        Command::Run(args) => {
+            if !run::run(args)? {
+                std::process::exit(2);
+            }
+            Ok(())
+        }
+        Command::Idle(args) => {
+            if !run::idle(args)? {
+                std::process::exit(2);
+            }
+            Ok(())
+        }
+        Command::EngineBench(args) => engine_bench::run(args),
+    }
+}

@@ -1,0 +1,554 @@
+//! `tessera-loadgen mock-llm`: a stateless OpenAI-compatible chat-completions server.
+//!
+//! Each answer is decided from the request alone, so concurrent chats never interfere:
+//! - last message from the user and tools offered → a call of the first tool, with minimal
+//!   schema-valid arguments;
+//! - last message a tool result → a short final answer;
+//! - `response_format.json_schema` present → a schema-valid JSON instance;
+//! - otherwise → a short text.
+//!
+//! Generated arguments and instances are cached by the hash of the schema text, and the request
+//! is parsed into borrowed fields only, so a request costs one parse and one small write.
+
+use std::borrow::Cow;
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use actix_web::{App, HttpResponse, HttpServer, web};
+use anyhow::Context as _;
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use crate::schema;
+
+/// Options of `mock-llm`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct MockArgs {
+    /// Port to listen on (127.0.0.1); 0 picks a free one and prints it.
+    #[arg(long, default_value_t = 0)]
+    pub port: u16,
+    /// Delay of every answer, in milliseconds (a timer, not a blocking sleep).
+    #[arg(long, default_value_t = 0)]
+    pub latency_ms: u64,
+    /// Split streamed text into one SSE chunk per word (default: one content chunk). Requests
+    /// with `"stream": true` always get SSE.
+    #[arg(long)]
+    pub stream: bool,
+    /// Worker threads (1 is plenty: the mock must never be the bottleneck, nor steal cores).
+    #[arg(long, default_value_t = 1)]
+    pub workers: usize,
+    /// Exit by itself after this many seconds.
+    #[arg(long, default_value_t = 4 * 3600)]
+    pub exit_after_s: u64,
+}
+
+#[derive(Clone)]
+struct Settings {
+    latency: Duration,
+    split_words: bool,
+    hasher: RandomState,
+}
+
+/// Runs the mock until killed (or `exit_after_s`).
+pub fn run(args: MockArgs) -> anyhow::Result<()> {
+    let settings = Arc::new(Settings {
+        latency: Duration::from_millis(args.latency_ms),
+        split_words: args.stream,
+        hasher: RandomState::new(),
+    });
+    let system = actix_rt::System::new();
+    system.block_on(async move {
+        let data = web::Data::from(settings);
+        let server = HttpServer::new(move || {
+            App::new()
+                .app_data(data.clone())
+                .app_data(web::PayloadConfig::new(64 * 1024 * 1024))
+                .route("/v1/chat/completions", web::post().to(completions))
+                .route("/chat/completions", web::post().to(completions))
+                .route("/v1/models", web::get().to(models))
+                .route("/healthz", web::get().to(HttpResponse::Ok))
+        })
+        .workers(args.workers.max(1))
+        .backlog(4096)
+        .max_connections(100_000)
+        .keep_alive(Duration::from_secs(300))
+        .bind(("127.0.0.1", args.port))
+        .with_context(|| format!("cannot listen on 127.0.0.1:{}", args.port))?;
+        for addr in server.addrs() {
+            println!("mock-llm listening on http://{addr}");
+        }
+        let server = server.run();
+        let handle = server.handle();
+        let limit = Duration::from_secs(args.exit_after_s.max(1));
+        actix_rt::spawn(async move {
+            actix_rt::time::sleep(limit).await;
+            handle.stop(false).await;
+        });
+        server.await.context("mock server failed")
+    })
+}
+
+async fn models() -> HttpResponse {
+    HttpResponse::Ok().content_type("application/json").body(
+        r#"{"object":"list","data":[{"id":"mock","object":"model","owned_by":"tessera-loadgen"}]}"#,
+    )
+}
+
+#[derive(Deserialize)]
+struct Request<'a> {
+    #[serde(borrow, default)]
+    model: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    messages: Vec<WireMessage<'a>>,
+    #[serde(borrow, default)]
+    tools: Vec<&'a RawValue>,
+    #[serde(borrow, default)]
+    response_format: Option<&'a RawValue>,
+    #[serde(default)]
+    stream: bool,
+    #[serde(default)]
+    stream_options: Option<StreamOptions>,
+}
+
+#[derive(Deserialize)]
+struct WireMessage<'a> {
+    #[serde(borrow)]
+    role: Cow<'a, str>,
+}
+
+#[derive(Deserialize)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: bool,
+}
+
+#[derive(Deserialize)]
+struct ToolDef {
+    function: FunctionDef,
+}
+
+#[derive(Deserialize)]
+struct FunctionDef {
+    name: String,
+    #[serde(default)]
+    parameters: serde_json::Value,
+}
+
+#[derive(Deserialize)]
+struct Format {
+    #[serde(default)]
+    json_schema: Option<JsonSchema>,
+}
+
+#[derive(Deserialize)]
+struct JsonSchema {
+    #[serde(default)]
+    schema: serde_json::Value,
+}
+
+/// What the mock answers, decided from the request alone.
+#[derive(Clone)]
+enum Answer {
+    Text(Arc<str>),
+    ToolCall { name: Arc<str>, arguments: Arc<str> },
+}
+
+thread_local! {
+    /// schema-text hash → answer (tool-call arguments or JSON instance).
+    static CACHE: RefCell<HashMap<u64, Answer>> = RefCell::new(HashMap::new());
+    static COUNTER: Cell<u64> = const { Cell::new(0) };
+}
+
+const CACHE_LIMIT: usize = 4096;
+const FINAL_TEXT: &str = "Done: the tool returned its result.";
+const SHORT_TEXT: &str = "OK, noted.";
+
+fn cached(settings: &Settings, raw: &str, make: impl FnOnce() -> Answer) -> Answer {
+    let key = settings.hasher.hash_one(raw);
+    if let Some(found) = CACHE.with(|c| c.borrow().get(&key).cloned()) {
+        return found;
+    }
+    let answer = make();
+    CACHE.with(|c| {
+        let mut cache = c.borrow_mut();
+        if cache.len() >= CACHE_LIMIT {
+            cache.clear();
+        }
+        cache.insert(key, answer.clone());
+    });
+    answer
+}
+
+/// Decides the answer (see the module docs); `Err` is a 400 message.
+fn decide(settings: &Settings, request: &Request<'_>) -> Result<Answer, String> {
+    let last = request.messages.last().map(|m| m.role.as_ref());
+    if last == Some("user")
+        && let Some(first) = request.tools.first()
+    {
+        let raw = first.get();
+        return Ok(cached(settings, raw, || {
+            match serde_json::from_str::<ToolDef>(raw) {
+                Ok(tool) => {
+                    let args = schema::instance(&tool.function.parameters);
+                    Answer::ToolCall {
+                        name: Arc::from(tool.function.name),
+                        arguments: Arc::from(args.to_string()),
+                    }
+                }
+                Err(_) => Answer::Text(Arc::from(SHORT_TEXT)),
+            }
+        }));
+    }
+    if last == Some("tool") {
+        return Ok(Answer::Text(Arc::from(FINAL_TEXT)));
+    }
+    if let Some(format) = request.response_format {
+        let raw = format.get();
+        let parsed: Format =
+            serde_json::from_str(raw).map_err(|e| format!("bad response_format: {e}"))?;
+        if let Some(js) = parsed.json_schema {
+            return Ok(cached(settings, raw, || {
+                Answer::Text(Arc::from(schema::instance(&js.schema).to_string()))
+            }));
+        }
+    }
+    Ok(Answer::Text(Arc::from(SHORT_TEXT)))
+}
+
+async fn completions(settings: web::Data<Settings>, body: web::Bytes) -> HttpResponse {
+    let request: Request<'_> = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => return bad_request(&format!("invalid JSON body: {e}")),
+    };
+    let answer = match decide(&settings, &request) {
+        Ok(a) => a,
+        Err(message) => return bad_request(&message),
+    };
+    let n = COUNTER.with(|c| {
+        let n = c.get() + 1;
+        c.set(n);
+        n
+    });
+    let meta = Meta {
+        id: n,
+        created: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        model: request.model.as_deref().unwrap_or("mock"),
+        prompt_tokens: body.len() as u64 / 4,
+    };
+    let (content_type, out) = if request.stream {
+        let usage = request
+            .stream_options
+            .as_ref()
+            .is_some_and(|o| o.include_usage);
+        (
+            "text/event-stream",
+            stream_body(&meta, &answer, usage, settings.split_words),
+        )
+    } else {
+        ("application/json", plain_body(&meta, &answer))
+    };
+    drop(request);
+    if !settings.latency.is_zero() {
+        actix_rt::time::sleep(settings.latency).await;
+    }
+    HttpResponse::Ok().content_type(content_type).body(out)
+}
+
+fn bad_request(message: &str) -> HttpResponse {
+    let body = serde_json::json!({"error": {"message": message, "type": "invalid_request_error"}});
+    HttpResponse::BadRequest()
+        .content_type("application/json")
+        .body(body.to_string())
+}
+
+struct Meta<'a> {
+    id: u64,
+    created: u64,
+    model: &'a str,
+    prompt_tokens: u64,
+}
+
+#[derive(Serialize)]
+struct Usage {
+    prompt_tokens: u64,
+    completion_tokens: u64,
+    total_tokens: u64,
+}
+
+impl Meta<'_> {
+    fn usage(&self, completion: &str) -> Usage {
+        let completion_tokens = completion.len() as u64 / 4 + 1;
+        Usage {
+            prompt_tokens: self.prompt_tokens,
+            completion_tokens,
+            total_tokens: self.prompt_tokens + completion_tokens,
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct Completion<'a> {
+    id: String,
+    object: &'static str,
+    created: u64,
+    model: &'a str,
+    choices: [Choice<'a>; 1],
+    usage: Usage,
+}
+
+#[derive(Serialize)]
+struct Choice<'a> {
+    index: u32,
+    message: OutMessage<'a>,
+    finish_reason: &'static str,
+}
+
+#[derive(Serialize)]
+struct OutMessage<'a> {
+    role: &'static str,
+    content: Option<&'a str>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tool_calls: Vec<OutToolCall<'a>>,
+}
+
+#[derive(Serialize)]
+struct OutToolCall<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    index: Option<u32>,
+    id: String,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: OutFunction<'a>,
+}
+
+#[derive(Serialize)]
+struct OutFunction<'a> {
+    name: &'a str,
+    arguments: &'a str,
+}
+
+fn call_id(meta: &Meta<'_>) -> String {
+    format!("call_mock_{}", meta.id)
+}
+
+fn plain_body(meta: &Meta<'_>, answer: &Answer) -> Vec<u8> {
+    let (content, tool_calls, finish, completion) = match answer {
+        Answer::Text(text) => (Some(&**text), Vec::new(), "stop", &**text),
+        Answer::ToolCall { name, arguments } => (
+            None,
+            vec![OutToolCall {
+                index: None,
+                id: call_id(meta),
+                kind: "function",
+                function: OutFunction { name, arguments },
+            }],
+            "tool_calls",
+            &**arguments,
+        ),
+    };
+    let body = Completion {
+        id: format!("chatcmpl-mock-{}", meta.id),
+        object: "chat.completion",
+        created: meta.created,
+        model: meta.model,
+        choices: [Choice {
+            index: 0,
+            message: OutMessage {
+                role: "assistant",
+                content,
+                tool_calls,
+            },
+            finish_reason: finish,
+        }],
+        usage: meta.usage(completion),
+    };
+    serde_json::to_vec(&body).unwrap_or_default()
+}
+
+#[derive(Serialize)]
+struct Chunk<'a> {
+    id: &'a str,
+    object: &'static str,
+    created: u64,
+    model: &'a str,
+    choices: Vec<ChunkChoice<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage: Option<Usage>,
+}
+
+#[derive(Serialize)]
+struct ChunkChoice<'a> {
+    index: u32,
+    delta: Delta<'a>,
+    finish_reason: Option<&'static str>,
+}
+
+#[derive(Serialize, Default)]
+struct Delta<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    role: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    content: Option<&'a str>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tool_calls: Vec<OutToolCall<'a>>,
+}
+
+fn stream_body(meta: &Meta<'_>, answer: &Answer, include_usage: bool, split: bool) -> Vec<u8> {
+    let id = format!("chatcmpl-mock-{}", meta.id);
+    let mut out = Vec::with_capacity(1024);
+    let mut push = |choices: Vec<ChunkChoice<'_>>, usage: Option<Usage>| {
+        let chunk = Chunk {
+            id: &id,
+            object: "chat.completion.chunk",
+            created: meta.created,
+            model: meta.model,
+            choices,
+            usage,
+        };
+        out.extend_from_slice(b"data: ");
+        if serde_json::to_writer(&mut out, &chunk).is_err() {
+            out.extend_from_slice(b"{}");
+        }
+        out.extend_from_slice(b"\n\n");
+    };
+    fn delta<'d>(delta: Delta<'d>, finish: Option<&'static str>) -> ChunkChoice<'d> {
+        ChunkChoice {
+            index: 0,
+            delta,
+            finish_reason: finish,
+        }
+    }
+    push(
+        vec![delta(
+            Delta {
+                role: Some("assistant"),
+                content: Some(""),
+                ..Delta::default()
+            },
+            None,
+        )],
+        None,
+    );
+    let (finish, completion) = match answer {
+        Answer::Text(text) => {
+            if split {
+                let mut rest: &str = text;
+                while !rest.is_empty() {
+                    let cut = rest[1..].find(' ').map_or(rest.len(), |i| i + 1);
+                    let (piece, tail) = rest.split_at(cut);
+                    push(
+                        vec![delta(
+                            Delta {
+                                content: Some(piece),
+                                ..Delta::default()
+                            },
+                            None,
+                        )],
+                        None,
+                    );
+                    rest = tail;
+                }
+            } else {
+                push(
+                    vec![delta(
+                        Delta {
+                            content: Some(text),
+                            ..Delta::default()
+                        },
+                        None,
+                    )],
+                    None,
+                );
+            }
+            ("stop", &**text)
+        }
+        Answer::ToolCall { name, arguments } => {
+            push(
+                vec![delta(
+                    Delta {
+                        tool_calls: vec![OutToolCall {
+                            index: Some(0),
+                            id: call_id(meta),
+                            kind: "function",
+                            function: OutFunction { name, arguments },
+                        }],
+                        ..Delta::default()
+                    },
+                    None,
+                )],
+                None,
+            );
+            ("tool_calls", &**arguments)
+        }
+    };
+    push(vec![delta(Delta::default(), Some(finish))], None);
+    if include_usage {
+        push(Vec::new(), Some(meta.usage(completion)));
+    }
+    out.extend_from_slice(b"data: [DONE]\n\n");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{Value, json};
+
+    fn settings() -> Settings {
+        Settings {
+            latency: Duration::ZERO,
+            split_words: true,
+            hasher: RandomState::new(),
+        }
+    }
+
+    fn answer_for(body: &Value) -> Answer {
+        let text = body.to_string();
+        let request: Request<'_> = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}"));
+        decide(&settings(), &request).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn user_with_tools_gets_a_call_of_the_first_tool() {
+        let body = json!({
+            "model": "m",
+            "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "hi"}],
+            "tools": [{"type": "function", "function": {"name": "add_task", "description": "", "parameters": {"type": "object", "properties": {"title": {"type": "string", "minLength": 1}}, "required": ["title"]}}}]
+        });
+        match answer_for(&body) {
+            Answer::ToolCall { name, arguments } => {
+                assert_eq!(&*name, "add_task");
+                assert_eq!(&*arguments, r#"{"title":"mock"}"#);
+            }
+            Answer::Text(t) => panic!("expected a tool call, got {t}"),
+        }
+    }
+
+    #[test]
+    fn tool_result_gets_final_text_and_schema_gets_json() {
+        let body = json!({"messages": [{"role": "user"}, {"role": "assistant", "content": null}, {"role": "tool", "content": "x", "tool_call_id": "c"}], "tools": [{"function": {"name": "t"}}]});
+        assert!(matches!(answer_for(&body), Answer::Text(t) if &*t == FINAL_TEXT));
+        let body = json!({"messages": [{"role": "system", "content": "s"}], "response_format": {"type": "json_schema", "json_schema": {"name": "X", "schema": {"type": "object", "properties": {"p": {"enum": ["a", "b"]}}, "required": ["p"]}}}});
+        assert!(matches!(answer_for(&body), Answer::Text(t) if &*t == r#"{"p":"a"}"#));
+    }
+
+    #[test]
+    fn stream_body_is_sse_with_usage_and_done() {
+        let meta = Meta {
+            id: 7,
+            created: 0,
+            model: "m",
+            prompt_tokens: 3,
+        };
+        let body = stream_body(&meta, &Answer::Text(Arc::from("a b c")), true, true);
+        let text = String::from_utf8_lossy(&body);
+        assert_eq!(text.matches("data: ").count(), 7, "{text}");
+        assert!(text.contains("\"usage\""));
+        assert!(text.ends_with("data: [DONE]\n\n"));
+    }
+}

@@ -1,0 +1,198 @@
+//! The real `tessera serve` against the real `tessera-loadgen mock-llm` over real HTTP: the
+//! OpenAI client, its streaming, tool calling and structured output, end to end.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use integration_tests::server::{ServerOptions, TestServer};
+use integration_tests::wsclient::WsClient;
+use integration_tests::{loadgen_bin, workspace_root};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+/// A running `tessera-loadgen mock-llm --port 0`, killed when dropped.
+struct MockLlm {
+    _child: Child,
+    base_url: String,
+}
+
+impl MockLlm {
+    async fn start() -> MockLlm {
+        let mut child = Command::new(loadgen_bin())
+            .args(["mock-llm", "--port", "0", "--latency-ms", "0", "--stream"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start the mock LLM: {e}"));
+        let stdout = child.stdout.take().unwrap_or_else(|| panic!("no stdout"));
+        let mut lines = BufReader::new(stdout).lines();
+        let base = tokio::time::timeout(Duration::from_secs(60), async {
+            while let Ok(Some(line)) = lines.next_line().await {
+                if let Some(url) = line.strip_prefix("mock-llm listening on ") {
+                    return Some(url.trim().to_owned());
+                }
+            }
+            None
+        })
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or_else(|| panic!("the mock LLM did not report its address"));
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        MockLlm {
+            _child: child,
+            base_url: format!("{base}/v1"),
+        }
+    }
+
+    /// Server options pointing `tessera serve` at this mock.
+    fn options(&self) -> ServerOptions {
+        ServerOptions {
+            env: vec![
+                ("OPENAI_BASE_URL".into(), self.base_url.clone()),
+                ("OPENAI_API_KEY".into(), "test".into()),
+            ],
+            ..Default::default()
+        }
+    }
+}
+
+fn answer(call: &Value, data: Value) -> Value {
+    json!({"type": "chat.tool_response", "data": {
+        "corr": call["data"]["corr"], "status": "success", "action": "submit", "data": data,
+    }})
+}
+
+#[tokio::test]
+async fn todo_assistant_calls_its_tool_then_answers_through_the_mock() {
+    let mock = MockLlm::start().await;
+    let server = TestServer::start(mock.options()).await;
+    let chat = server.create_chat("TodoAssistant", "alice").await;
+    let mut ws = WsClient::connect(&server.ws_url(&chat, 0), "alice").await;
+    let session = ws.until("chat.session").await;
+    assert_eq!(session["data"]["demo"], false, "the real client is in use");
+    ws.until("chat.resume_boundary").await;
+
+    ws.say("Buy milk").await;
+    let call = ws.until("chat.tool_call").await;
+    assert_eq!(
+        call["data"]["tool_name"], "add_task",
+        "the first tool is called"
+    );
+    assert_eq!(call["data"]["awaiting_response"], false);
+    assert_eq!(call["data"]["payload"]["interaction_type"], "agent_tool");
+    assert_eq!(
+        call["data"]["payload"]["tool_args"]["title"], "mock",
+        "arguments are generated from the tool's schema"
+    );
+    let result = ws.until("chat.tool_response").await;
+    assert_eq!(result["data"]["corr"], call["data"]["corr"]);
+    assert_eq!(result["data"]["success"], true, "{result}");
+    let text = ws
+        .until_match("chat.text", |e| e["data"]["agent"] == "TodoAgent")
+        .await;
+    assert_eq!(
+        text["data"]["content"],
+        "Done: the tool returned its result."
+    );
+    assert!(
+        !ws.of("chat.text_delta").is_empty(),
+        "the answer was streamed over SSE"
+    );
+    ws.until("chat.input_request").await;
+    let usage = ws.of("chat.usage");
+    assert_eq!(usage.len(), 2, "two model calls, each with its usage");
+    assert!(
+        usage
+            .iter()
+            .all(|u| u["data"]["total_tokens"].as_u64() > Some(0))
+    );
+
+    let (status, snapshot) = server.get(&format!("/api/v1/chats/{chat}"), "alice").await;
+    assert_eq!(status, 200);
+    assert_eq!(snapshot["status"], "awaiting_user");
+}
+
+/// A copy of the shipped workflows in which the Generator starts at its first structured
+/// agent: the stateless mock never says the interview's hidden `NEXT` token.
+fn generator_from_context_agent() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    copy_dir(&workspace_root().join("workflows"), dir.path());
+    let path = dir.path().join("Generator/workflow.json");
+    let mut workflow: Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap_or_default())
+            .unwrap_or_else(|e| panic!("Generator/workflow.json: {e}"));
+    workflow["initial_agent"] = json!("ContextAgent");
+    std::fs::write(&path, workflow.to_string()).unwrap_or_else(|e| panic!("{e}"));
+    dir
+}
+
+#[tokio::test]
+async fn generator_structured_agents_get_schema_valid_output_and_reach_their_ui_tools() {
+    let mock = MockLlm::start().await;
+    let workflows = generator_from_context_agent();
+    let server = TestServer::start(ServerOptions {
+        workflows_dir: Some(workflows.path().to_path_buf()),
+        ..mock.options()
+    })
+    .await;
+    let chat = server.create_chat("Generator", "bob").await;
+    let mut ws = WsClient::connect(&server.ws_url(&chat, 0), "bob").await;
+
+    let expected = [
+        ("ContextAgent", "action_plan", "ActionPlan"),
+        ("APIKeyAgent", "request_api_key", "AgentAPIKeyInput"),
+        (
+            "DownloadAgent",
+            "generate_and_download",
+            "FileDownloadCenter",
+        ),
+    ];
+    for (agent, tool, component) in expected {
+        let ready = ws
+            .until_match("chat.structured_output_ready", |e| {
+                e["data"]["agent_name"] == agent
+            })
+            .await;
+        let data = &ready["data"]["structured_data"];
+        assert!(
+            data["agent_message"].is_string(),
+            "{agent}: schema-valid output from the mock: {data}"
+        );
+        if agent == "ContextAgent" {
+            assert!(
+                data["ActionPlan"]["workflow"]["phases"].is_array(),
+                "{data}"
+            );
+        }
+        let ui = ws.until_ui_call().await;
+        assert_eq!(ui["data"]["tool_name"], tool);
+        assert_eq!(ui["data"]["component_type"], component);
+        ws.send(answer(&ui, json!({"status": "success"}))).await;
+        let done = ws
+            .until_match("chat.tool_response", |e| e["data"]["tool_name"] == tool)
+            .await;
+        assert_eq!(done["data"]["success"], true, "{done}");
+    }
+    let complete = ws.until("chat.run_complete").await;
+    assert_eq!(complete["data"]["reason"], "terminate");
+    assert!(
+        ws.of("chat.error").is_empty(),
+        "no errors: {:?}",
+        ws.of("chat.error")
+    );
+}
+
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    for entry in std::fs::read_dir(from).into_iter().flatten().flatten() {
+        let target = to.join(entry.file_name());
+        if entry.path().is_dir() {
+            std::fs::create_dir_all(&target).unwrap_or_else(|e| panic!("{e}"));
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).unwrap_or_else(|e| panic!("{e}"));
+        }
+    }
+}

@@ -10,29 +10,12 @@ use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use serde_json::Value;
-use tessera_store::{ChatState, ChatStore, PendingUiRecord, StoredEvent, StoredMessage, ToolClaim};
+use tessera_store::{ChatStore, ChatWriteBatch, ToolClaim};
 
 use crate::dedup::{ClaimOutcome, DedupRecordStore};
 
-/// Writes queued since the last flush.
-#[derive(Default)]
-pub struct PendingWrites {
-    pub messages: Vec<StoredMessage>,
-    pub events: Vec<StoredEvent>,
-    pub put_pending: Vec<PendingUiRecord>,
-    pub remove_pending: Vec<String>,
-    pub state: Option<ChatState>,
-}
-
-impl PendingWrites {
-    fn is_empty(&self) -> bool {
-        self.messages.is_empty()
-            && self.events.is_empty()
-            && self.put_pending.is_empty()
-            && self.remove_pending.is_empty()
-            && self.state.is_none()
-    }
-}
+/// Writes queued since the last flush (the store's batch type).
+pub type PendingWrites = ChatWriteBatch;
 
 /// A chat's write-behind queue.
 pub struct WriteBehind {
@@ -118,22 +101,7 @@ async fn write_batch(
     chat_id: &str,
     batch: PendingWrites,
 ) -> Result<(), tessera_store::StoreError> {
-    if !batch.messages.is_empty() {
-        store.append_messages(chat_id, batch.messages).await?;
-    }
-    if !batch.events.is_empty() {
-        store.append_events(chat_id, batch.events).await?;
-    }
-    for record in batch.put_pending {
-        store.put_pending_ui(chat_id, record).await?;
-    }
-    for corr in batch.remove_pending {
-        store.remove_pending_ui(chat_id, &corr).await?;
-    }
-    if let Some(state) = batch.state {
-        store.save_state(chat_id, state).await?;
-    }
-    Ok(())
+    store.apply_batch(chat_id, batch).await
 }
 
 /// The store's tool-invocation records as the `DedupCache`'s durable layer. Keys are

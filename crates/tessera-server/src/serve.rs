@@ -220,6 +220,13 @@ async fn serve(config: ServerConfig) -> anyhow::Result<()> {
             .configure(crate::rest::routes)
             .configure(crate::web_client::routes)
     })
+    // Replies are small writes (an ack, then an event): without TCP_NODELAY the second one
+    // waits ~40 ms for the client's delayed ACK.
+    .on_connect(|conn, _ext| {
+        if let Some(tcp) = conn.downcast_ref::<actix_web::rt::net::TcpStream>() {
+            let _ = tcp.set_nodelay(true);
+        }
+    })
     .workers(workers)
     .shutdown_timeout(10)
     .disable_signals()

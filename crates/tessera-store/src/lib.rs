@@ -16,6 +16,7 @@
 #![warn(missing_docs)]
 
 mod artifacts;
+mod batch;
 mod chats;
 mod convert;
 mod error;
@@ -37,3 +38,5 @@ pub use model::{
 };
 pub use sqlite::SqliteStore;
 pub use store::{ChatStore, StoreFuture};
+
+pub use batch::ChatWriteBatch;

@@ -32,10 +32,16 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 /// serve concurrent reads.
 const MAX_CONNECTIONS: u32 = 8;
 
-/// Durable store on one SQLite file. Cheap to clone (shares the connection pool).
+/// Durable store on one SQLite file. Cheap to clone (shares the connection pools).
+///
+/// Writes go through `writer`, a pool of exactly one connection: SQLite admits one writer at
+/// a time, and several connections racing for the write lock spend their time in the busy
+/// handler's sleeps. One writer connection turns that contention into an async queue.
+/// Reads use `pool` and, in WAL mode, never wait for the writer.
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
     pool: SqlitePool,
+    writer: SqlitePool,
 }
 
 impl SqliteStore {
@@ -58,9 +64,15 @@ impl SqliteStore {
             .busy_timeout(BUSY_TIMEOUT);
         let pool = SqlitePoolOptions::new()
             .max_connections(MAX_CONNECTIONS)
+            .connect_with(options.clone())
+            .await?;
+        migrate::run(&pool).await?;
+        let writer = SqlitePoolOptions::new()
+            .max_connections(1)
+            .min_connections(1)
             .connect_with(options)
             .await?;
-        Self::migrated(pool).await
+        Ok(Self { pool, writer })
     }
 
     /// A private in-memory database, for tests and throwaway runs. Nothing survives the
@@ -84,7 +96,10 @@ impl SqliteStore {
 
     async fn migrated(pool: SqlitePool) -> Result<Self, StoreError> {
         migrate::run(&pool).await?;
-        Ok(Self { pool })
+        Ok(Self {
+            writer: pool.clone(),
+            pool,
+        })
     }
 
     /// The schema version recorded in the database (for diagnostics and tests).
@@ -100,18 +115,27 @@ impl SqliteStore {
     /// Close every connection, waiting for in-flight queries; for orderly shutdown (a crash
     /// without it loses nothing committed).
     pub async fn close(&self) {
+        self.writer.close().await;
         self.pool.close().await;
     }
 }
 
 impl ChatStore for SqliteStore {
+    fn apply_batch(&self, chat_id: &str, batch: crate::ChatWriteBatch) -> StoreFuture<()> {
+        Box::pin(crate::batch::apply(
+            self.writer.clone(),
+            chat_id.to_owned(),
+            batch,
+        ))
+    }
+
     fn create_chat(&self, record: ChatRecord) -> StoreFuture<()> {
-        Box::pin(chats::create(self.pool.clone(), record))
+        Box::pin(chats::create(self.writer.clone(), record))
     }
 
     fn save_state(&self, chat_id: &str, state: ChatState) -> StoreFuture<()> {
         Box::pin(chats::save_state(
-            self.pool.clone(),
+            self.writer.clone(),
             chat_id.to_owned(),
             state,
         ))
@@ -143,7 +167,7 @@ impl ChatStore for SqliteStore {
 
     fn append_messages(&self, chat_id: &str, messages: Vec<StoredMessage>) -> StoreFuture<()> {
         Box::pin(messages::append(
-            self.pool.clone(),
+            self.writer.clone(),
             chat_id.to_owned(),
             messages,
         ))
@@ -164,7 +188,7 @@ impl ChatStore for SqliteStore {
 
     fn append_events(&self, chat_id: &str, events: Vec<StoredEvent>) -> StoreFuture<()> {
         Box::pin(events::append(
-            self.pool.clone(),
+            self.writer.clone(),
             chat_id.to_owned(),
             events,
         ))
@@ -189,12 +213,16 @@ impl ChatStore for SqliteStore {
     }
 
     fn put_pending_ui(&self, chat_id: &str, record: PendingUiRecord) -> StoreFuture<()> {
-        Box::pin(pending::put(self.pool.clone(), chat_id.to_owned(), record))
+        Box::pin(pending::put(
+            self.writer.clone(),
+            chat_id.to_owned(),
+            record,
+        ))
     }
 
     fn remove_pending_ui(&self, chat_id: &str, corr: &str) -> StoreFuture<bool> {
         Box::pin(pending::remove(
-            self.pool.clone(),
+            self.writer.clone(),
             chat_id.to_owned(),
             corr.to_owned(),
         ))
@@ -206,7 +234,7 @@ impl ChatStore for SqliteStore {
 
     fn claim_tool(&self, chat_id: &str, invocation_key: &str) -> StoreFuture<ToolClaim> {
         Box::pin(tools::claim(
-            self.pool.clone(),
+            self.writer.clone(),
             chat_id.to_owned(),
             invocation_key.to_owned(),
         ))
@@ -219,7 +247,7 @@ impl ChatStore for SqliteStore {
         result: &Value,
     ) -> StoreFuture<()> {
         Box::pin(tools::complete(
-            self.pool.clone(),
+            self.writer.clone(),
             chat_id.to_owned(),
             invocation_key.to_owned(),
             serde_json::to_string(result),
@@ -227,11 +255,15 @@ impl ChatStore for SqliteStore {
     }
 
     fn delete_chat(&self, chat_id: &str) -> StoreFuture<bool> {
-        Box::pin(chats::delete(self.pool.clone(), chat_id.to_owned()))
+        Box::pin(chats::delete(self.writer.clone(), chat_id.to_owned()))
     }
 
     fn put_secrets(&self, chat_id: &str, sealed: Vec<u8>) -> StoreFuture<()> {
-        Box::pin(secrets::put(self.pool.clone(), chat_id.to_owned(), sealed))
+        Box::pin(secrets::put(
+            self.writer.clone(),
+            chat_id.to_owned(),
+            sealed,
+        ))
     }
 
     fn load_secrets(&self, chat_id: &str) -> StoreFuture<Option<Vec<u8>>> {
@@ -239,7 +271,7 @@ impl ChatStore for SqliteStore {
     }
 
     fn delete_secrets(&self, chat_id: &str) -> StoreFuture<bool> {
-        Box::pin(secrets::delete(self.pool.clone(), chat_id.to_owned()))
+        Box::pin(secrets::delete(self.writer.clone(), chat_id.to_owned()))
     }
 }
 
@@ -251,7 +283,9 @@ impl TaskStore for SqliteStore {
         title: &'a str,
         description: Option<&'a str>,
     ) -> BoxFuture<'a, Result<Task, tessera_tools::StoreError>> {
-        Box::pin(async move { Ok(tasks::add(&self.pool, tenant, user, title, description).await?) })
+        Box::pin(
+            async move { Ok(tasks::add(&self.writer, tenant, user, title, description).await?) },
+        )
     }
 
     fn list<'a>(
@@ -269,7 +303,7 @@ impl TaskStore for SqliteStore {
         user: &'a str,
         task_id: &'a str,
     ) -> BoxFuture<'a, Result<Option<Task>, tessera_tools::StoreError>> {
-        Box::pin(async move { Ok(tasks::complete(&self.pool, tenant, user, task_id).await?) })
+        Box::pin(async move { Ok(tasks::complete(&self.writer, tenant, user, task_id).await?) })
     }
 
     fn delete<'a>(
@@ -278,7 +312,7 @@ impl TaskStore for SqliteStore {
         user: &'a str,
         task_id: &'a str,
     ) -> BoxFuture<'a, Result<Option<Task>, tessera_tools::StoreError>> {
-        Box::pin(async move { Ok(tasks::delete(&self.pool, tenant, user, task_id).await?) })
+        Box::pin(async move { Ok(tasks::delete(&self.writer, tenant, user, task_id).await?) })
     }
 }
 
@@ -292,7 +326,7 @@ impl ArtifactStore for SqliteStore {
         bytes: Bytes,
     ) -> BoxFuture<'a, Result<ArtifactRef, tessera_tools::StoreError>> {
         Box::pin(async move {
-            Ok(artifacts::put(&self.pool, tenant, user, chat_id, file_name, bytes).await?)
+            Ok(artifacts::put(&self.writer, tenant, user, chat_id, file_name, bytes).await?)
         })
     }
 

@@ -92,6 +92,37 @@ pub trait ChatStore: Send + Sync + 'static {
     /// Delete the chat and everything hanging off it; `true` when it existed.
     fn delete_chat(&self, chat_id: &str) -> StoreFuture<bool>;
 
+    /// Applies one chat's queued writes (messages, events, pending UI calls, state) in that
+    /// order. Stores should make it one transaction; this default applies them one by one.
+    fn apply_batch(&self, chat_id: &str, batch: crate::ChatWriteBatch) -> StoreFuture<()> {
+        let steps: Vec<StoreFuture<()>> = {
+            let mut steps: Vec<StoreFuture<()>> = Vec::new();
+            if !batch.messages.is_empty() {
+                steps.push(self.append_messages(chat_id, batch.messages));
+            }
+            if !batch.events.is_empty() {
+                steps.push(self.append_events(chat_id, batch.events));
+            }
+            for record in batch.put_pending {
+                steps.push(self.put_pending_ui(chat_id, record));
+            }
+            for corr in &batch.remove_pending {
+                let remove = self.remove_pending_ui(chat_id, corr);
+                steps.push(Box::pin(async move { remove.await.map(|_| ()) }));
+            }
+            if let Some(state) = batch.state {
+                steps.push(self.save_state(chat_id, state));
+            }
+            steps
+        };
+        Box::pin(async move {
+            for step in steps {
+                step.await?;
+            }
+            Ok(())
+        })
+    }
+
     /// Keep the chat's sealed (already encrypted) secret vault, replacing any previous one.
     /// The default keeps nothing: secrets then do not survive a restart.
     fn put_secrets(&self, chat_id: &str, sealed: Vec<u8>) -> StoreFuture<()> {

@@ -109,6 +109,57 @@ async fn sigkill_during_a_ui_wait_then_restart_resumes_the_chat_exactly_once() {
 }
 
 #[tokio::test]
+async fn a_completed_chat_stays_readable_after_a_restart() {
+    let data = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let options = ServerOptions {
+        data_dir: Some(data.path().to_path_buf()),
+        ..Default::default()
+    };
+    let server = TestServer::start(options.clone()).await;
+    let chat = server.create_chat("Generator", "alice").await;
+    let mut ws = WsClient::connect(&server.ws_url(&chat, 0), "alice").await;
+    ws.until("chat.input_request").await;
+    ws.say("Automate my garden watering").await;
+    for _ in 0..3 {
+        let call = ws.until_ui_call().await;
+        ws.send(answer(call["data"]["corr"].as_str().unwrap_or_default()))
+            .await;
+    }
+    let complete = ws.until("chat.run_complete").await;
+    assert_eq!(complete["data"]["reason"], "terminate");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, snap) = server.get(&format!("/api/v1/chats/{chat}"), "alice").await;
+        if snap["status"] == "completed" && snap["persisted_seq"] == snap["last_seq"] {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the store never caught up: {snap}"
+        );
+        tokio::task::yield_now().await;
+    }
+    let _ = server.kill().await;
+
+    // Completed chats are not rehydrated at start; they are rebuilt when their owner asks.
+    let server = TestServer::start(options).await;
+    let (status, _) = server
+        .get(&format!("/api/v1/chats/{chat}/messages"), "mallory")
+        .await;
+    assert_eq!(status, 404, "ownership holds for restored chats too");
+    let (status, messages) = server
+        .get(&format!("/api/v1/chats/{chat}/messages?limit=500"), "alice")
+        .await;
+    assert_eq!(status, 200, "{messages}");
+    assert!(
+        messages.to_string().contains("Automate my garden watering"),
+        "{messages}"
+    );
+    let (_, snap) = server.get(&format!("/api/v1/chats/{chat}"), "alice").await;
+    assert_eq!(snap["status"], "completed");
+}
+
+#[tokio::test]
 async fn sigterm_shuts_down_cleanly() {
     let server = TestServer::start(ServerOptions::default()).await;
     let chat = server.create_chat("TodoAssistant", "alice").await;

@@ -208,6 +208,85 @@ impl Engine {
         })
     }
 
+    /// Rebuilds one completed chat from the store for `tenant`/`user` (its history stays
+    /// readable after a restart without keeping every finished chat in memory). `None` when
+    /// there is no such chat, it is not theirs, or it is still open (open chats are rebuilt by
+    /// [`Engine::rehydrate`] at start).
+    pub async fn restore_completed_chat(
+        &self,
+        chat_id: &str,
+        tenant: &str,
+        user: &str,
+    ) -> Result<Option<ChatHandle>, EngineError> {
+        let Some(store) = self.inner.shards.first().and_then(|s| s.store.clone()) else {
+            return Ok(None);
+        };
+        let store_err = |e: tessera_store::StoreError| EngineError::Store(e.to_string());
+        let Some(chat) = store.load_chat(chat_id).await.map_err(store_err)? else {
+            return Ok(None);
+        };
+        if chat.record.tenant != tenant
+            || chat.record.user_id != user
+            || chat.state.status != tessera_store::STATUS_COMPLETED
+        {
+            return Ok(None);
+        }
+        let Ok(wf) = self.workflow(&chat.record.workflow) else {
+            return Ok(None);
+        };
+        self.restore_stored(&*store, chat, wf).await.map(Some)
+    }
+
+    /// Loads a stored chat's transcript, log and pending calls and starts its session.
+    async fn restore_stored(
+        &self,
+        store: &dyn ChatStore,
+        chat: tessera_store::StoredChat,
+        wf: Arc<CompiledWorkflow>,
+    ) -> Result<ChatHandle, EngineError> {
+        let store_err = |e: tessera_store::StoreError| EngineError::Store(e.to_string());
+        let chat_id = chat.record.chat_id.clone();
+        let messages = store.all_messages(&chat_id).await.map_err(store_err)?;
+        let events = store
+            .events_after(&chat_id, 0, u32::MAX)
+            .await
+            .map_err(store_err)?;
+        let pending = store
+            .pending_ui(&chat_id)
+            .await
+            .map_err(store_err)?
+            .into_iter()
+            .filter_map(|p| {
+                serde_json::from_value(p.call)
+                    .ok()
+                    .map(|call| (p.turn_key, call))
+            })
+            .collect();
+        let identity = ChatIdentity {
+            chat_id: Arc::from(chat_id.as_str()),
+            tenant: Arc::from(chat.record.tenant.as_str()),
+            user: Arc::from(chat.record.user_id.as_str()),
+        };
+        let restored = RestoredChat {
+            state: chat.state,
+            messages,
+            events,
+            pending,
+        };
+        let shard = self.next_shard();
+        let config = self.inner.config.clone();
+        let id = identity.clone();
+        let arbiter = shard.arbiter.clone();
+        let addr = ChatSession::start_in_arbiter(&arbiter, move |_| {
+            ChatSession::restore(id, wf, shard, config, restored)
+        });
+        Ok(ChatHandle {
+            identity,
+            workflow: chat.record.workflow,
+            addr,
+        })
+    }
+
     /// Rebuilds every chat the store holds that has not completed (after a restart or crash)
     /// and resumes its pending work: a pending UI call becomes answerable again, an
     /// interrupted turn re-runs under its own turn key. Chats of unknown workflows are skipped.
@@ -222,46 +301,7 @@ impl Engine {
                 tracing::warn!(chat_id = %chat.record.chat_id, workflow = %chat.record.workflow, "stored chat of an unknown workflow left alone");
                 continue;
             };
-            let chat_id = chat.record.chat_id.clone();
-            let messages = store.all_messages(&chat_id).await.map_err(store_err)?;
-            let events = store
-                .events_after(&chat_id, 0, u32::MAX)
-                .await
-                .map_err(store_err)?;
-            let pending = store
-                .pending_ui(&chat_id)
-                .await
-                .map_err(store_err)?
-                .into_iter()
-                .filter_map(|p| {
-                    serde_json::from_value(p.call)
-                        .ok()
-                        .map(|call| (p.turn_key, call))
-                })
-                .collect();
-            let identity = ChatIdentity {
-                chat_id: Arc::from(chat_id.as_str()),
-                tenant: Arc::from(chat.record.tenant.as_str()),
-                user: Arc::from(chat.record.user_id.as_str()),
-            };
-            let restored = RestoredChat {
-                state: chat.state,
-                messages,
-                events,
-                pending,
-            };
-            let shard = self.next_shard();
-            let config = self.inner.config.clone();
-            let id = identity.clone();
-            let arbiter = shard.arbiter.clone();
-            let addr = ChatSession::start_in_arbiter(&arbiter, move |_| {
-                ChatSession::restore(id, wf, shard, config, restored)
-            });
-            handles.push(ChatHandle {
-                identity,
-                workflow: chat.record.workflow,
-                addr,
-            });
+            handles.push(self.restore_stored(&*store, chat, wf).await?);
         }
         Ok(handles)
     }

@@ -119,7 +119,7 @@ pub async fn owned_chat(
     caller: &Caller,
     chat_id: &str,
 ) -> Result<ChatHandle, ApiError> {
-    state
+    let found = state
         .registry
         .send(FindChat {
             chat_id: chat_id.to_owned(),
@@ -127,8 +127,18 @@ pub async fn owned_chat(
             user: caller.user.clone(),
         })
         .await
-        .map_err(|_| unavailable())?
-        .ok_or_else(ApiError::not_found)
+        .map_err(|_| unavailable())?;
+    if let Some(chat) = found {
+        return Ok(chat);
+    }
+    // A chat that completed before a restart is not kept in memory: rebuild it on demand.
+    let restored = state
+        .engine
+        .restore_completed_chat(chat_id, &caller.tenant, &caller.user)
+        .await?
+        .ok_or_else(ApiError::not_found)?;
+    state.registry.do_send(RegisterChat(restored.clone()));
+    Ok(restored)
 }
 
 /// Registers all routes.

@@ -5,7 +5,7 @@ use sqlx::sqlite::SqliteRow;
 use sqlx::{Row, SqlitePool};
 
 use crate::convert::{json_from_sql, sql_to_u32};
-use crate::{ChatRecord, ChatState, STATUS_COMPLETED, StoreError, StoredChat};
+use crate::{ChatRecord, ChatState, ChatWriteBatch, STATUS_COMPLETED, StoreError, StoredChat};
 
 /// Insert a new chat in its initial state.
 pub(crate) async fn create(pool: SqlitePool, record: ChatRecord) -> Result<(), StoreError> {
@@ -39,24 +39,11 @@ pub(crate) async fn save_state(
     chat_id: String,
     state: ChatState,
 ) -> Result<(), StoreError> {
-    let context = serde_json::to_string(&state.context)?;
-    let done = sqlx::query(
-        "UPDATE chats SET status = ?, current_agent = ?, turn = ?, consecutive = ?, \
-         context = ?, updated_at_ms = ? WHERE chat_id = ?",
-    )
-    .bind(&state.status)
-    .bind(&state.current_agent)
-    .bind(i64::from(state.turn))
-    .bind(i64::from(state.consecutive))
-    .bind(context)
-    .bind(state.updated_at_ms)
-    .bind(&chat_id)
-    .execute(&pool)
-    .await?;
-    if done.rows_affected() == 0 {
-        return Err(StoreError::ChatNotFound(chat_id));
-    }
-    Ok(())
+    let batch = ChatWriteBatch {
+        state: Some(state),
+        ..ChatWriteBatch::default()
+    };
+    crate::batch::apply(pool, chat_id, batch).await
 }
 
 /// One chat, or `None`.

@@ -3,8 +3,8 @@
 use sqlx::sqlite::SqliteRow;
 use sqlx::{Row, SqlitePool};
 
-use crate::convert::{sql_to_u64, u64_to_sql};
-use crate::{StoreError, StoredEvent};
+use crate::convert::sql_to_u64;
+use crate::{ChatWriteBatch, StoreError, StoredEvent};
 
 /// Insert a batch in one transaction. A seq that exists is a conflict, never an overwrite;
 /// the transaction is rolled back so the log stays exactly as it was.
@@ -13,26 +13,11 @@ pub(crate) async fn append(
     chat_id: String,
     events: Vec<StoredEvent>,
 ) -> Result<(), StoreError> {
-    if events.is_empty() {
-        return Ok(());
-    }
-    let mut rows = Vec::with_capacity(events.len());
-    for e in events {
-        rows.push((u64_to_sql(e.seq, "event seq")?, e));
-    }
-    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
-    for (seq, e) in rows {
-        sqlx::query("INSERT INTO events (chat_id, seq, event_type, json) VALUES (?, ?, ?, ?)")
-            .bind(&chat_id)
-            .bind(seq)
-            .bind(&e.event_type)
-            .bind(&e.json)
-            .execute(&mut *tx)
-            .await
-            .map_err(|err| StoreError::from_write(err, &chat_id, &format!("event seq {seq}")))?;
-    }
-    tx.commit().await?;
-    Ok(())
+    let batch = ChatWriteBatch {
+        events,
+        ..ChatWriteBatch::default()
+    };
+    crate::batch::apply(pool, chat_id, batch).await
 }
 
 /// Up to `limit` events with seq > `after_seq`, ordered by seq.

@@ -3,8 +3,8 @@
 use sqlx::sqlite::SqliteRow;
 use sqlx::{Row, SqlitePool};
 
-use crate::convert::{json_from_sql, sql_to_u64, u64_to_sql};
-use crate::{StoreError, StoredMessage};
+use crate::convert::{json_from_sql, sql_to_u64};
+use crate::{ChatWriteBatch, StoreError, StoredMessage};
 
 /// Insert a batch in one transaction; any duplicate idx rolls the whole batch back.
 pub(crate) async fn append(
@@ -12,36 +12,11 @@ pub(crate) async fn append(
     chat_id: String,
     messages: Vec<StoredMessage>,
 ) -> Result<(), StoreError> {
-    if messages.is_empty() {
-        return Ok(());
-    }
-    // Encode everything before taking the write lock.
-    let mut rows = Vec::with_capacity(messages.len());
-    for m in messages {
-        let idx = u64_to_sql(m.idx, "message idx")?;
-        let raw = serde_json::to_string(&m.raw)?;
-        rows.push((idx, m, raw));
-    }
-    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
-    for (idx, m, raw) in rows {
-        sqlx::query(
-            "INSERT INTO messages (chat_id, idx, message_id, role, agent, content, ui_hidden, raw) \
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-        )
-        .bind(&chat_id)
-        .bind(idx)
-        .bind(&m.message_id)
-        .bind(&m.role)
-        .bind(&m.agent)
-        .bind(&m.content)
-        .bind(m.ui_hidden)
-        .bind(raw)
-        .execute(&mut *tx)
-        .await
-        .map_err(|e| StoreError::from_write(e, &chat_id, &format!("message idx {idx}")))?;
-    }
-    tx.commit().await?;
-    Ok(())
+    let batch = ChatWriteBatch {
+        messages,
+        ..ChatWriteBatch::default()
+    };
+    crate::batch::apply(pool, chat_id, batch).await
 }
 
 /// Up to `limit` messages from position `offset`, ordered by idx.

@@ -4,7 +4,7 @@ use sqlx::sqlite::SqliteRow;
 use sqlx::{Row, SqlitePool};
 
 use crate::convert::json_from_sql;
-use crate::{PendingUiRecord, StoreError};
+use crate::{ChatWriteBatch, PendingUiRecord, StoreError};
 
 /// Insert or replace (same corr) a pending call.
 pub(crate) async fn put(
@@ -12,24 +12,11 @@ pub(crate) async fn put(
     chat_id: String,
     record: PendingUiRecord,
 ) -> Result<(), StoreError> {
-    let call = serde_json::to_string(&record.call)?;
-    sqlx::query(
-        "INSERT INTO pending_ui (chat_id, corr, turn_key, call, created_at_ms, timeout_at_ms) \
-         VALUES (?, ?, ?, ?, ?, ?) \
-         ON CONFLICT (chat_id, corr) DO UPDATE SET turn_key = excluded.turn_key, \
-         call = excluded.call, created_at_ms = excluded.created_at_ms, \
-         timeout_at_ms = excluded.timeout_at_ms",
-    )
-    .bind(&chat_id)
-    .bind(&record.corr)
-    .bind(&record.turn_key)
-    .bind(call)
-    .bind(record.created_at_ms)
-    .bind(record.timeout_at_ms)
-    .execute(&pool)
-    .await
-    .map_err(|e| StoreError::from_write(e, &chat_id, "pending ui call"))?;
-    Ok(())
+    let batch = ChatWriteBatch {
+        put_pending: vec![record],
+        ..ChatWriteBatch::default()
+    };
+    crate::batch::apply(pool, chat_id, batch).await
 }
 
 /// Remove one; `true` when it existed.

@@ -798,11 +798,29 @@ impl Handler<FlushWrites> for ChatSession {
         let Some(flush) = self.persist.as_mut().and_then(WriteBehind::start_flush) else {
             return;
         };
-        ctx.spawn(flush.into_actor(self).map(|ok, act, _ctx| {
-            if act.persist.as_mut().is_some_and(|p| p.flush_done(ok)) {
-                act.request_flush();
-            }
-        }));
+        // A task of its own, not a future of this context: `ctx.wait` (e.g. for the vault
+        // write) pauses the context's futures, and a paused flush holding the store's writer
+        // connection would deadlock it.
+        let addr = ctx.address();
+        actix::spawn(async move {
+            let ok = flush.await;
+            addr.do_send(FlushDone(ok));
+        });
+    }
+}
+
+/// A flush finished (`true` when it reached the store).
+#[derive(Message)]
+#[rtype(result = "()")]
+struct FlushDone(bool);
+
+impl Handler<FlushDone> for ChatSession {
+    type Result = ();
+
+    fn handle(&mut self, FlushDone(ok): FlushDone, _ctx: &mut Self::Context) {
+        if self.persist.as_mut().is_some_and(|p| p.flush_done(ok)) {
+            self.request_flush();
+        }
     }
 }
 

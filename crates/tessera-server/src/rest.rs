@@ -350,36 +350,33 @@ async fn cancel_chat(
     Ok(HttpResponse::Accepted().json(json!({"status": "cancelling"})))
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Input {
-    content: String,
-    #[serde(default)]
-    client_msg_id: Option<String>,
-}
-
 async fn post_input(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<String>,
-    body: web::Json<Input>,
+    body: web::Json<Value>,
 ) -> Result<HttpResponse, ApiError> {
     let caller = caller(&state, &req)?;
     let chat = owned_chat(&state, &caller, &path).await?;
-    let body = body.into_inner();
-    if body.content.trim().is_empty()
-        || body.content.chars().count() > tessera_protocol::MAX_CONTENT_CHARS
-    {
+    // The same validation as the WebSocket frame: one parser for both transports.
+    let frame = json!({"type": "chat.user_message", "data": body.into_inner()}).to_string();
+    let message = tessera_protocol::parse_client_frame(&frame)
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.code().as_str(), e.to_string()))?;
+    let tessera_protocol::ClientMessage::UserMessage {
+        content,
+        client_msg_id,
+    } = message
+    else {
         return Err(ApiError::new(
             StatusCode::BAD_REQUEST,
             ErrorCode::InvalidField.as_str(),
-            "content must be 1 to 32768 characters",
+            "body must be {content, client_msg_id?}",
         ));
-    }
+    };
     chat.addr
         .send(UserInput {
-            content: body.content,
-            client_msg_id: body.client_msg_id,
+            content,
+            client_msg_id,
         })
         .await
         .map_err(|_| unavailable())??;

@@ -355,15 +355,10 @@ impl ChatSession {
 
     /// Queues an event, the chat's state, and pending-UI bookkeeping for the store.
     fn persist_event(&mut self, seq: u64, event: &ServerEvent, text: &str) {
-        let state = ChatState {
-            status: self.status.as_str().to_owned(),
-            current_agent: self.current_agent.to_string(),
-            turn: self.turn,
-            consecutive: self.consecutive,
-            context: self.context.clone(),
-            updated_at_ms: now_ms(),
+        let turn_key = match event {
+            ServerEvent::ToolCall(_) => turn_key(&self.id.chat_id, &self.current_agent, self.turn),
+            _ => String::new(),
         };
-        let turn_key = turn_key(&self.id.chat_id, &self.current_agent, self.turn);
         let Some(persist) = &mut self.persist else {
             return;
         };
@@ -373,7 +368,6 @@ impl ChatSession {
             event_type: event.type_name().to_owned(),
             json: text.to_owned(),
         });
-        queue.state = Some(state);
         match event {
             ServerEvent::ToolCall(data) if data["awaiting_response"] == true => {
                 if let Ok(call) = pending_call_from_event(data) {
@@ -396,6 +390,18 @@ impl ChatSession {
             _ => {}
         }
         self.request_flush();
+    }
+
+    /// The chat's current state as the store keeps it.
+    fn state_for_store(&self) -> ChatState {
+        ChatState {
+            status: self.status.as_str().to_owned(),
+            current_agent: self.current_agent.to_string(),
+            turn: self.turn,
+            consecutive: self.consecutive,
+            context: self.context.clone(),
+            updated_at_ms: now_ms(),
+        }
     }
 
     fn request_flush(&mut self) {
@@ -795,6 +801,11 @@ impl Handler<FlushWrites> for ChatSession {
 
     fn handle(&mut self, _: FlushWrites, ctx: &mut Self::Context) {
         self.flush_requested = false;
+        // The state goes with each flush, built once here rather than on every event.
+        let state = self.state_for_store();
+        if let Some(persist) = self.persist.as_mut().filter(|p| p.has_queued()) {
+            persist.queue().state = Some(state);
+        }
         let Some(flush) = self.persist.as_mut().and_then(WriteBehind::start_flush) else {
             return;
         };
@@ -1017,7 +1028,7 @@ impl Handler<ToolAnswer> for ChatSession {
 impl Handler<CancelRun> for ChatSession {
     type Result = ();
 
-    fn handle(&mut self, _: CancelRun, ctx: &mut Self::Context) {
+    fn handle(&mut self, _: CancelRun, _ctx: &mut Self::Context) {
         match self.status {
             ChatStatus::Running => {
                 if let Some(runner) = &self.runner {
@@ -1038,7 +1049,6 @@ impl Handler<CancelRun> for ChatSession {
             }
             ChatStatus::AwaitingUser | ChatStatus::Completed(_) => {}
         }
-        let _ = ctx;
     }
 }
 

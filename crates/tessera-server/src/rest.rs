@@ -350,6 +350,14 @@ async fn cancel_chat(
     Ok(HttpResponse::Accepted().json(json!({"status": "cancelling"})))
 }
 
+/// Parses a REST body as the data of a client frame of type `kind`: one parser and one set of
+/// error codes for both transports.
+fn parse_body(kind: &str, body: Value) -> Result<tessera_protocol::ClientMessage, ApiError> {
+    let frame = json!({"type": kind, "data": body}).to_string();
+    tessera_protocol::parse_client_frame(&frame)
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.code().as_str(), e.to_string()))
+}
+
 async fn post_input(
     state: web::Data<AppState>,
     req: HttpRequest,
@@ -358,10 +366,7 @@ async fn post_input(
 ) -> Result<HttpResponse, ApiError> {
     let caller = caller(&state, &req)?;
     let chat = owned_chat(&state, &caller, &path).await?;
-    // The same validation as the WebSocket frame: one parser for both transports.
-    let frame = json!({"type": "chat.user_message", "data": body.into_inner()}).to_string();
-    let message = tessera_protocol::parse_client_frame(&frame)
-        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.code().as_str(), e.to_string()))?;
+    let message = parse_body("chat.user_message", body.into_inner())?;
     let tessera_protocol::ClientMessage::UserMessage {
         content,
         client_msg_id,
@@ -391,9 +396,8 @@ async fn post_tool_response(
 ) -> Result<HttpResponse, ApiError> {
     let caller = caller(&state, &req)?;
     let chat = owned_chat(&state, &caller, &path).await?;
-    let frame = json!({"type": "chat.tool_response", "data": body.into_inner()}).to_string();
-    let Ok(tessera_protocol::ClientMessage::ToolResponse(frame)) =
-        tessera_protocol::parse_client_frame(&frame)
+    let tessera_protocol::ClientMessage::ToolResponse(frame) =
+        parse_body("chat.tool_response", body.into_inner())?
     else {
         return Err(ApiError::new(
             StatusCode::BAD_REQUEST,

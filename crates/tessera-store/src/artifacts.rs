@@ -7,6 +7,7 @@
 //! Isolation: reads filter on (tenant, user_id, chat_id) as well as the id.
 
 use bytes::Bytes;
+use rusqlite::{Connection, params};
 use sha2::{Digest, Sha256};
 use sqlx::{Row, SqlitePool};
 use tessera_tools::{ArtifactRef, StoredArtifact};
@@ -15,35 +16,35 @@ use crate::StoreError;
 use crate::convert::{now_ms, sql_to_u64};
 
 /// Store a file under a new id.
-pub(crate) async fn put(
-    pool: &SqlitePool,
+pub(crate) fn put(
+    conn: &Connection,
     tenant: &str,
     user: &str,
     chat_id: &str,
     file_name: &str,
-    bytes: Bytes,
+    bytes: &Bytes,
 ) -> Result<ArtifactRef, StoreError> {
     let id = format!("art_{}", &uuid::Uuid::new_v4().simple().to_string()[..16]);
     let size = u64::try_from(bytes.len())
         .map_err(|_| StoreError::InvalidInput("artifact too large".to_owned()))?;
     let size_sql = i64::try_from(size)
         .map_err(|_| StoreError::InvalidInput("artifact too large".to_owned()))?;
-    let sha256 = hex(&Sha256::digest(&bytes));
-    sqlx::query(
+    let sha256 = hex(&Sha256::digest(bytes));
+    conn.prepare_cached(
         "INSERT INTO artifacts (id, tenant, user_id, chat_id, file_name, size, sha256, bytes, \
          created_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-    )
-    .bind(&id)
-    .bind(tenant)
-    .bind(user)
-    .bind(chat_id)
-    .bind(file_name)
-    .bind(size_sql)
-    .bind(&sha256)
-    .bind(bytes.as_ref())
-    .bind(now_ms())
-    .execute(pool)
-    .await?;
+    )?
+    .execute(params![
+        id,
+        tenant,
+        user,
+        chat_id,
+        file_name,
+        size_sql,
+        sha256,
+        bytes.as_ref(),
+        now_ms()
+    ])?;
     Ok(ArtifactRef {
         id,
         file_name: file_name.to_owned(),

@@ -1,14 +1,11 @@
-//! One chat's queued writes applied as one transaction with multi-row inserts: the engine
-//! flushes a chat's events, transcript, pending UI calls and state together, and every
-//! statement is a round trip to SQLite's worker thread, so fewer statements is what matters.
+//! One chat's queued writes applied together: the engine flushes a chat's events,
+//! transcript, pending UI calls and state as one unit, and the writer thread commits many
+//! chats' units in one transaction (see `writer`).
 
-use sqlx::{QueryBuilder, Sqlite, SqlitePool};
+use rusqlite::{Connection, params};
 
 use crate::convert::u64_to_sql;
 use crate::{ChatState, PendingUiRecord, StoreError, StoredEvent, StoredMessage};
-
-/// Rows per INSERT statement (keeps bound parameters far below SQLite's limit).
-const ROWS_PER_STATEMENT: usize = 100;
 
 /// Writes of one chat that belong together.
 #[derive(Debug, Default, Clone)]
@@ -36,109 +33,93 @@ impl ChatWriteBatch {
     }
 }
 
-/// Applies `batch` in one transaction; any failure rolls all of it back.
-pub(crate) async fn apply(
-    pool: SqlitePool,
-    chat_id: String,
+/// Applies `batch` on the writer connection (inside the writer's savepoint, so any failure
+/// rolls all of it back).
+pub(crate) fn apply(
+    conn: &Connection,
+    chat_id: &str,
     batch: ChatWriteBatch,
 ) -> Result<(), StoreError> {
-    // Encode everything before taking the write lock.
-    let mut messages = Vec::with_capacity(batch.messages.len());
-    for m in batch.messages {
-        let raw = serde_json::to_string(&m.raw)?;
-        messages.push((u64_to_sql(m.idx, "message idx")?, m, raw));
+    if !batch.messages.is_empty() {
+        let mut insert = conn.prepare_cached(
+            "INSERT INTO messages (chat_id, idx, message_id, role, agent, content, ui_hidden, raw) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        )?;
+        for m in &batch.messages {
+            let raw = serde_json::to_string(&m.raw)?;
+            insert
+                .execute(params![
+                    chat_id,
+                    u64_to_sql(m.idx, "message idx")?,
+                    m.message_id,
+                    m.role,
+                    m.agent,
+                    m.content,
+                    m.ui_hidden,
+                    raw
+                ])
+                .map_err(|e| StoreError::from_write(e, chat_id, "messages"))?;
+        }
     }
-    let mut events = Vec::with_capacity(batch.events.len());
-    for e in batch.events {
-        events.push((u64_to_sql(e.seq, "event seq")?, e));
+    if !batch.events.is_empty() {
+        let mut insert = conn.prepare_cached(
+            "INSERT INTO events (chat_id, seq, event_type, json) VALUES (?, ?, ?, ?)",
+        )?;
+        for e in &batch.events {
+            insert
+                .execute(params![
+                    chat_id,
+                    u64_to_sql(e.seq, "event seq")?,
+                    e.event_type,
+                    e.json
+                ])
+                .map_err(|err| StoreError::from_write(err, chat_id, "events"))?;
+        }
     }
-    let mut pending = Vec::with_capacity(batch.put_pending.len());
-    for p in batch.put_pending {
-        let call = serde_json::to_string(&p.call)?;
-        pending.push((p, call));
-    }
-    let state = match batch.state {
-        Some(state) => Some((serde_json::to_string(&state.context)?, state)),
-        None => None,
-    };
-
-    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
-    for chunk in messages.chunks(ROWS_PER_STATEMENT) {
-        let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(
-            "INSERT INTO messages (chat_id, idx, message_id, role, agent, content, ui_hidden, raw) ",
-        );
-        q.push_values(chunk, |mut row, (idx, m, raw)| {
-            row.push_bind(&chat_id)
-                .push_bind(*idx)
-                .push_bind(&m.message_id)
-                .push_bind(&m.role)
-                .push_bind(&m.agent)
-                .push_bind(&m.content)
-                .push_bind(m.ui_hidden)
-                .push_bind(raw);
-        });
-        q.build()
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| StoreError::from_write(e, &chat_id, "messages"))?;
-    }
-    for chunk in events.chunks(ROWS_PER_STATEMENT) {
-        let mut q: QueryBuilder<Sqlite> =
-            QueryBuilder::new("INSERT INTO events (chat_id, seq, event_type, json) ");
-        q.push_values(chunk, |mut row, (seq, e)| {
-            row.push_bind(&chat_id)
-                .push_bind(*seq)
-                .push_bind(&e.event_type)
-                .push_bind(&e.json);
-        });
-        q.build()
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| StoreError::from_write(e, &chat_id, "events"))?;
-    }
-    for (record, call) in &pending {
-        sqlx::query(
+    if !batch.put_pending.is_empty() {
+        let mut upsert = conn.prepare_cached(
             "INSERT INTO pending_ui (chat_id, corr, turn_key, call, created_at_ms, timeout_at_ms) \
              VALUES (?, ?, ?, ?, ?, ?) \
              ON CONFLICT (chat_id, corr) DO UPDATE SET turn_key = excluded.turn_key, \
              call = excluded.call, created_at_ms = excluded.created_at_ms, \
              timeout_at_ms = excluded.timeout_at_ms",
-        )
-        .bind(&chat_id)
-        .bind(&record.corr)
-        .bind(&record.turn_key)
-        .bind(call)
-        .bind(record.created_at_ms)
-        .bind(record.timeout_at_ms)
-        .execute(&mut *tx)
-        .await
-        .map_err(|e| StoreError::from_write(e, &chat_id, "pending ui call"))?;
-    }
-    for corr in &batch.remove_pending {
-        sqlx::query("DELETE FROM pending_ui WHERE chat_id = ? AND corr = ?")
-            .bind(&chat_id)
-            .bind(corr)
-            .execute(&mut *tx)
-            .await?;
-    }
-    if let Some((context, state)) = state {
-        let done = sqlx::query(
-            "UPDATE chats SET status = ?, current_agent = ?, turn = ?, consecutive = ?, \
-             context = ?, updated_at_ms = ? WHERE chat_id = ?",
-        )
-        .bind(&state.status)
-        .bind(&state.current_agent)
-        .bind(i64::from(state.turn))
-        .bind(i64::from(state.consecutive))
-        .bind(context)
-        .bind(state.updated_at_ms)
-        .bind(&chat_id)
-        .execute(&mut *tx)
-        .await?;
-        if done.rows_affected() == 0 {
-            return Err(StoreError::ChatNotFound(chat_id));
+        )?;
+        for record in &batch.put_pending {
+            let call = serde_json::to_string(&record.call)?;
+            upsert
+                .execute(params![
+                    chat_id,
+                    record.corr,
+                    record.turn_key,
+                    call,
+                    record.created_at_ms,
+                    record.timeout_at_ms
+                ])
+                .map_err(|e| StoreError::from_write(e, chat_id, "pending ui call"))?;
         }
     }
-    tx.commit().await?;
+    for corr in &batch.remove_pending {
+        crate::pending::remove(conn, chat_id, corr)?;
+    }
+    if let Some(state) = batch.state {
+        let context = serde_json::to_string(&state.context)?;
+        let changed = conn
+            .prepare_cached(
+                "UPDATE chats SET status = ?, current_agent = ?, turn = ?, consecutive = ?, \
+                 context = ?, updated_at_ms = ? WHERE chat_id = ?",
+            )?
+            .execute(params![
+                state.status,
+                state.current_agent,
+                i64::from(state.turn),
+                i64::from(state.consecutive),
+                context,
+                state.updated_at_ms,
+                chat_id
+            ])?;
+        if changed == 0 {
+            return Err(StoreError::ChatNotFound(chat_id.to_owned()));
+        }
+    }
     Ok(())
 }

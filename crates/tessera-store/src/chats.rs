@@ -1,49 +1,37 @@
 //! SQL for the `chats` table: identity plus the latest state of each chat.
 
+use rusqlite::{Connection, params};
 use serde_json::Value;
 use sqlx::sqlite::SqliteRow;
 use sqlx::{Row, SqlitePool};
 
 use crate::convert::{json_from_sql, sql_to_u32};
-use crate::{ChatRecord, ChatState, ChatWriteBatch, STATUS_COMPLETED, StoreError, StoredChat};
+use crate::{ChatRecord, ChatState, STATUS_COMPLETED, StoreError, StoredChat};
 
 /// Insert a new chat in its initial state.
-pub(crate) async fn create(pool: SqlitePool, record: ChatRecord) -> Result<(), StoreError> {
+pub(crate) fn create(conn: &Connection, record: &ChatRecord) -> Result<(), StoreError> {
     let state = ChatState::initial(record.created_at_ms);
     let context = serde_json::to_string(&state.context)?;
-    sqlx::query(
+    conn.prepare_cached(
         "INSERT INTO chats (chat_id, tenant, user_id, workflow, created_at_ms, status, \
          current_agent, turn, consecutive, context, updated_at_ms) \
          VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-    )
-    .bind(&record.chat_id)
-    .bind(&record.tenant)
-    .bind(&record.user_id)
-    .bind(&record.workflow)
-    .bind(record.created_at_ms)
-    .bind(&state.status)
-    .bind(&state.current_agent)
-    .bind(i64::from(state.turn))
-    .bind(i64::from(state.consecutive))
-    .bind(context)
-    .bind(state.updated_at_ms)
-    .execute(&pool)
-    .await
+    )?
+    .execute(params![
+        record.chat_id,
+        record.tenant,
+        record.user_id,
+        record.workflow,
+        record.created_at_ms,
+        state.status,
+        state.current_agent,
+        i64::from(state.turn),
+        i64::from(state.consecutive),
+        context,
+        state.updated_at_ms
+    ])
     .map_err(|e| StoreError::from_write(e, &record.chat_id, "chat"))?;
     Ok(())
-}
-
-/// Replace the state of an existing chat.
-pub(crate) async fn save_state(
-    pool: SqlitePool,
-    chat_id: String,
-    state: ChatState,
-) -> Result<(), StoreError> {
-    let batch = ChatWriteBatch {
-        state: Some(state),
-        ..ChatWriteBatch::default()
-    };
-    crate::batch::apply(pool, chat_id, batch).await
 }
 
 /// One chat, or `None`.
@@ -98,18 +86,13 @@ pub(crate) async fn list_open(pool: SqlitePool) -> Result<Vec<StoredChat>, Store
 }
 
 /// Delete a chat; rows of the child tables go by `ON DELETE CASCADE`, artifacts explicitly.
-pub(crate) async fn delete(pool: SqlitePool, chat_id: String) -> Result<bool, StoreError> {
-    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
-    sqlx::query("DELETE FROM artifacts WHERE chat_id = ?")
-        .bind(&chat_id)
-        .execute(&mut *tx)
-        .await?;
-    let done = sqlx::query("DELETE FROM chats WHERE chat_id = ?")
-        .bind(&chat_id)
-        .execute(&mut *tx)
-        .await?;
-    tx.commit().await?;
-    Ok(done.rows_affected() > 0)
+pub(crate) fn delete(conn: &Connection, chat_id: &str) -> Result<bool, StoreError> {
+    conn.prepare_cached("DELETE FROM artifacts WHERE chat_id = ?")?
+        .execute([chat_id])?;
+    let deleted = conn
+        .prepare_cached("DELETE FROM chats WHERE chat_id = ?")?
+        .execute([chat_id])?;
+    Ok(deleted > 0)
 }
 
 fn decode(row: &SqliteRow) -> Result<StoredChat, StoreError> {

@@ -12,6 +12,15 @@ pub enum StoreError {
     /// The SQL backend failed (I/O, lock timeout, constraint not covered below, ...).
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
+    /// The write connection failed (I/O, lock timeout, constraint not covered below, ...).
+    #[error("database error: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    /// The transaction that carried this write failed to commit; nothing of it was stored.
+    #[error("database commit failed: {0}")]
+    Commit(String),
+    /// The store was closed; nothing was written.
+    #[error("the store is closed")]
+    Closed,
     /// A filesystem operation around the database file failed.
     #[error("cannot prepare {path}: {source}")]
     Io {
@@ -47,7 +56,10 @@ impl StoreError {
     /// Stable snake_case code for logs, metrics and client-facing error payloads.
     pub fn code(&self) -> &'static str {
         match self {
-            StoreError::Database(_) => "store_database",
+            StoreError::Database(_) | StoreError::Sqlite(_) | StoreError::Commit(_) => {
+                "store_database"
+            }
+            StoreError::Closed => "store_closed",
             StoreError::Io { .. } => "store_io",
             StoreError::Json(_) => "store_json",
             StoreError::ChatNotFound(_) => "chat_not_found",
@@ -60,15 +72,18 @@ impl StoreError {
 
     /// Classify an error from an INSERT: a unique/primary-key collision becomes
     /// [`StoreError::Conflict`], a missing parent chat becomes [`StoreError::ChatNotFound`].
-    pub(crate) fn from_write(err: sqlx::Error, chat_id: &str, what: &str) -> Self {
-        use sqlx::error::ErrorKind;
-        let kind = err.as_database_error().map(|d| d.kind());
-        match kind {
-            Some(ErrorKind::UniqueViolation) => {
+    pub(crate) fn from_write(err: rusqlite::Error, chat_id: &str, what: &str) -> Self {
+        use rusqlite::ffi;
+        let extended = match &err {
+            rusqlite::Error::SqliteFailure(e, _) => e.extended_code,
+            _ => 0,
+        };
+        match extended {
+            ffi::SQLITE_CONSTRAINT_UNIQUE | ffi::SQLITE_CONSTRAINT_PRIMARYKEY => {
                 StoreError::Conflict(format!("{what} already exists in chat '{chat_id}'"))
             }
-            Some(ErrorKind::ForeignKeyViolation) => StoreError::ChatNotFound(chat_id.to_owned()),
-            _ => StoreError::Database(err),
+            ffi::SQLITE_CONSTRAINT_FOREIGNKEY => StoreError::ChatNotFound(chat_id.to_owned()),
+            _ => StoreError::Sqlite(err),
         }
     }
 }

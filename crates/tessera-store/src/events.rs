@@ -4,21 +4,7 @@ use sqlx::sqlite::SqliteRow;
 use sqlx::{Row, SqlitePool};
 
 use crate::convert::sql_to_u64;
-use crate::{ChatWriteBatch, StoreError, StoredEvent};
-
-/// Insert a batch in one transaction. A seq that exists is a conflict, never an overwrite;
-/// the transaction is rolled back so the log stays exactly as it was.
-pub(crate) async fn append(
-    pool: SqlitePool,
-    chat_id: String,
-    events: Vec<StoredEvent>,
-) -> Result<(), StoreError> {
-    let batch = ChatWriteBatch {
-        events,
-        ..ChatWriteBatch::default()
-    };
-    crate::batch::apply(pool, chat_id, batch).await
-}
+use crate::{StoreError, StoredEvent};
 
 /// Up to `limit` events with seq > `after_seq`, ordered by seq.
 pub(crate) async fn after(

@@ -30,6 +30,7 @@ mod sqlite;
 mod store;
 mod tasks;
 mod tools;
+mod writer;
 
 pub use error::StoreError;
 pub use model::{

@@ -4,20 +4,7 @@ use sqlx::sqlite::SqliteRow;
 use sqlx::{Row, SqlitePool};
 
 use crate::convert::{json_from_sql, sql_to_u64};
-use crate::{ChatWriteBatch, StoreError, StoredMessage};
-
-/// Insert a batch in one transaction; any duplicate idx rolls the whole batch back.
-pub(crate) async fn append(
-    pool: SqlitePool,
-    chat_id: String,
-    messages: Vec<StoredMessage>,
-) -> Result<(), StoreError> {
-    let batch = ChatWriteBatch {
-        messages,
-        ..ChatWriteBatch::default()
-    };
-    crate::batch::apply(pool, chat_id, batch).await
-}
+use crate::{StoreError, StoredMessage};
 
 /// Up to `limit` messages from position `offset`, ordered by idx.
 pub(crate) async fn page(

@@ -1,36 +1,18 @@
 //! SQL for the `pending_ui` table: UI tool calls waiting for the user, re-sent on reconnect.
 
+use rusqlite::Connection;
 use sqlx::sqlite::SqliteRow;
 use sqlx::{Row, SqlitePool};
 
 use crate::convert::json_from_sql;
-use crate::{ChatWriteBatch, PendingUiRecord, StoreError};
-
-/// Insert or replace (same corr) a pending call.
-pub(crate) async fn put(
-    pool: SqlitePool,
-    chat_id: String,
-    record: PendingUiRecord,
-) -> Result<(), StoreError> {
-    let batch = ChatWriteBatch {
-        put_pending: vec![record],
-        ..ChatWriteBatch::default()
-    };
-    crate::batch::apply(pool, chat_id, batch).await
-}
+use crate::{PendingUiRecord, StoreError};
 
 /// Remove one; `true` when it existed.
-pub(crate) async fn remove(
-    pool: SqlitePool,
-    chat_id: String,
-    corr: String,
-) -> Result<bool, StoreError> {
-    let done = sqlx::query("DELETE FROM pending_ui WHERE chat_id = ? AND corr = ?")
-        .bind(&chat_id)
-        .bind(&corr)
-        .execute(&pool)
-        .await?;
-    Ok(done.rows_affected() > 0)
+pub(crate) fn remove(conn: &Connection, chat_id: &str, corr: &str) -> Result<bool, StoreError> {
+    let removed = conn
+        .prepare_cached("DELETE FROM pending_ui WHERE chat_id = ? AND corr = ?")?
+        .execute([chat_id, corr])?;
+    Ok(removed > 0)
 }
 
 /// The chat's pending calls, oldest first.

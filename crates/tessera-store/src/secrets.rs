@@ -3,28 +3,21 @@
 //! The store never sees a secret in clear: the engine seals the vault before calling
 //! [`put`] and opens it after [`load`].
 
+use rusqlite::{Connection, params};
 use sqlx::{Row, SqlitePool};
 
 use crate::StoreError;
 use crate::convert::now_ms;
 
 /// Insert or replace the chat's sealed vault.
-pub(crate) async fn put(
-    pool: SqlitePool,
-    chat_id: String,
-    sealed: Vec<u8>,
-) -> Result<(), StoreError> {
-    sqlx::query(
+pub(crate) fn put(conn: &Connection, chat_id: &str, sealed: &[u8]) -> Result<(), StoreError> {
+    conn.prepare_cached(
         "INSERT INTO chat_secrets (chat_id, sealed, updated_at_ms) VALUES (?, ?, ?) \
          ON CONFLICT (chat_id) DO UPDATE SET sealed = excluded.sealed, \
          updated_at_ms = excluded.updated_at_ms",
-    )
-    .bind(&chat_id)
-    .bind(sealed)
-    .bind(now_ms())
-    .execute(&pool)
-    .await
-    .map_err(|e| StoreError::from_write(e, &chat_id, "sealed secrets"))?;
+    )?
+    .execute(params![chat_id, sealed, now_ms()])
+    .map_err(|e| StoreError::from_write(e, chat_id, "sealed secrets"))?;
     Ok(())
 }
 
@@ -41,10 +34,9 @@ pub(crate) async fn load(pool: SqlitePool, chat_id: String) -> Result<Option<Vec
 }
 
 /// Delete the chat's sealed vault; `true` when it existed.
-pub(crate) async fn delete(pool: SqlitePool, chat_id: String) -> Result<bool, StoreError> {
-    let done = sqlx::query("DELETE FROM chat_secrets WHERE chat_id = ?")
-        .bind(&chat_id)
-        .execute(&pool)
-        .await?;
-    Ok(done.rows_affected() > 0)
+pub(crate) fn delete(conn: &Connection, chat_id: &str) -> Result<bool, StoreError> {
+    let deleted = conn
+        .prepare_cached("DELETE FROM chat_secrets WHERE chat_id = ?")?
+        .execute([chat_id])?;
+    Ok(deleted > 0)
 }

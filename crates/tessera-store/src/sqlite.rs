@@ -5,11 +5,12 @@
 //! runs in WAL mode (readers never block the writer) with `synchronous=NORMAL` (a committed
 //! transaction survives a process crash; a power loss can lose the last few commits but never
 //! corrupts the file), foreign keys on, and a busy timeout so several connections, or several
-//! processes, on one file wait for the write lock instead of failing. Multi-statement writes
+//! processes, on one file wait for the write lock instead of failing. Write transactions
 //! use `BEGIN IMMEDIATE` to take the write lock up front, which avoids SQLite's
 //! read-then-upgrade `SQLITE_BUSY` failures.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -20,10 +21,11 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 use tessera_tools::{ArtifactRef, ArtifactStore, StoredArtifact, Task, TaskFilter, TaskStore};
 
 use crate::store::StoreFuture;
+use crate::writer::Writer;
 use crate::{
-    ChatRecord, ChatState, ChatStore, PendingUiRecord, StoreError, StoredChat, StoredEvent,
-    StoredMessage, ToolClaim, artifacts, chats, events, messages, migrate, pending, secrets, tasks,
-    tools,
+    ChatRecord, ChatState, ChatStore, ChatWriteBatch, PendingUiRecord, StoreError, StoredChat,
+    StoredEvent, StoredMessage, ToolClaim, artifacts, batch, chats, events, messages, migrate,
+    pending, secrets, tasks, tools,
 };
 
 /// How long a connection waits for another writer's lock before failing with "busy".
@@ -34,14 +36,15 @@ const MAX_CONNECTIONS: u32 = 8;
 
 /// Durable store on one SQLite file. Cheap to clone (shares the connection pools).
 ///
-/// Writes go through `writer`, a pool of exactly one connection: SQLite admits one writer at
-/// a time, and several connections racing for the write lock spend their time in the busy
-/// handler's sleeps. One writer connection turns that contention into an async queue.
-/// Reads use `pool` and, in WAL mode, never wait for the writer.
+/// Writes go to `writer`, one thread with the only write connection that group-commits the
+/// writes of all chats (see the `writer` module). Reads use `pool` and, in WAL mode, never
+/// wait for the writer.
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
     pool: SqlitePool,
-    writer: SqlitePool,
+    writer: Writer,
+    /// Set for [`SqliteStore::in_memory`]: removes the throwaway file with the last clone.
+    _scratch: Option<Arc<ScratchFile>>,
 }
 
 impl SqliteStore {
@@ -64,42 +67,31 @@ impl SqliteStore {
             .busy_timeout(BUSY_TIMEOUT);
         let pool = SqlitePoolOptions::new()
             .max_connections(MAX_CONNECTIONS)
-            .connect_with(options.clone())
-            .await?;
-        migrate::run(&pool).await?;
-        let writer = SqlitePoolOptions::new()
-            .max_connections(1)
-            .min_connections(1)
             .connect_with(options)
             .await?;
-        Ok(Self { pool, writer })
-    }
-
-    /// A private in-memory database, for tests and throwaway runs. Nothing survives the
-    /// store being dropped.
-    pub async fn in_memory() -> Result<Self, StoreError> {
-        // Every SQLite connection to `:memory:` is a separate database, so the pool holds
-        // exactly one connection and never retires it.
-        let options = SqliteConnectOptions::new()
-            .in_memory(true)
-            .foreign_keys(true)
-            .busy_timeout(BUSY_TIMEOUT);
-        let pool = SqlitePoolOptions::new()
-            .max_connections(1)
-            .min_connections(1)
-            .idle_timeout(None)
-            .max_lifetime(None)
-            .connect_with(options)
-            .await?;
-        Self::migrated(pool).await
-    }
-
-    async fn migrated(pool: SqlitePool) -> Result<Self, StoreError> {
         migrate::run(&pool).await?;
+        let writer = Writer::start(path, BUSY_TIMEOUT)?;
         Ok(Self {
-            writer: pool.clone(),
             pool,
+            writer,
+            _scratch: None,
         })
+    }
+
+    /// A private throwaway database, for tests and throwaway runs: a fresh file in the
+    /// system temp directory, removed when the last clone of the store is dropped.
+    ///
+    /// WHY a file and not `:memory:`: the writer thread and the read pool are separate
+    /// connections, and every connection to `:memory:` is a database of its own.
+    pub async fn in_memory() -> Result<Self, StoreError> {
+        let path = std::env::temp_dir().join(format!(
+            "tessera-scratch-{}.sqlite3",
+            uuid::Uuid::new_v4().simple()
+        ));
+        let scratch = Arc::new(ScratchFile(path.clone()));
+        let mut store = Self::open(&path).await?;
+        store._scratch = Some(scratch);
+        Ok(store)
     }
 
     /// The schema version recorded in the database (for diagnostics and tests).
@@ -120,25 +112,42 @@ impl SqliteStore {
     }
 }
 
+/// A throwaway database file (and its WAL/shared-memory companions), deleted on drop.
+#[derive(Debug)]
+struct ScratchFile(PathBuf);
+
+impl Drop for ScratchFile {
+    fn drop(&mut self) {
+        for suffix in ["", "-wal", "-shm"] {
+            let mut name = self.0.clone().into_os_string();
+            name.push(suffix);
+            // Best effort: a leftover temp file is harmless.
+            let _ = std::fs::remove_file(name);
+        }
+    }
+}
+
 impl ChatStore for SqliteStore {
-    fn apply_batch(&self, chat_id: &str, batch: crate::ChatWriteBatch) -> StoreFuture<()> {
-        Box::pin(crate::batch::apply(
-            self.writer.clone(),
-            chat_id.to_owned(),
-            batch,
-        ))
+    fn apply_batch(&self, chat_id: &str, batch: ChatWriteBatch) -> StoreFuture<()> {
+        let chat_id = chat_id.to_owned();
+        Box::pin(
+            self.writer
+                .call(move |conn| batch::apply(conn, &chat_id, batch)),
+        )
     }
 
     fn create_chat(&self, record: ChatRecord) -> StoreFuture<()> {
-        Box::pin(chats::create(self.writer.clone(), record))
+        Box::pin(self.writer.call(move |conn| chats::create(conn, &record)))
     }
 
     fn save_state(&self, chat_id: &str, state: ChatState) -> StoreFuture<()> {
-        Box::pin(chats::save_state(
-            self.writer.clone(),
-            chat_id.to_owned(),
-            state,
-        ))
+        self.apply_batch(
+            chat_id,
+            ChatWriteBatch {
+                state: Some(state),
+                ..ChatWriteBatch::default()
+            },
+        )
     }
 
     fn load_chat(&self, chat_id: &str) -> StoreFuture<Option<StoredChat>> {
@@ -166,11 +175,13 @@ impl ChatStore for SqliteStore {
     }
 
     fn append_messages(&self, chat_id: &str, messages: Vec<StoredMessage>) -> StoreFuture<()> {
-        Box::pin(messages::append(
-            self.writer.clone(),
-            chat_id.to_owned(),
-            messages,
-        ))
+        self.apply_batch(
+            chat_id,
+            ChatWriteBatch {
+                messages,
+                ..ChatWriteBatch::default()
+            },
+        )
     }
 
     fn messages(&self, chat_id: &str, offset: u64, limit: u32) -> StoreFuture<Vec<StoredMessage>> {
@@ -187,11 +198,13 @@ impl ChatStore for SqliteStore {
     }
 
     fn append_events(&self, chat_id: &str, events: Vec<StoredEvent>) -> StoreFuture<()> {
-        Box::pin(events::append(
-            self.writer.clone(),
-            chat_id.to_owned(),
-            events,
-        ))
+        self.apply_batch(
+            chat_id,
+            ChatWriteBatch {
+                events,
+                ..ChatWriteBatch::default()
+            },
+        )
     }
 
     fn events_after(
@@ -213,19 +226,21 @@ impl ChatStore for SqliteStore {
     }
 
     fn put_pending_ui(&self, chat_id: &str, record: PendingUiRecord) -> StoreFuture<()> {
-        Box::pin(pending::put(
-            self.writer.clone(),
-            chat_id.to_owned(),
-            record,
-        ))
+        self.apply_batch(
+            chat_id,
+            ChatWriteBatch {
+                put_pending: vec![record],
+                ..ChatWriteBatch::default()
+            },
+        )
     }
 
     fn remove_pending_ui(&self, chat_id: &str, corr: &str) -> StoreFuture<bool> {
-        Box::pin(pending::remove(
-            self.writer.clone(),
-            chat_id.to_owned(),
-            corr.to_owned(),
-        ))
+        let (chat_id, corr) = (chat_id.to_owned(), corr.to_owned());
+        Box::pin(
+            self.writer
+                .call(move |conn| pending::remove(conn, &chat_id, &corr)),
+        )
     }
 
     fn pending_ui(&self, chat_id: &str) -> StoreFuture<Vec<PendingUiRecord>> {
@@ -233,11 +248,11 @@ impl ChatStore for SqliteStore {
     }
 
     fn claim_tool(&self, chat_id: &str, invocation_key: &str) -> StoreFuture<ToolClaim> {
-        Box::pin(tools::claim(
-            self.writer.clone(),
-            chat_id.to_owned(),
-            invocation_key.to_owned(),
-        ))
+        let (chat_id, key) = (chat_id.to_owned(), invocation_key.to_owned());
+        Box::pin(
+            self.writer
+                .call(move |conn| tools::claim(conn, &chat_id, &key)),
+        )
     }
 
     fn complete_tool(
@@ -246,24 +261,28 @@ impl ChatStore for SqliteStore {
         invocation_key: &str,
         result: &Value,
     ) -> StoreFuture<()> {
-        Box::pin(tools::complete(
-            self.writer.clone(),
-            chat_id.to_owned(),
-            invocation_key.to_owned(),
-            serde_json::to_string(result),
-        ))
+        let result = match serde_json::to_string(result) {
+            Ok(text) => text,
+            Err(e) => return Box::pin(std::future::ready(Err(e.into()))),
+        };
+        let (chat_id, key) = (chat_id.to_owned(), invocation_key.to_owned());
+        Box::pin(
+            self.writer
+                .call(move |conn| tools::complete(conn, &chat_id, &key, &result)),
+        )
     }
 
     fn delete_chat(&self, chat_id: &str) -> StoreFuture<bool> {
-        Box::pin(chats::delete(self.writer.clone(), chat_id.to_owned()))
+        let chat_id = chat_id.to_owned();
+        Box::pin(self.writer.call(move |conn| chats::delete(conn, &chat_id)))
     }
 
     fn put_secrets(&self, chat_id: &str, sealed: Vec<u8>) -> StoreFuture<()> {
-        Box::pin(secrets::put(
-            self.writer.clone(),
-            chat_id.to_owned(),
-            sealed,
-        ))
+        let chat_id = chat_id.to_owned();
+        Box::pin(
+            self.writer
+                .call(move |conn| secrets::put(conn, &chat_id, &sealed)),
+        )
     }
 
     fn load_secrets(&self, chat_id: &str) -> StoreFuture<Option<Vec<u8>>> {
@@ -271,7 +290,11 @@ impl ChatStore for SqliteStore {
     }
 
     fn delete_secrets(&self, chat_id: &str) -> StoreFuture<bool> {
-        Box::pin(secrets::delete(self.writer.clone(), chat_id.to_owned()))
+        let chat_id = chat_id.to_owned();
+        Box::pin(
+            self.writer
+                .call(move |conn| secrets::delete(conn, &chat_id)),
+        )
     }
 }
 
@@ -283,9 +306,12 @@ impl TaskStore for SqliteStore {
         title: &'a str,
         description: Option<&'a str>,
     ) -> BoxFuture<'a, Result<Task, tessera_tools::StoreError>> {
-        Box::pin(
-            async move { Ok(tasks::add(&self.writer, tenant, user, title, description).await?) },
-        )
+        let (tenant, user, title) = (tenant.to_owned(), user.to_owned(), title.to_owned());
+        let description = description.map(str::to_owned);
+        let added = self
+            .writer
+            .call(move |conn| tasks::add(conn, &tenant, &user, &title, description.as_deref()));
+        Box::pin(async move { Ok(added.await?) })
     }
 
     fn list<'a>(
@@ -303,7 +329,11 @@ impl TaskStore for SqliteStore {
         user: &'a str,
         task_id: &'a str,
     ) -> BoxFuture<'a, Result<Option<Task>, tessera_tools::StoreError>> {
-        Box::pin(async move { Ok(tasks::complete(&self.writer, tenant, user, task_id).await?) })
+        let (tenant, user, id) = (tenant.to_owned(), user.to_owned(), task_id.to_owned());
+        let done = self
+            .writer
+            .call(move |conn| tasks::complete(conn, &tenant, &user, &id));
+        Box::pin(async move { Ok(done.await?) })
     }
 
     fn delete<'a>(
@@ -312,7 +342,11 @@ impl TaskStore for SqliteStore {
         user: &'a str,
         task_id: &'a str,
     ) -> BoxFuture<'a, Result<Option<Task>, tessera_tools::StoreError>> {
-        Box::pin(async move { Ok(tasks::delete(&self.writer, tenant, user, task_id).await?) })
+        let (tenant, user, id) = (tenant.to_owned(), user.to_owned(), task_id.to_owned());
+        let deleted = self
+            .writer
+            .call(move |conn| tasks::delete(conn, &tenant, &user, &id));
+        Box::pin(async move { Ok(deleted.await?) })
     }
 }
 
@@ -325,9 +359,12 @@ impl ArtifactStore for SqliteStore {
         file_name: &'a str,
         bytes: Bytes,
     ) -> BoxFuture<'a, Result<ArtifactRef, tessera_tools::StoreError>> {
-        Box::pin(async move {
-            Ok(artifacts::put(&self.writer, tenant, user, chat_id, file_name, bytes).await?)
-        })
+        let (tenant, user) = (tenant.to_owned(), user.to_owned());
+        let (chat_id, file_name) = (chat_id.to_owned(), file_name.to_owned());
+        let stored = self
+            .writer
+            .call(move |conn| artifacts::put(conn, &tenant, &user, &chat_id, &file_name, &bytes));
+        Box::pin(async move { Ok(stored.await?) })
     }
 
     fn get<'a>(

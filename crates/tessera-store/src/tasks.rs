@@ -3,6 +3,7 @@
 //! Isolation: every statement filters on (tenant, user_id) as well as the id, so another
 //! owner's task id behaves exactly like an unknown id.
 
+use rusqlite::{Connection, OptionalExtension, params};
 use sqlx::sqlite::SqliteRow;
 use sqlx::{Row, SqlitePool};
 use tessera_tools::{Task, TaskFilter};
@@ -11,8 +12,8 @@ use crate::StoreError;
 use crate::convert::{now_ms, sql_to_u64};
 
 /// Create a task for (tenant, user).
-pub(crate) async fn add(
-    pool: &SqlitePool,
+pub(crate) fn add(
+    conn: &Connection,
     tenant: &str,
     user: &str,
     title: &str,
@@ -20,18 +21,11 @@ pub(crate) async fn add(
 ) -> Result<Task, StoreError> {
     let id = format!("t_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
     let created = now_ms();
-    sqlx::query(
+    conn.prepare_cached(
         "INSERT INTO tasks (id, tenant, user_id, title, description, completed, created_at_ms) \
          VALUES (?, ?, ?, ?, ?, 0, ?)",
-    )
-    .bind(&id)
-    .bind(tenant)
-    .bind(user)
-    .bind(title)
-    .bind(description)
-    .bind(created)
-    .execute(pool)
-    .await?;
+    )?
+    .execute(params![id, tenant, user, title, description, created])?;
     Ok(Task {
         id,
         title: title.to_owned(),
@@ -67,41 +61,63 @@ pub(crate) async fn list(
 }
 
 /// Mark the owner's task completed; `None` when the owner has no such task.
-pub(crate) async fn complete(
-    pool: &SqlitePool,
+pub(crate) fn complete(
+    conn: &Connection,
     tenant: &str,
     user: &str,
     id: &str,
 ) -> Result<Option<Task>, StoreError> {
-    let row = sqlx::query(
+    returning_task(
+        conn,
         "UPDATE tasks SET completed = 1 WHERE id = ? AND tenant = ? AND user_id = ? \
          RETURNING id, title, description, completed, created_at_ms",
+        [id, tenant, user],
     )
-    .bind(id)
-    .bind(tenant)
-    .bind(user)
-    .fetch_optional(pool)
-    .await?;
-    row.as_ref().map(decode).transpose()
 }
 
 /// Delete the owner's task; returns it, or `None` when the owner has no such task.
-pub(crate) async fn delete(
-    pool: &SqlitePool,
+pub(crate) fn delete(
+    conn: &Connection,
     tenant: &str,
     user: &str,
     id: &str,
 ) -> Result<Option<Task>, StoreError> {
-    let row = sqlx::query(
+    returning_task(
+        conn,
         "DELETE FROM tasks WHERE id = ? AND tenant = ? AND user_id = ? \
          RETURNING id, title, description, completed, created_at_ms",
+        [id, tenant, user],
     )
-    .bind(id)
-    .bind(tenant)
-    .bind(user)
-    .fetch_optional(pool)
-    .await?;
-    row.as_ref().map(decode).transpose()
+}
+
+/// Run a write whose `RETURNING` clause yields at most one task row.
+fn returning_task(
+    conn: &Connection,
+    sql: &str,
+    params: [&str; 3],
+) -> Result<Option<Task>, StoreError> {
+    let row = conn
+        .prepare_cached(sql)?
+        .query_row(params, |row| {
+            Ok((
+                row.get::<_, String>(0)?,
+                row.get::<_, String>(1)?,
+                row.get::<_, Option<String>>(2)?,
+                row.get::<_, bool>(3)?,
+                row.get::<_, i64>(4)?,
+            ))
+        })
+        .optional()?;
+    row.map(|(id, title, description, completed, created)| {
+        Ok(Task {
+            id,
+            title,
+            description,
+            completed,
+            created_at_ms: sql_to_u64(created, "task created_at_ms")?,
+        })
+    })
+    .transpose()
 }
 
 fn decode(row: &SqliteRow) -> Result<Task, StoreError> {

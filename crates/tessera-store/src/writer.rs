@@ -1,0 +1,212 @@
+//! The store's single writer: one thread that owns the only write connection and
+//! group-commits the writes of every chat.
+//!
+//! WHY a thread of its own: SQLite admits one writer at a time. Driving writes through an
+//! async pool made every statement a round trip to a worker thread, and every chat's flush
+//! its own transaction, so a thousand chats queued behind each other's `BEGIN`/`COMMIT`
+//! (the server sat at one core, latency-bound). Here callers hand a closure to the thread;
+//! the thread takes every job that is waiting, runs them all in ONE transaction (each job in
+//! its own savepoint, so one failing job rolls back only itself), commits once, and only then
+//! answers each caller. A job is therefore acknowledged only when it is durable, and under
+//! load hundreds of jobs share one commit.
+//!
+//! Ordering: jobs run in the order they were submitted (one FIFO channel), and submission
+//! happens when the store method is called, not when its future is first polled.
+
+use std::fmt;
+use std::path::Path;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use futures::channel::oneshot;
+use rusqlite::Connection;
+use tracing::{debug, error};
+
+use crate::StoreError;
+
+/// Most jobs in one transaction: bounds the time a caller waits for a commit.
+const MAX_JOBS_PER_COMMIT: usize = 512;
+/// Prepared statements kept per connection (every write statement of the store fits).
+const STATEMENT_CACHE: usize = 64;
+
+/// Handle to the writer thread. Cheap to clone; the thread ends when the last handle is
+/// dropped (after finishing the jobs already queued) or on [`Writer::close`].
+#[derive(Clone)]
+pub(crate) struct Writer {
+    jobs: mpsc::Sender<Command>,
+}
+
+impl fmt::Debug for Writer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Writer")
+    }
+}
+
+enum Command {
+    Job(Box<dyn Job>),
+    /// Finish what is queued, then stop and acknowledge.
+    Close(oneshot::Sender<()>),
+}
+
+impl Writer {
+    /// Open the write connection on `path` (already created and migrated) and start the
+    /// thread.
+    pub(crate) fn start(path: &Path, busy_timeout: Duration) -> Result<Self, StoreError> {
+        let conn = Connection::open(path)?;
+        conn.busy_timeout(busy_timeout)?;
+        // Same settings as the read pool: WAL, NORMAL sync (durable across process crashes),
+        // foreign keys enforced.
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        conn.pragma_update(None, "foreign_keys", "ON")?;
+        conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
+        let (jobs, queue) = mpsc::channel();
+        std::thread::Builder::new()
+            .name("tessera-store-writer".to_owned())
+            .spawn(move || run(conn, queue))
+            .map_err(|source| StoreError::Io {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        Ok(Self { jobs })
+    }
+
+    /// Queue `work` now; the future resolves with its result once the transaction that ran
+    /// it has committed. `work` runs on the writer thread inside a savepoint: an `Err`
+    /// rolls back exactly what it wrote.
+    pub(crate) fn call<T, F>(
+        &self,
+        work: F,
+    ) -> impl Future<Output = Result<T, StoreError>> + Send + 'static
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        let (reply, answer) = oneshot::channel();
+        let job = Box::new(Call {
+            work: Some(work),
+            result: None,
+            reply,
+        });
+        // A send error means the writer has stopped; the dropped reply then reads as Closed.
+        let _ = self.jobs.send(Command::Job(job));
+        async move { answer.await.unwrap_or(Err(StoreError::Closed)) }
+    }
+
+    /// Finish every queued job, then stop the thread. Later calls fail with
+    /// [`StoreError::Closed`].
+    pub(crate) async fn close(&self) {
+        let (done, stopped) = oneshot::channel();
+        if self.jobs.send(Command::Close(done)).is_ok() {
+            let _ = stopped.await;
+        }
+    }
+}
+
+/// One queued write, type-erased so jobs of every result type share the channel.
+trait Job: Send {
+    /// Run inside the open group transaction.
+    fn run(&mut self, conn: &Connection);
+    /// Answer the caller once the group transaction has committed (or failed to).
+    fn finish(self: Box<Self>, committed: Result<(), &str>);
+}
+
+struct Call<T, F> {
+    work: Option<F>,
+    result: Option<Result<T, StoreError>>,
+    reply: oneshot::Sender<Result<T, StoreError>>,
+}
+
+impl<T, F> Job for Call<T, F>
+where
+    T: Send,
+    F: FnOnce(&Connection) -> Result<T, StoreError> + Send,
+{
+    fn run(&mut self, conn: &Connection) {
+        let Some(work) = self.work.take() else {
+            return;
+        };
+        self.result = Some(in_savepoint(conn, work));
+    }
+
+    fn finish(self: Box<Self>, committed: Result<(), &str>) {
+        let answer = match (committed, self.result) {
+            (Ok(()), Some(result)) => result,
+            (Ok(()), None) => Err(StoreError::Closed),
+            // The job's own error is the more precise one; a clean job lost to a failed
+            // commit reports the commit.
+            (Err(_), Some(Err(e))) => Err(e),
+            (Err(reason), _) => Err(StoreError::Commit(reason.to_owned())),
+        };
+        // The caller may have stopped waiting; that is fine.
+        let _ = self.reply.send(answer);
+    }
+}
+
+fn in_savepoint<T>(
+    conn: &Connection,
+    work: impl FnOnce(&Connection) -> Result<T, StoreError>,
+) -> Result<T, StoreError> {
+    conn.execute_batch("SAVEPOINT job")?;
+    let result = work(conn);
+    let end = if result.is_ok() {
+        "RELEASE job"
+    } else {
+        "ROLLBACK TO job; RELEASE job"
+    };
+    match conn.execute_batch(end) {
+        Ok(()) => result,
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn run(conn: Connection, queue: mpsc::Receiver<Command>) {
+    let mut group: Vec<Box<dyn Job>> = Vec::with_capacity(MAX_JOBS_PER_COMMIT);
+    // Blocks for the first job only; whatever queued up meanwhile joins its transaction.
+    while let Ok(first) = queue.recv() {
+        let mut close = None;
+        match first {
+            Command::Job(job) => group.push(job),
+            Command::Close(done) => close = Some(done),
+        }
+        while close.is_none() && group.len() < MAX_JOBS_PER_COMMIT {
+            match queue.try_recv() {
+                Ok(Command::Job(job)) => group.push(job),
+                Ok(Command::Close(done)) => close = Some(done),
+                Err(_) => break,
+            }
+        }
+        if !group.is_empty() {
+            commit_group(&conn, &mut group);
+        }
+        if let Some(done) = close {
+            let _ = done.send(());
+            break;
+        }
+    }
+    debug!("store writer stopped");
+}
+
+fn commit_group(conn: &Connection, group: &mut Vec<Box<dyn Job>>) {
+    let outcome = match conn.execute_batch("BEGIN IMMEDIATE") {
+        Ok(()) => {
+            for job in group.iter_mut() {
+                job.run(conn);
+            }
+            conn.execute_batch("COMMIT").map_err(|e| {
+                // A failed COMMIT may leave the transaction open; end it so the next group
+                // starts clean.
+                let _ = conn.execute_batch("ROLLBACK");
+                e.to_string()
+            })
+        }
+        Err(e) => Err(e.to_string()),
+    };
+    if let Err(reason) = &outcome {
+        error!(jobs = group.len(), error = %reason, "store write transaction failed");
+    }
+    let committed = outcome.as_ref().map(|_| ()).map_err(String::as_str);
+    for job in group.drain(..) {
+        job.finish(committed);
+    }
+}

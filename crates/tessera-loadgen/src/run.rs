@@ -77,6 +77,12 @@ pub struct RunArgs {
     /// Longest wait for any one event before the chat counts as stuck, in seconds.
     #[arg(long, default_value_t = 60)]
     pub event_timeout_s: u64,
+    /// Mean think time of a simulated user before each next message, in milliseconds (each
+    /// wait is spread over 0.5x-1.5x so chats do not move in lockstep). 0 sends at once,
+    /// which saturates the server; a think time offers a fixed load instead, to measure
+    /// latency (for example the UI round trip) below saturation.
+    #[arg(long, default_value_t = 0)]
+    pub think_ms: u64,
     /// Also write the JSON summary here.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -298,6 +304,15 @@ struct EventData<'a> {
     interaction_type: Option<Cow<'a, str>>,
 }
 
+/// `mean` scaled by a factor in [0.5, 1.5) that differs per chat and turn (a cheap
+/// deterministic hash: runs are repeatable).
+fn think_time(mean: Duration, chat: usize, turn: u32) -> Duration {
+    let h = (chat as u64)
+        .wrapping_mul(2_654_435_761)
+        .wrapping_add(u64::from(turn).wrapping_mul(40_503));
+    mean.mul_f64(0.5 + (h % 1000) as f64 / 1000.0)
+}
+
 fn user_message(chat: usize, turn: u32) -> Message {
     Message::text(
         json!({"type": "chat.user_message", "data": {"content": format!("load test message {turn} of chat {chat}")}})
@@ -332,6 +347,7 @@ async fn drive_chat(
     shared: Arc<Shared>,
     i: usize,
     turns: u32,
+    think: Duration,
     event_timeout: Duration,
     mut start: watch::Receiver<bool>,
 ) -> ChatOutcome {
@@ -419,6 +435,9 @@ async fn drive_chat(
                     shared.progress.turns.fetch_add(1, Ordering::Relaxed);
                     if out.turns_done >= turns {
                         return Ok(());
+                    }
+                    if !think.is_zero() {
+                        tokio::time::sleep(think_time(think, i, out.turns_done)).await;
                     }
                     send = Some(user_message(i, out.turns_done + 1));
                 }
@@ -606,9 +625,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<bool> {
                 Duration::ZERO
             };
             let turns = args.turns;
+            let think = Duration::from_millis(args.think_ms);
             tasks.push(tokio::spawn(async move {
                 tokio::time::sleep(offset).await;
-                drive_chat(shared, i, turns, event_timeout, go).await
+                drive_chat(shared, i, turns, think, event_timeout, go).await
             }));
         }
         wait_connected(&shared, common.chats).await;
@@ -820,5 +840,15 @@ mod tests {
         }
         assert_eq!(out.errors.get("seq_duplicate"), Some(&1));
         assert_eq!(out.errors.get("seq_gap"), Some(&1));
+    }
+
+    #[test]
+    fn think_times_spread_over_half_to_one_and_a_half_the_mean() {
+        let mean = Duration::from_millis(1000);
+        let waits: Vec<Duration> = (0..200).map(|chat| think_time(mean, chat, 3)).collect();
+        assert!(waits.iter().all(|w| *w >= mean / 2 && *w < mean * 3 / 2));
+        let shortest = waits.iter().min().copied().unwrap_or_default();
+        let longest = waits.iter().max().copied().unwrap_or_default();
+        assert!(longest - shortest > mean / 2, "{shortest:?}..{longest:?}");
     }
 }

@@ -22,9 +22,8 @@ async fn concurrent_writes_of_many_chats_are_all_durable() {
     let chats = 200u64;
     // Submit everything before awaiting anything, so the writer sees a deep queue and
     // groups it.
-    let created = join_all(
-        (0..chats).map(|i| store.create_chat(record(&format!("c{i}"), "acme", "u", 1))),
-    );
+    let created =
+        join_all((0..chats).map(|i| store.create_chat(record(&format!("c{i}"), "acme", "u", 1))));
     for r in created.await {
         r.expect("create");
     }
@@ -60,8 +59,14 @@ async fn concurrent_writes_of_many_chats_are_all_durable() {
 async fn a_failing_write_rolls_back_only_itself() {
     let db = temp_db();
     let store = open(&db).await;
-    store.create_chat(record("a", "acme", "u", 1)).await.unwrap();
-    store.create_chat(record("b", "acme", "u", 1)).await.unwrap();
+    store
+        .create_chat(record("a", "acme", "u", 1))
+        .await
+        .unwrap();
+    store
+        .create_chat(record("b", "acme", "u", 1))
+        .await
+        .unwrap();
     store.apply_batch("a", events_batch(1, 2)).await.unwrap();
 
     // Queued together: a good batch for b, a batch for a whose second event collides
@@ -81,7 +86,10 @@ async fn a_failing_write_rolls_back_only_itself() {
 
     good.expect("b's batch is unaffected by its neighbours");
     assert!(matches!(bad, Err(StoreError::Conflict(_))), "{bad:?}");
-    assert!(matches!(orphan, Err(StoreError::ChatNotFound(_))), "{orphan:?}");
+    assert!(
+        matches!(orphan, Err(StoreError::ChatNotFound(_))),
+        "{orphan:?}"
+    );
     assert_eq!(store.last_seq("b").await.unwrap(), 5);
     // Nothing of a's failed batch stayed: not seq 3, not the message.
     assert_eq!(store.last_seq("a").await.unwrap(), 2);
@@ -92,7 +100,10 @@ async fn a_failing_write_rolls_back_only_itself() {
 async fn writes_after_close_fail_cleanly() {
     let db = temp_db();
     let store = open(&db).await;
-    store.create_chat(record("a", "acme", "u", 1)).await.unwrap();
+    store
+        .create_chat(record("a", "acme", "u", 1))
+        .await
+        .unwrap();
     store.close().await;
     let late = store.apply_batch("a", events_batch(1, 1)).await;
     assert!(matches!(late, Err(StoreError::Closed)), "{late:?}");

@@ -67,17 +67,29 @@ pub struct AdoptKey(pub String);
 
 /// The bounded idempotency cache actor.
 pub struct DedupCache {
+    /// Bounded by `capacity` in [`DedupCache::remember`], not by `LruCache::new`, which would
+    /// allocate the table for the full capacity up front (megabytes per arbiter, mostly unused).
     keys: LruCache<String, KeyState>,
+    capacity: NonZeroUsize,
     durable: Option<Arc<dyn DedupRecordStore>>,
 }
 
 impl DedupCache {
     /// A cache remembering up to `capacity` keys, optionally backed by durable records.
     pub fn new(capacity: usize, durable: Option<Arc<dyn DedupRecordStore>>) -> Self {
-        let capacity = NonZeroUsize::new(capacity).unwrap_or(NonZeroUsize::MIN);
         Self {
-            keys: LruCache::new(capacity),
+            keys: LruCache::unbounded(),
+            capacity: NonZeroUsize::new(capacity).unwrap_or(NonZeroUsize::MIN),
             durable,
+        }
+    }
+
+    /// Sets `key` to `state` (most recently used), evicting the least recently used key when
+    /// the cache is over capacity.
+    fn remember(&mut self, key: String, state: KeyState) {
+        self.keys.put(key, state);
+        if self.keys.len() > self.capacity.get() {
+            self.keys.pop_lru();
         }
     }
 }
@@ -99,7 +111,7 @@ impl Handler<ClaimKey> for DedupCache {
             return Box::pin(async move { outcome });
         }
         // Claimed here, synchronously: a duplicate handled after this line sees InFlight.
-        self.keys.put(key.clone(), KeyState::InFlight);
+        self.remember(key.clone(), KeyState::InFlight);
         match &self.durable {
             None => Box::pin(async { ClaimOutcome::Claimed }),
             Some(store) => {
@@ -137,7 +149,7 @@ impl Handler<CompleteKey> for DedupCache {
                 .into_actor(self),
             );
         }
-        self.keys.put(key, KeyState::Completed);
+        self.remember(key, KeyState::Completed);
     }
 }
 
@@ -145,7 +157,7 @@ impl Handler<AdoptKey> for DedupCache {
     type Result = ();
 
     fn handle(&mut self, AdoptKey(key): AdoptKey, _ctx: &mut Self::Context) {
-        self.keys.put(key, KeyState::InFlight);
+        self.remember(key, KeyState::InFlight);
     }
 }
 

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use actix::prelude::*;
 use serde_json::{Map, Value};
 use tessera_llm::ChatModel;
-use tessera_manifest::Workflow;
+use tessera_manifest::{ToolImpl, Workflow};
 use tessera_protocol::ServerEvent;
 use tessera_tools::BuiltinRegistry;
 
@@ -98,6 +98,9 @@ pub struct ChatHandle {
     pub identity: ChatIdentity,
     pub workflow: String,
     pub addr: Addr<ChatSession>,
+    /// The arbiter the chat runs on. An actor that talks to the chat a lot (e.g. an
+    /// in-process subscriber) can be started here so its mailbox sends stay on one thread.
+    pub arbiter: ArbiterHandle,
 }
 
 struct EngineInner {
@@ -123,15 +126,33 @@ impl Engine {
         config: EngineConfig,
         hooks: EngineHooks,
     ) -> Result<Self, EngineError> {
-        let http = reqwest::Client::builder()
-            .connect_timeout(std::time::Duration::from_secs(5))
-            .build()
-            .map_err(|e| EngineError::Workflow(format!("cannot build the HTTP client: {e}")))?;
+        // Built only when a workflow has an HTTP tool: the client loads the TLS stack and the
+        // root certificates (about 2 MiB of memory), which built-in tools never use.
+        let needs_http = workflows.iter().any(|(workflow, _)| {
+            workflow
+                .tools
+                .iter()
+                .any(|t| matches!(t.implementation, Some(ToolImpl::Http { .. })))
+        });
+        let http = if needs_http {
+            let client = reqwest::Client::builder()
+                .connect_timeout(std::time::Duration::from_secs(5))
+                .build()
+                .map_err(|e| EngineError::Workflow(format!("cannot build the HTTP client: {e}")))?;
+            Some(client)
+        } else {
+            None
+        };
         let mut compiled = BTreeMap::new();
         for (workflow, model) in workflows {
             let name = workflow.name.clone();
-            let wf =
-                CompiledWorkflow::compile(workflow, model, builtins, &http, config.tool_timeout)?;
+            let wf = CompiledWorkflow::compile(
+                workflow,
+                model,
+                builtins,
+                http.as_ref(),
+                config.tool_timeout,
+            )?;
             compiled.insert(name, Arc::new(wf));
         }
         let count = if config.arbiters == 0 {
@@ -205,6 +226,7 @@ impl Engine {
             identity,
             workflow: new.workflow,
             addr,
+            arbiter,
         })
     }
 
@@ -284,6 +306,7 @@ impl Engine {
             identity,
             workflow: chat.record.workflow,
             addr,
+            arbiter,
         })
     }
 

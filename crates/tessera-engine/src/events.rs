@@ -35,7 +35,7 @@ pub struct ToolCallInfo<'a> {
 
 /// `chat.tool_call` with `awaiting_response: false` (the runtime handles the tool itself).
 pub fn tool_call_event(info: &ToolCallInfo<'_>, tool_args: &Map<String, Value>) -> ServerEvent {
-    ServerEvent::ToolCall(json!({
+    let mut event = json!({
         "kind": "tool_call",
         "agent": info.agent,
         "tool_name": info.tool_name,
@@ -44,12 +44,14 @@ pub fn tool_call_event(info: &ToolCallInfo<'_>, tool_args: &Map<String, Value>) 
         "awaiting_response": false,
         "component_type": info.component_type,
         "payload": {
-            "tool_args": tool_args,
             "agent_name": info.agent,
             "interaction_type": info.interaction.as_str(),
             "workflow_name": info.workflow_name,
         },
-    }))
+    });
+    // Cloned in, not passed to `json!`, which would copy it by serializing it.
+    event["payload"]["tool_args"] = Value::Object(tool_args.clone());
+    ServerEvent::ToolCall(event)
 }
 
 /// `chat.tool_response` with the spec's success rule.
@@ -65,7 +67,7 @@ pub fn tool_response_event(
     } else {
         format!("Tool {} reported status error.", info.tool_name)
     };
-    ServerEvent::ToolResponse(json!({
+    let mut event = json!({
         "kind": "tool_response",
         "agent": info.agent,
         "tool_name": info.tool_name,
@@ -75,6 +77,8 @@ pub fn tool_response_event(
         "success": success,
         "content": content,
         "interaction_type": info.interaction.as_str(),
-        "payload": result,
-    }))
+    });
+    // Cloned in, not passed to `json!`, which would copy it by serializing it.
+    event["payload"] = result.clone();
+    ServerEvent::ToolResponse(event)
 }

@@ -13,6 +13,7 @@ mod config;
 pub mod correlator;
 pub mod dedup;
 pub mod engine;
+mod envelope;
 mod error;
 pub mod events;
 pub mod persist;

@@ -51,13 +51,15 @@ pub struct OutputPlan {
 #[derive(Debug)]
 pub struct AgentPlan {
     pub name: Arc<str>,
-    pub system_message: String,
+    /// Shared by every turn's system message when there is nothing to add to it.
+    pub system_message: Arc<str>,
     pub context_variables: Vec<String>,
     pub model: Option<String>,
     pub temperature: Option<f32>,
     pub tool_calling: ToolCallingMode,
     pub tools: Vec<PlannedTool>,
-    pub tool_specs: Vec<ToolSpec>,
+    /// Shared with every model request of the agent rather than copied into each.
+    pub tool_specs: Arc<[ToolSpec]>,
     /// The tool catalogue text appended to the system prompt in `json` mode.
     pub json_mode_catalogue: Option<String>,
     pub output: Option<OutputPlan>,
@@ -68,9 +70,12 @@ pub struct AgentPlan {
 
 impl AgentPlan {
     /// The system prompt for a turn: the agent's message, the context variables it may read,
-    /// and in `json` mode the tool protocol.
-    pub fn system_prompt(&self, context: &Map<String, Value>) -> String {
-        let mut prompt = self.system_message.clone();
+    /// and in `json` mode the tool protocol. Without either, the shared message itself.
+    pub fn system_prompt(&self, context: &Map<String, Value>) -> Arc<str> {
+        if self.context_variables.is_empty() && self.json_mode_catalogue.is_none() {
+            return Arc::clone(&self.system_message);
+        }
+        let mut prompt = self.system_message.to_string();
         if !self.context_variables.is_empty() {
             prompt.push_str("\n\n[CONTEXT VARIABLES]");
             for name in &self.context_variables {
@@ -82,13 +87,15 @@ impl AgentPlan {
             prompt.push_str("\n\n");
             prompt.push_str(catalogue);
         }
-        prompt
+        prompt.into()
     }
 }
 
 /// A workflow with all its agents prepared, and the model its chats use.
 pub struct CompiledWorkflow {
     pub workflow: Arc<Workflow>,
+    /// The workflow's name, shared by every turn's tool context instead of copied per turn.
+    pub name: Arc<str>,
     pub agents: HashMap<String, Arc<AgentPlan>>,
     pub model: Arc<dyn ChatModel>,
     /// Executable pre-steps of UI tools (e.g. the bundle builder before FileDownloadCenter).
@@ -96,12 +103,13 @@ pub struct CompiledWorkflow {
 }
 
 impl CompiledWorkflow {
-    /// Prepares `workflow`; fails when a tool's implementation cannot be resolved.
+    /// Prepares `workflow`; fails when a tool's implementation cannot be resolved. `http` is the
+    /// shared client of HTTP tools, required only when the workflow has one.
     pub fn compile(
         workflow: Workflow,
         model: Arc<dyn ChatModel>,
         builtins: &BuiltinRegistry,
-        http: &reqwest::Client,
+        http: Option<&reqwest::Client>,
         default_tool_timeout: Duration,
     ) -> Result<Self, EngineError> {
         let mut agents = HashMap::new();
@@ -128,6 +136,7 @@ impl CompiledWorkflow {
             }
         }
         Ok(Self {
+            name: Arc::from(workflow.name.as_str()),
             workflow: Arc::new(workflow),
             agents,
             model,
@@ -145,7 +154,7 @@ fn plan_agent(
     workflow: &Workflow,
     agent: &Agent,
     builtins: &BuiltinRegistry,
-    http: &reqwest::Client,
+    http: Option<&reqwest::Client>,
     default_timeout: Duration,
 ) -> Result<AgentPlan, EngineError> {
     let mut tools = Vec::new();
@@ -197,13 +206,13 @@ fn plan_agent(
         });
     Ok(AgentPlan {
         name: Arc::from(agent.name.as_str()),
-        system_message: agent.system_message.clone(),
+        system_message: Arc::from(agent.system_message.as_str()),
         context_variables: agent.context_variables.clone(),
         model: agent.model.clone(),
         temperature: agent.temperature,
         tool_calling,
         tools,
-        tool_specs,
+        tool_specs: tool_specs.into(),
         json_mode_catalogue,
         output,
         structured_required: agent.structured_outputs_required,
@@ -217,7 +226,7 @@ fn resolve_exec(
     def: &ToolDef,
     implementation: &ToolImpl,
     builtins: &BuiltinRegistry,
-    http: &reqwest::Client,
+    http: Option<&reqwest::Client>,
     default_timeout: Duration,
 ) -> Result<Arc<dyn Tool>, EngineError> {
     // Every tool sees only the collected secrets its manifest entry declares.
@@ -234,7 +243,17 @@ fn resolve_exec(
                 .or(def.timeout_s)
                 .map(Duration::from_secs_f64)
                 .unwrap_or(default_timeout);
-            Ok(Arc::new(HttpTool::new(url.clone(), timeout, http.clone())))
+            let client = http.ok_or_else(|| {
+                EngineError::Workflow(format!(
+                    "{workflow}: tool {} is an HTTP tool but no HTTP client was given",
+                    def.function
+                ))
+            })?;
+            Ok(Arc::new(HttpTool::new(
+                url.clone(),
+                timeout,
+                client.clone(),
+            )))
         }
     };
     exec.map(scoped)

@@ -92,10 +92,15 @@ pub struct TurnMachine {
     plan: Arc<AgentPlan>,
     limits: TurnLimits,
     turn_key: Arc<str>,
-    /// System message, then the transcript the turn started from.
-    base: Vec<Message>,
+    /// The transcript of the model requests: the system message, the transcript the turn
+    /// started from, then what the turn added up to the last request. Shared with each request
+    /// rather than copied; by the next request the previous one is normally gone, so new
+    /// messages are appended in place (`Arc::make_mut` copies only if a model kept it).
+    sent: Arc<Vec<Message>>,
     /// Messages this turn added.
     added: Vec<Message>,
+    /// How many of `added` are in `sent`.
+    added_sent: usize,
     steps: u32,
     model_calls: u32,
     structured_corrections_left: u32,
@@ -123,17 +128,19 @@ impl TurnMachine {
         turn_key: Arc<str>,
         limits: TurnLimits,
     ) -> (Self, Step) {
-        let mut base = Vec::with_capacity(history.len() + 1);
-        base.push(Message::text(Role::System, plan.system_prompt(context)));
-        base.extend_from_slice(history);
+        // Room for a typical tool step (the call and its result) without growing.
+        let mut sent = Vec::with_capacity(history.len() + 3);
+        sent.push(Message::text(Role::System, plan.system_prompt(context)));
+        sent.extend_from_slice(history);
         let mut machine = Self {
             structured_corrections_left: limits.structured_output_corrections,
             json_corrections_left: limits.json_mode_corrections,
             plan,
             limits,
             turn_key,
-            base,
+            sent: Arc::new(sent),
             added: Vec::new(),
+            added_sent: 0,
             steps: 0,
             model_calls: 0,
             tools_used: Vec::new(),
@@ -382,10 +389,11 @@ impl TurnMachine {
 
     fn call_model(&mut self) -> Step {
         self.model_calls += 1;
-        let mut messages = Vec::with_capacity(self.base.len() + self.added.len());
-        messages.extend_from_slice(&self.base);
-        messages.extend_from_slice(&self.added);
-        let mut request = ChatRequest::new(&*self.plan.name, messages);
+        if self.added_sent < self.added.len() {
+            Arc::make_mut(&mut self.sent).extend_from_slice(&self.added[self.added_sent..]);
+            self.added_sent = self.added.len();
+        }
+        let mut request = ChatRequest::new(&*self.plan.name, Arc::clone(&self.sent));
         request.model = self.plan.model.clone();
         request.temperature = self.plan.temperature;
         request.stream = self.limits.stream;

@@ -495,7 +495,7 @@ async fn the_same_structured_output_delivered_twice_concurrently_runs_the_tool_o
         workflow,
         model,
         &BuiltinRegistry::with_defaults(services),
-        &http,
+        Some(&http),
         Duration::from_secs(5),
     ) {
         Ok(c) => Arc::new(c),

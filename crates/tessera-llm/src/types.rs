@@ -124,6 +124,10 @@ pub struct ResponseFormat {
 
 /// Everything one model call needs. `agent` is metadata for routing, logs and the scripted
 /// model; it is not sent to the provider.
+///
+/// `messages` and `tools` are shared, cheap to clone: an engine hands its transcript and tool
+/// specs to every model call without copying them, and appends to the transcript in place
+/// between calls once the previous request is dropped (`Arc::make_mut`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ChatRequest {
     /// The agent asking; used by logs and the scripted model, never sent.
@@ -131,9 +135,9 @@ pub struct ChatRequest {
     /// Model name; `None` uses the client's configured default.
     pub model: Option<String>,
     /// The transcript the model sees, oldest first.
-    pub messages: Vec<Message>,
+    pub messages: Arc<Vec<Message>>,
     /// Tools the model may call; empty for none.
-    pub tools: Vec<ToolSpec>,
+    pub tools: Arc<[ToolSpec]>,
     /// How the model may use `tools`; ignored when `tools` is empty.
     pub tool_choice: Option<ToolChoice>,
     /// Require a JSON answer matching a schema.
@@ -145,13 +149,14 @@ pub struct ChatRequest {
 }
 
 impl ChatRequest {
-    /// A request for `agent` over `messages` with no tools, format or overrides.
-    pub fn new(agent: impl Into<String>, messages: Vec<Message>) -> Self {
+    /// A request for `agent` over `messages` (a `Vec<Message>` or an already shared one) with
+    /// no tools, format or overrides.
+    pub fn new(agent: impl Into<String>, messages: impl Into<Arc<Vec<Message>>>) -> Self {
         Self {
             agent: agent.into(),
             model: None,
-            messages,
-            tools: Vec::new(),
+            messages: messages.into(),
+            tools: Arc::from([]),
             tool_choice: None,
             response_format: None,
             temperature: None,

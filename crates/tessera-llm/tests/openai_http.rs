@@ -143,7 +143,8 @@ async fn request_model_overrides_default_and_options_are_sent() {
         name: "lookup".into(),
         description: "Look up".into(),
         parameters: json!({"type": "object"}),
-    }];
+    }]
+    .into();
     client(&server)
         .complete(req, None)
         .await

@@ -216,15 +216,19 @@ async fn bench(
             .await
             .map_err(|e| anyhow::anyhow!("start chat: {e}"))?;
         let addr = chat.addr.clone();
-        let driver = Driver {
+        // On the chat's own arbiter, like the chat's helpers: every delivered event and every
+        // input is then a same-thread mailbox send, so the run measures the engine rather than
+        // cross-thread wake-ups between the harness and the engine.
+        let arbiter = chat.arbiter.clone();
+        let (turns, done) = (args.turns, done_tx.clone());
+        let driver = Driver::start_in_arbiter(&arbiter, move |_| Driver {
             chat,
             index,
             requests_seen: 0,
-            turns: args.turns,
-            done: done_tx.clone(),
+            turns,
+            done,
             go: false,
-        }
-        .start();
+        });
         addr.send(Subscribe {
             recipient: driver.clone().recipient(),
             after_seq: 0,

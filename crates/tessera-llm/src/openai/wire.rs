@@ -632,7 +632,8 @@ mod tests {
             name: "search".into(),
             description: "Search things".into(),
             parameters: json!({"type": "object"}),
-        }];
+        }]
+        .into();
         request.tool_choice = Some(ToolChoice::Function("search".into()));
         request.response_format = Some(ResponseFormat {
             name: "out".into(),
@@ -697,11 +698,12 @@ mod tests {
         let mut request = ChatRequest::new("A", vec![]);
         request.tool_choice = Some(ToolChoice::Required);
         assert!(encode(&request).get("tool_choice").is_none());
-        request.tools.push(ToolSpec {
+        request.tools = vec![ToolSpec {
             name: "t".into(),
             description: String::new(),
             parameters: json!({}),
-        });
+        }]
+        .into();
         for (choice, want) in [
             (ToolChoice::Auto, json!("auto")),
             (ToolChoice::None, json!("none")),

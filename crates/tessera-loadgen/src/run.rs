@@ -418,6 +418,10 @@ async fn drive_chat(
                 "chat.resume_boundary" => {
                     ready = true;
                     if out.turns_done == 0 && turn_started.is_none() {
+                        // Offered load: first messages are spread too, not one burst.
+                        if !think.is_zero() {
+                            tokio::time::sleep(think_time(think, i, 0)).await;
+                        }
                         send = Some(user_message(i, 1));
                     }
                 }

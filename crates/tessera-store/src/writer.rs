@@ -13,13 +13,16 @@
 //! Ordering: jobs run in the order they were submitted (one FIFO channel), and submission
 //! happens when the store method is called, not when its future is first polled.
 
+use std::cell::Cell;
+use std::ffi::c_int;
 use std::fmt;
 use std::path::Path;
-use std::sync::mpsc;
+use std::sync::mpsc::{self, SyncSender};
 use std::time::Duration;
 
 use futures::channel::oneshot;
 use rusqlite::Connection;
+use rusqlite::hooks::Wal;
 use tracing::{debug, error};
 
 use crate::StoreError;
@@ -29,8 +32,11 @@ const MAX_JOBS_PER_COMMIT: usize = 512;
 /// Page cache of the write connection, in KiB (SQLite's negative `cache_size` unit); it
 /// grows only as pages are used.
 const WRITER_CACHE_KIB: i64 = -65_536;
-/// WAL size, in pages, that triggers a checkpoint (SQLite's default is 1,000).
-const WAL_AUTOCHECKPOINT_PAGES: i64 = 8_000;
+/// WAL size, in pages, that wakes the checkpointer (SQLite's automatic checkpoint default).
+const CHECKPOINT_AFTER_PAGES: c_int = 1_000;
+/// WAL size, in pages, at which the writer waits for a catch-up checkpoint (16 MiB of 4 KiB
+/// pages): bounds the WAL file.
+const CHECKPOINT_CAP_PAGES: c_int = 4_000;
 /// Prepared statements kept per connection (every write statement of the store fits).
 const STATEMENT_CACHE: usize = 64;
 
@@ -70,18 +76,16 @@ impl Writer {
         // transaction. Both showed up as a third of the writer's time in profiles.
         conn.pragma_update(None, "temp_store", "MEMORY")?;
         conn.pragma_update(None, "cache_size", WRITER_CACHE_KIB)?;
-        // Checkpoint less often: hot pages (the tails of the event and message indexes) are
-        // then copied back to the database file once per many commits, not once per few.
-        conn.pragma_update(None, "wal_autocheckpoint", WAL_AUTOCHECKPOINT_PAGES)?;
         conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
+        // Checkpoints run on a thread of their own (see `checkpoint`); installing the WAL
+        // hook also turns off SQLite's automatic checkpoint on this connection.
+        let checkpointer = Checkpointer::start(path, busy_timeout)?;
+        conn.wal_hook(Some(wal_grew));
         let (jobs, queue) = mpsc::channel();
         std::thread::Builder::new()
             .name("tessera-store-writer".to_owned())
-            .spawn(move || run(conn, queue))
-            .map_err(|source| StoreError::Io {
-                path: path.to_path_buf(),
-                source,
-            })?;
+            .spawn(move || run(conn, queue, checkpointer))
+            .map_err(|source| io_error(path, source))?;
         Ok(Self { jobs })
     }
 
@@ -114,6 +118,92 @@ impl Writer {
         if self.jobs.send(Command::Close(done)).is_ok() {
             let _ = stopped.await;
         }
+    }
+}
+
+/// A request to the checkpointer.
+enum Checkpoint {
+    /// The WAL grew: copy what is there, beside the writer.
+    Wake,
+    /// The writer is paused until the answer: copy everything so the WAL can start over.
+    CatchUp(SyncSender<()>),
+}
+
+thread_local! {
+    /// On the writer thread: the WAL's size in pages after the last commit. A thread-local
+    /// because SQLite's WAL hook is a plain function pointer with no room for captured state.
+    static WAL_PAGES: Cell<c_int> = const { Cell::new(0) };
+}
+
+/// WAL hook of the write connection, called after each commit with the WAL's size in pages.
+fn wal_grew(_wal: &Wal, pages: c_int) -> rusqlite::Result<()> {
+    WAL_PAGES.set(pages);
+    Ok(())
+}
+
+/// Keeps the WAL short without ever checkpointing inside a commit.
+///
+/// WHY not SQLite's automatic checkpoint: it runs inside the COMMIT of whichever write
+/// crosses the threshold, so every caller queued behind that commit (tool claims included)
+/// waited for tens of milliseconds of page copying. Here a checkpointer thread with its own
+/// connection copies the WAL back into the database (PASSIVE) beside the writer. Under
+/// steady writes such a pass never sees the WAL's end, and the WAL only starts over after a
+/// pass that copied all of it, so once the WAL passes `CHECKPOINT_CAP_PAGES` the writer waits
+/// between two transactions for one catch-up pass: short, because the passes beside it have
+/// copied nearly everything already.
+struct Checkpointer {
+    requests: SyncSender<Checkpoint>,
+}
+
+impl Checkpointer {
+    fn start(path: &Path, busy_timeout: Duration) -> Result<Self, StoreError> {
+        let conn = Connection::open(path)?;
+        conn.busy_timeout(busy_timeout)?;
+        let (requests, incoming) = mpsc::sync_channel::<Checkpoint>(1);
+        std::thread::Builder::new()
+            .name("tessera-store-checkpoint".to_owned())
+            .spawn(move || {
+                // Ends when the writer thread drops its sender.
+                while let Ok(request) = incoming.recv() {
+                    checkpoint(&conn);
+                    if let Checkpoint::CatchUp(done) = request {
+                        let _ = done.send(());
+                    }
+                }
+            })
+            .map_err(|source| io_error(path, source))?;
+        Ok(Self { requests })
+    }
+
+    /// Called by the writer between transactions.
+    fn after_commit(&self) {
+        let pages = WAL_PAGES.get();
+        if pages >= CHECKPOINT_CAP_PAGES {
+            let (done, wait) = mpsc::sync_channel(1);
+            if self.requests.send(Checkpoint::CatchUp(done)).is_ok() && wait.recv().is_ok() {
+                WAL_PAGES.set(0);
+            }
+        } else if pages >= CHECKPOINT_AFTER_PAGES {
+            // Full means a pass is already due: nothing to add.
+            let _ = self.requests.try_send(Checkpoint::Wake);
+        }
+    }
+}
+
+fn checkpoint(conn: &Connection) {
+    let done = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| {
+        Ok((row.get::<_, i64>(1)?, row.get::<_, i64>(2)?))
+    });
+    match done {
+        Ok((wal_pages, copied)) => debug!(wal_pages, copied, "wal checkpoint"),
+        Err(e) => error!(error = %e, "wal checkpoint failed"),
+    }
+}
+
+fn io_error(path: &Path, source: std::io::Error) -> StoreError {
+    StoreError::Io {
+        path: path.to_path_buf(),
+        source,
     }
 }
 
@@ -170,7 +260,7 @@ fn in_savepoint<T>(
     result
 }
 
-fn run(conn: Connection, queue: mpsc::Receiver<Command>) {
+fn run(conn: Connection, queue: mpsc::Receiver<Command>, checkpointer: Checkpointer) {
     let mut group: Vec<Box<dyn Job>> = Vec::with_capacity(MAX_JOBS_PER_COMMIT);
     // Blocks for the first job only; whatever queued up meanwhile joins its transaction.
     while let Ok(first) = queue.recv() {
@@ -188,6 +278,7 @@ fn run(conn: Connection, queue: mpsc::Receiver<Command>) {
         }
         if !group.is_empty() {
             commit_group(&conn, &mut group);
+            checkpointer.after_commit();
         }
         if let Some(done) = close {
             let _ = done.send(());

@@ -18,7 +18,7 @@ use crate::correlator::{
 };
 use crate::dedup::AdoptKey;
 use crate::engine::Shard;
-use crate::envelope::{ChatIdJson, envelope_json};
+use crate::envelope::{ChatIdJson, EventLog, envelope_json};
 use crate::persist::{WriteBehind, now_ms};
 use crate::runner::{AgentRunner, CancelTurn, RunnerParts, message_id};
 use crate::secrets::SecretVault;
@@ -172,7 +172,7 @@ pub struct ChatSession {
     consecutive: u32,
     status: ChatStatus,
     runner: Option<Addr<AgentRunner>>,
-    log: Vec<Arc<str>>,
+    log: EventLog,
     subscribers: Vec<Subscriber>,
     next_subscriber: u64,
     secrets: SecretVault,
@@ -233,7 +233,7 @@ impl ChatSession {
             consecutive: 0,
             status: ChatStatus::AwaitingUser,
             runner: None,
-            log: Vec::new(),
+            log: EventLog::default(),
             subscribers: Vec::new(),
             next_subscriber: 1,
             secrets: SecretVault::default(),
@@ -276,11 +276,9 @@ impl ChatSession {
             session.history.push(parsed);
             session.meta.push((message.message_id, message.ui_hidden));
         }
-        session.log = stored
-            .events
-            .into_iter()
-            .map(|e| Arc::from(e.json))
-            .collect();
+        for event in &stored.events {
+            session.log.push_text(&event.json);
+        }
         let restored_seq = session.last_seq();
         if let Some(persist) = &mut session.persist {
             persist.set_persisted_seq(restored_seq);
@@ -293,7 +291,7 @@ impl ChatSession {
     }
 
     fn last_seq(&self) -> u64 {
-        self.log.len() as u64
+        self.log.last_seq()
     }
 
     /// Assigns the next seq, logs the event, and fans it out.
@@ -301,9 +299,8 @@ impl ChatSession {
         if let Some(observe) = &self.shard.observer {
             observe(&event);
         }
-        let seq = self.last_seq() + 1;
-        let text = envelope_json(seq, &self.chat_id_json, &event);
-        self.log.push(text.clone());
+        let text = self.log.publish(&self.chat_id_json, &event);
+        let seq = self.last_seq();
         if self.persist.is_some() {
             self.persist_event(seq, &event, &text);
         }
@@ -945,8 +942,8 @@ impl Handler<Subscribe> for ChatSession {
             );
             let from = msg.after_seq.min(act.last_seq());
             let mut replayed = 0;
-            for text in &act.log[from as usize..] {
-                recipient.do_send(Deliver(text.clone()));
+            for text in act.log.replay(from, &act.chat_id_json) {
+                recipient.do_send(Deliver(text));
                 replayed += 1;
             }
             act.send_direct(

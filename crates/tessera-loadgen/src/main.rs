@@ -15,6 +15,16 @@ use clap::{Parser, Subcommand};
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// Has mimalloc return freed pages to the OS at once rather than 10 ms later: chats keep
+/// allocating while short-lived turn data is freed, and the delayed purge kept about 1 MiB of
+/// such pages resident for 1,000 chats, for no measurable CPU.
+fn tune_allocator() {
+    /// `mi_option_purge_delay` in mimalloc.h (v2 and v3), which libmimalloc-sys does not name.
+    const PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+    // SAFETY: sets a plain integer option; mimalloc allows this at any time, from any thread.
+    unsafe { libmimalloc_sys::mi_option_set(PURGE_DELAY, 0) };
+}
+
 /// Load generator and benchmarks for the Tessera engine.
 #[derive(Parser)]
 #[command(name = "tessera-loadgen", version, about)]
@@ -36,6 +46,7 @@ enum Command {
 }
 
 fn main() -> anyhow::Result<()> {
+    tune_allocator();
     let cli = Cli::parse();
     match cli.command {
         Command::MockLlm(args) => mock::run(args),

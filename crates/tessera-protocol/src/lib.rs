@@ -10,5 +10,5 @@ mod time;
 
 pub use client::{ClientMessage, MAX_CONTENT_CHARS, ToolResponseFrame, parse_client_frame};
 pub use error::{ErrorCode, FrameError};
-pub use server::{Envelope, PendingUiCall, ServerEvent};
-pub use time::rfc3339_now;
+pub use server::{Envelope, PendingUiCall, ServerEvent, json_string};
+pub use time::{format_unix_millis, rfc3339_now};

@@ -2,7 +2,9 @@
 //! `{"type", "seq", "chat_id", "timestamp", "data"}`, with `seq` assigned by the chat's
 //! `ChatSession` (one more than the previous event of that chat, never reused).
 
-use serde::{Deserialize, Serialize, Serializer, ser::SerializeMap};
+use std::ops::Range;
+
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::ErrorCode;
@@ -106,6 +108,24 @@ pub enum ServerEvent {
 }
 
 impl ServerEvent {
+    /// Every wire `type`, for compact encodings that store a type as its index here.
+    pub const TYPE_NAMES: [&'static str; 14] = [
+        "chat.session",
+        "chat.run_start",
+        "chat.text",
+        "chat.text_delta",
+        "chat.structured_output_ready",
+        "chat.tool_call",
+        "chat.tool_response",
+        "chat.input_request",
+        "chat.handoff",
+        "chat.usage",
+        "chat.ack",
+        "chat.resume_boundary",
+        "chat.run_complete",
+        "chat.error",
+    ];
+
     /// The wire `type` of this event.
     pub fn type_name(&self) -> &'static str {
         match self {
@@ -136,8 +156,8 @@ impl ServerEvent {
     }
 }
 
-/// An event as it goes on the wire. Serialized by hand so the envelope costs no intermediate
-/// `Value`.
+/// An event as it goes on the wire: `{"type", "seq", "chat_id", "timestamp", "data"}`, written
+/// by [`Envelope::write_prepared`] on every path (one implementation of the format).
 #[derive(Debug, Clone, Copy)]
 pub struct Envelope<'a> {
     pub seq: u64,
@@ -146,30 +166,182 @@ pub struct Envelope<'a> {
     pub event: &'a ServerEvent,
 }
 
+/// `s` as JSON string text, quotes included.
+pub fn json_string(s: &str) -> String {
+    // Serializing a string into a String cannot fail.
+    serde_json::to_string(s).unwrap_or_default()
+}
+
 impl Envelope<'_> {
     /// The envelope as JSON text.
     pub fn to_json(&self) -> String {
-        // Serializing plain data (strings, numbers, `Value`s) into a String cannot fail.
-        serde_json::to_string(self).unwrap_or_default()
+        let mut out = Vec::with_capacity(256);
+        let (chat_id, timestamp) = (json_string(self.chat_id), json_string(self.timestamp));
+        // Plain data (strings, numbers, `Value`s) cannot fail to serialize, and serde_json
+        // writes UTF-8 only.
+        match Self::write_prepared(&mut out, self.seq, &chat_id, &timestamp, self.event) {
+            Ok(_) => String::from_utf8(out).unwrap_or_default(),
+            Err(_) => String::new(),
+        }
+    }
+
+    /// Appends the envelope of `event` to `out`, with the chat id and timestamp already JSON
+    /// strings: the engine escapes a chat's id once and formats the time once per millisecond,
+    /// which on small events cost as much as the event data. Returns where `data` lies in `out`.
+    pub fn write_prepared(
+        out: &mut Vec<u8>,
+        seq: u64,
+        chat_id_json: &str,
+        timestamp_json: &str,
+        event: &ServerEvent,
+    ) -> serde_json::Result<Range<usize>> {
+        write_head(out, event.type_name(), seq, chat_id_json, timestamp_json)?;
+        let start = out.len();
+        serde_json::to_writer(&mut *out, event)?;
+        let data = start..out.len();
+        out.push(b'}');
+        Ok(data)
+    }
+
+    /// Appends an envelope whose `data` is already JSON text (`data_json`, as
+    /// [`Envelope::write_prepared`] wrote it): rebuilds an event's text exactly from its parts.
+    pub fn write_prepared_data(
+        out: &mut Vec<u8>,
+        type_name: &str,
+        seq: u64,
+        chat_id_json: &str,
+        timestamp_json: &str,
+        data_json: &[u8],
+    ) -> serde_json::Result<()> {
+        write_head(out, type_name, seq, chat_id_json, timestamp_json)?;
+        out.extend_from_slice(data_json);
+        out.push(b'}');
+        Ok(())
     }
 }
 
-impl Serialize for Envelope<'_> {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let mut map = serializer.serialize_map(Some(5))?;
-        map.serialize_entry("type", self.event.type_name())?;
-        map.serialize_entry("seq", &self.seq)?;
-        map.serialize_entry("chat_id", self.chat_id)?;
-        map.serialize_entry("timestamp", self.timestamp)?;
-        map.serialize_entry("data", self.event)?;
-        map.end()
+/// Everything of the envelope up to its `data` value.
+fn write_head(
+    out: &mut Vec<u8>,
+    type_name: &str,
+    seq: u64,
+    chat_id_json: &str,
+    timestamp_json: &str,
+) -> serde_json::Result<()> {
+    out.extend_from_slice(b"{\"type\":");
+    // Type names are plain literals ("chat.text"); checked without an early exit so the check
+    // stays cheap, escaped by serde_json should one ever need it.
+    let plain = type_name
+        .bytes()
+        .fold(true, |ok, b| ok & (b >= 0x20) & (b != b'"') & (b != b'\\'));
+    if plain {
+        out.push(b'"');
+        out.extend_from_slice(type_name.as_bytes());
+        out.push(b'"');
+    } else {
+        serde_json::to_writer(&mut *out, type_name)?;
     }
+    out.extend_from_slice(b",\"seq\":");
+    serde_json::to_writer(&mut *out, &seq)?;
+    out.extend_from_slice(b",\"chat_id\":");
+    out.extend_from_slice(chat_id_json.as_bytes());
+    out.extend_from_slice(b",\"timestamp\":");
+    out.extend_from_slice(timestamp_json.as_bytes());
+    out.extend_from_slice(b",\"data\":");
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde::{Serializer, ser::SerializeMap};
     use serde_json::json;
+
+    /// The envelope through serde's generic map serialization: the reference the hand-written
+    /// writer must match byte for byte.
+    struct Reference<'a>(Envelope<'a>);
+
+    impl Serialize for Reference<'_> {
+        fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+            let e = &self.0;
+            let mut map = serializer.serialize_map(Some(5))?;
+            map.serialize_entry("type", e.event.type_name())?;
+            map.serialize_entry("seq", &e.seq)?;
+            map.serialize_entry("chat_id", e.chat_id)?;
+            map.serialize_entry("timestamp", e.timestamp)?;
+            map.serialize_entry("data", e.event)?;
+            map.end()
+        }
+    }
+
+    #[test]
+    fn same_text_as_serde() {
+        let events = [
+            ServerEvent::InputRequest {
+                agent: "A \"quoted\" agent".into(),
+            },
+            ServerEvent::error(ErrorCode::Internal, "line\nbreak", true),
+            ServerEvent::ToolCall(
+                json!({"kind": "tool_call", "payload": {"tool_args": {"é": [1, null]}}}),
+            ),
+        ];
+        let ids = ["chat_1", "chat \"odd\" \\ id\u{1}", "chat_é"];
+        for event in &events {
+            for chat_id in ids {
+                for seq in [0, 7, u64::MAX] {
+                    let envelope = Envelope {
+                        seq,
+                        chat_id,
+                        timestamp: "2026-01-01T00:00:00.000Z",
+                        event,
+                    };
+                    let expected = serde_json::to_string(&Reference(envelope)).expect("json");
+                    assert_eq!(envelope.to_json(), expected);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn rebuilt_from_parts_is_the_same_text() {
+        let event = ServerEvent::Handoff {
+            from: "A".into(),
+            to: "B".into(),
+            reason: "after_work".into(),
+        };
+        let (chat_id, timestamp) = (json_string("c\"1"), json_string("t"));
+        let mut whole = Vec::new();
+        let data =
+            Envelope::write_prepared(&mut whole, 9, &chat_id, &timestamp, &event).expect("written");
+        let mut rebuilt = Vec::new();
+        Envelope::write_prepared_data(
+            &mut rebuilt,
+            event.type_name(),
+            9,
+            &chat_id,
+            &timestamp,
+            &whole[data],
+        )
+        .expect("written");
+        assert_eq!(rebuilt, whole);
+    }
+
+    #[test]
+    fn type_names_are_listed() {
+        let events = [
+            ServerEvent::InputRequest { agent: "A".into() },
+            ServerEvent::error(ErrorCode::Internal, "x", true),
+            ServerEvent::ToolCall(json!({})),
+            ServerEvent::ToolResponse(json!({})),
+            ServerEvent::RunStart {
+                agent: "A".into(),
+                turn: 1,
+            },
+        ];
+        for event in &events {
+            assert!(ServerEvent::TYPE_NAMES.contains(&event.type_name()));
+        }
+    }
 
     #[test]
     fn envelope_has_the_five_fields() {

@@ -10,9 +10,9 @@ pub fn rfc3339_now() -> String {
     format_unix_millis(since.as_millis() as i64)
 }
 
-/// Formats milliseconds since the Unix epoch (UTC). Uses Howard Hinnant's days-to-civil
-/// algorithm, exact for the proleptic Gregorian calendar.
-pub(crate) fn format_unix_millis(ms: i64) -> String {
+/// Formats milliseconds since the Unix epoch (UTC) as [`rfc3339_now`] does. Uses Howard
+/// Hinnant's days-to-civil algorithm, exact for the proleptic Gregorian calendar.
+pub fn format_unix_millis(ms: i64) -> String {
     let secs = ms.div_euclid(1000);
     let millis = ms.rem_euclid(1000);
     let days = secs.div_euclid(86_400);

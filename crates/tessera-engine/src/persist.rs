@@ -7,10 +7,11 @@
 //! naturally under load.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::future::BoxFuture;
 use serde_json::Value;
-use tessera_store::{ChatStore, ChatWriteBatch, ToolClaim};
+use tessera_store::{ChatStore, ChatWriteBatch, StoreError, ToolClaim};
 
 use crate::dedup::{ClaimOutcome, DedupRecordStore};
 
@@ -23,6 +24,11 @@ pub struct WriteBehind {
     chat_id: Arc<str>,
     queued: PendingWrites,
     flushing: bool,
+    /// A copy of the batch under way, put back at the head of the queue if the write fails
+    /// for a reason a retry can cure: a failed flush must not lose the chat's history.
+    in_flight: Option<PendingWrites>,
+    /// Wait before the next retry; doubles up to [`MAX_RETRY_DELAY`], reset by a success.
+    retry_delay: Duration,
     /// Highest event seq of the flush under way.
     in_flight_seq: u64,
     /// Highest event seq known to be in the store.
@@ -37,6 +43,8 @@ impl WriteBehind {
             chat_id,
             queued: PendingWrites::default(),
             flushing: false,
+            in_flight: None,
+            retry_delay: FIRST_RETRY_DELAY,
             in_flight_seq: 0,
             persisted_seq: 0,
         }
@@ -66,42 +74,109 @@ impl WriteBehind {
 
     /// Takes the queued writes and returns the future that performs them, unless a flush is
     /// already running (then the writes wait for the next one) or nothing is queued.
-    pub fn start_flush(&mut self) -> Option<BoxFuture<'static, bool>> {
+    pub fn start_flush(&mut self) -> Option<BoxFuture<'static, FlushOutcome>> {
         if self.flushing || self.queued.is_empty() {
             return None;
         }
         self.flushing = true;
         let batch = std::mem::take(&mut self.queued);
         self.in_flight_seq = batch.events.last().map_or(self.persisted_seq, |e| e.seq);
+        // The cost of never losing a batch: one copy of a few KiB per flush.
+        self.in_flight = Some(batch.clone());
         let store = self.store.clone();
         let chat_id = self.chat_id.clone();
         Some(Box::pin(async move {
-            match write_batch(&*store, &chat_id, batch).await {
-                Ok(()) => true,
+            match store.apply_batch(&chat_id, batch).await {
+                Ok(()) => FlushOutcome::Written,
+                Err(error) if is_transient(&error) => {
+                    tracing::warn!(chat_id = %chat_id, %error, "persisting chat failed; will retry");
+                    FlushOutcome::Retry
+                }
                 Err(error) => {
-                    tracing::error!(chat_id = %chat_id, %error, "persisting chat failed");
-                    false
+                    // A conflict or a deleted chat: the same batch would fail again.
+                    tracing::error!(chat_id = %chat_id, %error, "persisting chat failed; batch dropped");
+                    FlushOutcome::Dropped
                 }
             }
         }))
     }
 
-    /// The flush finished; true when more writes are waiting.
-    pub fn flush_done(&mut self, ok: bool) -> bool {
+    /// The flush finished: what to do next.
+    pub fn flush_done(&mut self, outcome: FlushOutcome) -> NextFlush {
         self.flushing = false;
-        if ok {
-            self.persisted_seq = self.in_flight_seq;
+        let failed = self.in_flight.take();
+        match outcome {
+            FlushOutcome::Written => {
+                self.persisted_seq = self.in_flight_seq;
+                self.retry_delay = FIRST_RETRY_DELAY;
+            }
+            FlushOutcome::Retry => {
+                if let Some(failed) = failed {
+                    let newer = std::mem::take(&mut self.queued);
+                    self.queued = prepend(failed, newer);
+                }
+                let delay = self.retry_delay;
+                self.retry_delay = (delay * 2).min(MAX_RETRY_DELAY);
+                return NextFlush::After(delay);
+            }
+            FlushOutcome::Dropped => {}
         }
-        !self.queued.is_empty()
+        if self.queued.is_empty() {
+            NextFlush::Idle
+        } else {
+            NextFlush::Now
+        }
     }
 }
 
-async fn write_batch(
-    store: &dyn ChatStore,
-    chat_id: &str,
-    batch: PendingWrites,
-) -> Result<(), tessera_store::StoreError> {
-    store.apply_batch(chat_id, batch).await
+/// How a flush ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlushOutcome {
+    /// The batch is in the store.
+    Written,
+    /// The store failed in a way a retry can cure (I/O, lock timeout, failed commit): the
+    /// batch goes back to the head of the queue.
+    Retry,
+    /// The store refused the batch for good (conflict, chat deleted): logged and dropped.
+    Dropped,
+}
+
+/// What the session should do after a flush.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NextFlush {
+    /// Nothing is queued.
+    Idle,
+    /// More writes are queued: flush now.
+    Now,
+    /// The flush failed: try again after this delay (backing off).
+    After(Duration),
+}
+
+/// First retry delay after a failed flush.
+const FIRST_RETRY_DELAY: Duration = Duration::from_millis(50);
+/// Longest retry delay.
+const MAX_RETRY_DELAY: Duration = Duration::from_secs(5);
+
+fn is_transient(error: &StoreError) -> bool {
+    matches!(
+        error,
+        StoreError::Database(_)
+            | StoreError::Sqlite(_)
+            | StoreError::Commit(_)
+            | StoreError::Io { .. }
+    )
+}
+
+/// `first`'s writes followed by `then`'s, as one batch (the newest state wins).
+fn prepend(mut first: PendingWrites, then: PendingWrites) -> PendingWrites {
+    first.messages.extend(then.messages);
+    first.events.extend(then.events);
+    first.put_pending.extend(then.put_pending);
+    first.remove_pending.extend(then.remove_pending);
+    if then.state.is_some() {
+        first.state = then.state;
+    }
+    first
 }
 
 /// The store's tool-invocation records as the `DedupCache`'s durable layer. Keys are

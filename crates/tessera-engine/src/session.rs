@@ -19,7 +19,7 @@ use crate::correlator::{
 use crate::dedup::AdoptKey;
 use crate::engine::Shard;
 use crate::envelope::{ChatIdJson, EventLog, envelope_json};
-use crate::persist::{WriteBehind, now_ms};
+use crate::persist::{FlushOutcome, NextFlush, WriteBehind, now_ms};
 use crate::runner::{AgentRunner, CancelTurn, RunnerParts, message_id};
 use crate::secrets::SecretVault;
 use crate::turn::{TurnFailure, TurnLimits, TurnOutput};
@@ -809,23 +809,30 @@ impl Handler<FlushWrites> for ChatSession {
         // connection would deadlock it.
         let addr = ctx.address();
         actix::spawn(async move {
-            let ok = flush.await;
-            addr.do_send(FlushDone(ok));
+            let outcome = flush.await;
+            addr.do_send(FlushDone(outcome));
         });
     }
 }
 
-/// A flush finished (`true` when it reached the store).
+/// A flush finished.
 #[derive(Message)]
 #[rtype(result = "()")]
-struct FlushDone(bool);
+struct FlushDone(FlushOutcome);
 
 impl Handler<FlushDone> for ChatSession {
     type Result = ();
 
-    fn handle(&mut self, FlushDone(ok): FlushDone, _ctx: &mut Self::Context) {
-        if self.persist.as_mut().is_some_and(|p| p.flush_done(ok)) {
-            self.request_flush();
+    fn handle(&mut self, FlushDone(outcome): FlushDone, ctx: &mut Self::Context) {
+        let next = self.persist.as_mut().map(|p| p.flush_done(outcome));
+        match next {
+            Some(NextFlush::Now) => self.request_flush(),
+            Some(NextFlush::After(delay)) => {
+                // Marked requested so new events do not retry before the back-off is over.
+                self.flush_requested = true;
+                ctx.notify_later(FlushWrites, delay);
+            }
+            Some(NextFlush::Idle) | None => {}
         }
     }
 }

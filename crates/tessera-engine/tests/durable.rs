@@ -6,13 +6,16 @@
 mod common;
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use common::*;
 use serde_json::{Map, json};
 use tessera_engine::session::{GetSnapshot, ToolAnswer, UserInput};
 use tessera_engine::{EngineConfig, EngineHooks, NewChat};
-use tessera_store::{ChatStore, SqliteStore, ToolClaim};
+use tessera_store::{
+    ChatRecord, ChatState, ChatStore, ChatWriteBatch, PendingUiRecord, SqliteStore, StoreError,
+    StoreFuture, StoredChat, StoredEvent, StoredMessage, ToolClaim,
+};
 
 async fn store_at(dir: &std::path::Path) -> Arc<SqliteStore> {
     match SqliteStore::open(&dir.join("t.db")).await {
@@ -171,4 +174,167 @@ async fn a_pending_ui_call_survives_a_restart_and_is_answered_once() {
         matches!(replay.ok(), Some(Err(_))),
         "the answer is accepted once"
     );
+}
+
+/// The real SQLite store, except that its first `failures` batch writes fail the way a failed
+/// commit does (a transient error: disk full, I/O error, lock timeout).
+struct FlakyStore {
+    inner: SqliteStore,
+    failures: AtomicUsize,
+}
+
+impl ChatStore for FlakyStore {
+    fn apply_batch(&self, chat_id: &str, batch: ChatWriteBatch) -> StoreFuture<()> {
+        let fail = self
+            .failures
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if fail {
+            return Box::pin(std::future::ready(Err(StoreError::Commit(
+                "injected failure".into(),
+            ))));
+        }
+        self.inner.apply_batch(chat_id, batch)
+    }
+    fn create_chat(&self, record: ChatRecord) -> StoreFuture<()> {
+        self.inner.create_chat(record)
+    }
+    fn save_state(&self, chat_id: &str, state: ChatState) -> StoreFuture<()> {
+        self.inner.save_state(chat_id, state)
+    }
+    fn load_chat(&self, chat_id: &str) -> StoreFuture<Option<StoredChat>> {
+        self.inner.load_chat(chat_id)
+    }
+    fn list_chats(
+        &self,
+        t: &str,
+        u: &str,
+        limit: u32,
+        offset: u32,
+    ) -> StoreFuture<Vec<StoredChat>> {
+        self.inner.list_chats(t, u, limit, offset)
+    }
+    fn list_open_chats(&self) -> StoreFuture<Vec<StoredChat>> {
+        self.inner.list_open_chats()
+    }
+    fn append_messages(&self, chat_id: &str, messages: Vec<StoredMessage>) -> StoreFuture<()> {
+        self.inner.append_messages(chat_id, messages)
+    }
+    fn messages(&self, chat_id: &str, offset: u64, limit: u32) -> StoreFuture<Vec<StoredMessage>> {
+        self.inner.messages(chat_id, offset, limit)
+    }
+    fn all_messages(&self, chat_id: &str) -> StoreFuture<Vec<StoredMessage>> {
+        self.inner.all_messages(chat_id)
+    }
+    fn append_events(&self, chat_id: &str, events: Vec<StoredEvent>) -> StoreFuture<()> {
+        self.inner.append_events(chat_id, events)
+    }
+    fn events_after(&self, chat_id: &str, after: u64, limit: u32) -> StoreFuture<Vec<StoredEvent>> {
+        self.inner.events_after(chat_id, after, limit)
+    }
+    fn last_seq(&self, chat_id: &str) -> StoreFuture<u64> {
+        self.inner.last_seq(chat_id)
+    }
+    fn put_pending_ui(&self, chat_id: &str, record: PendingUiRecord) -> StoreFuture<()> {
+        self.inner.put_pending_ui(chat_id, record)
+    }
+    fn remove_pending_ui(&self, chat_id: &str, corr: &str) -> StoreFuture<bool> {
+        self.inner.remove_pending_ui(chat_id, corr)
+    }
+    fn pending_ui(&self, chat_id: &str) -> StoreFuture<Vec<PendingUiRecord>> {
+        self.inner.pending_ui(chat_id)
+    }
+    fn claim_tool(&self, chat_id: &str, key: &str) -> StoreFuture<ToolClaim> {
+        self.inner.claim_tool(chat_id, key)
+    }
+    fn complete_tool(
+        &self,
+        chat_id: &str,
+        key: &str,
+        result: &serde_json::Value,
+    ) -> StoreFuture<()> {
+        self.inner.complete_tool(chat_id, key, result)
+    }
+    fn delete_chat(&self, chat_id: &str) -> StoreFuture<bool> {
+        self.inner.delete_chat(chat_id)
+    }
+    fn put_secrets(&self, chat_id: &str, sealed: Vec<u8>) -> StoreFuture<()> {
+        self.inner.put_secrets(chat_id, sealed)
+    }
+    fn load_secrets(&self, chat_id: &str) -> StoreFuture<Option<Vec<u8>>> {
+        self.inner.load_secrets(chat_id)
+    }
+    fn delete_secrets(&self, chat_id: &str) -> StoreFuture<bool> {
+        self.inner.delete_secrets(chat_id)
+    }
+}
+
+#[actix::test]
+async fn failed_flushes_are_retried_and_lose_nothing() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let inner = match SqliteStore::open(&dir.path().join("t.db")).await {
+        Ok(s) => s,
+        Err(e) => panic!("open store: {e}"),
+    };
+    let store = Arc::new(FlakyStore {
+        inner,
+        failures: AtomicUsize::new(3),
+    });
+    let hooks = EngineHooks {
+        store: Some(store.clone() as Arc<dyn ChatStore>),
+        ..EngineHooks::default()
+    };
+    let h = harness_with_hooks(EngineConfig::default(), hooks, |req| {
+        if after_tool(req) {
+            return Reply::Text("done".into());
+        }
+        Reply::Tools(vec![("echo", json!({"message": "hi"}))])
+    });
+    let mut c = new_chat(&h).await;
+    c.until("chat.input_request").await;
+    assert!(c.chat.addr.send(say("go")).await.is_ok());
+    c.until("chat.input_request").await;
+    let chat_id = c.chat.identity.chat_id.to_string();
+
+    // Retries back off (50 ms, 100 ms, 200 ms): wait until the session reports the store
+    // caught up with its log.
+    let mut snapshot = None;
+    for _ in 0..500 {
+        let now = c.chat.addr.send(GetSnapshot).await;
+        let Ok(now) = now else { panic!("session gone") };
+        if now.persisted_seq == Some(now.last_seq) {
+            snapshot = Some(now);
+            break;
+        }
+        actix::clock::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let Some(snapshot) = snapshot else {
+        panic!("the store never caught up with the chat's log");
+    };
+    assert_eq!(
+        store.failures.load(Ordering::SeqCst),
+        0,
+        "failures were injected"
+    );
+    let stored: Vec<u64> = store
+        .inner
+        .events_after(&chat_id, 0, 10_000)
+        .await
+        .unwrap_or_default()
+        .iter()
+        .map(|e| e.seq)
+        .collect();
+    assert_eq!(
+        stored,
+        (1..=snapshot.last_seq).collect::<Vec<_>>(),
+        "no gap, no duplicate"
+    );
+    // The whole transcript (user, tool call, tool result, answer), in order, each once.
+    let messages = store.inner.all_messages(&chat_id).await.unwrap_or_default();
+    let idx: Vec<u64> = messages.iter().map(|m| m.idx).collect();
+    assert_eq!(idx, (0..messages.len() as u64).collect::<Vec<_>>());
+    let contents: Vec<&str> = messages.iter().map(|m| m.content.as_str()).collect();
+    assert_eq!(contents.first(), Some(&"go"), "{contents:?}");
+    assert_eq!(contents.last(), Some(&"done"), "{contents:?}");
+    assert!(messages.len() >= snapshot.transcript.len());
 }

@@ -24,9 +24,10 @@ pub struct WriteBehind {
     chat_id: Arc<str>,
     queued: PendingWrites,
     flushing: bool,
-    /// A copy of the batch under way, put back at the head of the queue if the write fails
-    /// for a reason a retry can cure: a failed flush must not lose the chat's history.
-    in_flight: Option<PendingWrites>,
+    /// The batch under way (shared with the store's job, not copied), put back at the head
+    /// of the queue if the write fails for a reason a retry can cure: a failed flush must
+    /// not lose the chat's history.
+    in_flight: Option<Arc<PendingWrites>>,
     /// Wait before the next retry; doubles up to [`MAX_RETRY_DELAY`], reset by a success.
     retry_delay: Duration,
     /// Highest event seq of the flush under way.
@@ -79,9 +80,8 @@ impl WriteBehind {
             return None;
         }
         self.flushing = true;
-        let batch = std::mem::take(&mut self.queued);
+        let batch = Arc::new(std::mem::take(&mut self.queued));
         self.in_flight_seq = batch.events.last().map_or(self.persisted_seq, |e| e.seq);
-        // The cost of never losing a batch: one copy of a few KiB per flush.
         self.in_flight = Some(batch.clone());
         let store = self.store.clone();
         let chat_id = self.chat_id.clone();
@@ -112,6 +112,8 @@ impl WriteBehind {
             }
             FlushOutcome::Retry => {
                 if let Some(failed) = failed {
+                    // The store's job has finished with its share; a copy only if not.
+                    let failed = Arc::unwrap_or_clone(failed);
                     let newer = std::mem::take(&mut self.queued);
                     self.queued = prepend(failed, newer);
                 }

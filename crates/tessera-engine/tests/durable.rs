@@ -184,7 +184,7 @@ struct FlakyStore {
 }
 
 impl ChatStore for FlakyStore {
-    fn apply_batch(&self, chat_id: &str, batch: ChatWriteBatch) -> StoreFuture<()> {
+    fn apply_batch(&self, chat_id: &str, batch: Arc<ChatWriteBatch>) -> StoreFuture<()> {
         let fail = self
             .failures
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))

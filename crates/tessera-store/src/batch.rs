@@ -38,7 +38,7 @@ impl ChatWriteBatch {
 pub(crate) fn apply(
     conn: &Connection,
     chat_id: &str,
-    batch: ChatWriteBatch,
+    batch: &ChatWriteBatch,
 ) -> Result<(), StoreError> {
     if !batch.messages.is_empty() {
         let mut insert = conn.prepare_cached(
@@ -101,7 +101,7 @@ pub(crate) fn apply(
     for corr in &batch.remove_pending {
         crate::pending::remove(conn, chat_id, corr)?;
     }
-    if let Some(state) = batch.state {
+    if let Some(state) = &batch.state {
         let context = serde_json::to_string(&state.context)?;
         let changed = conn
             .prepare_cached(

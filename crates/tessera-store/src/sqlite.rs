@@ -128,11 +128,11 @@ impl Drop for ScratchFile {
 }
 
 impl ChatStore for SqliteStore {
-    fn apply_batch(&self, chat_id: &str, batch: ChatWriteBatch) -> StoreFuture<()> {
+    fn apply_batch(&self, chat_id: &str, batch: Arc<ChatWriteBatch>) -> StoreFuture<()> {
         let chat_id = chat_id.to_owned();
         Box::pin(
             self.writer
-                .call(move |conn| batch::apply(conn, &chat_id, batch)),
+                .call(move |conn| batch::apply(conn, &chat_id, &batch)),
         )
     }
 
@@ -143,10 +143,10 @@ impl ChatStore for SqliteStore {
     fn save_state(&self, chat_id: &str, state: ChatState) -> StoreFuture<()> {
         self.apply_batch(
             chat_id,
-            ChatWriteBatch {
+            Arc::new(ChatWriteBatch {
                 state: Some(state),
                 ..ChatWriteBatch::default()
-            },
+            }),
         )
     }
 
@@ -177,10 +177,10 @@ impl ChatStore for SqliteStore {
     fn append_messages(&self, chat_id: &str, messages: Vec<StoredMessage>) -> StoreFuture<()> {
         self.apply_batch(
             chat_id,
-            ChatWriteBatch {
+            Arc::new(ChatWriteBatch {
                 messages,
                 ..ChatWriteBatch::default()
-            },
+            }),
         )
     }
 
@@ -200,10 +200,10 @@ impl ChatStore for SqliteStore {
     fn append_events(&self, chat_id: &str, events: Vec<StoredEvent>) -> StoreFuture<()> {
         self.apply_batch(
             chat_id,
-            ChatWriteBatch {
+            Arc::new(ChatWriteBatch {
                 events,
                 ..ChatWriteBatch::default()
-            },
+            }),
         )
     }
 
@@ -228,10 +228,10 @@ impl ChatStore for SqliteStore {
     fn put_pending_ui(&self, chat_id: &str, record: PendingUiRecord) -> StoreFuture<()> {
         self.apply_batch(
             chat_id,
-            ChatWriteBatch {
+            Arc::new(ChatWriteBatch {
                 put_pending: vec![record],
                 ..ChatWriteBatch::default()
-            },
+            }),
         )
     }
 

@@ -5,6 +5,8 @@
 //! implement the same trait later without touching callers. Every method returns a
 //! `'static` boxed future so the server can hold an `Arc<dyn ChatStore>` and spawn the calls.
 
+use std::sync::Arc;
+
 use futures::future::BoxFuture;
 use serde_json::Value;
 
@@ -94,7 +96,11 @@ pub trait ChatStore: Send + Sync + 'static {
 
     /// Applies one chat's queued writes (messages, events, pending UI calls, state) in that
     /// order. Stores should make it one transaction; this default applies them one by one.
-    fn apply_batch(&self, chat_id: &str, batch: crate::ChatWriteBatch) -> StoreFuture<()> {
+    ///
+    /// Shared (`Arc`) so a caller can keep the batch to retry it after a transient failure
+    /// without copying it up front.
+    fn apply_batch(&self, chat_id: &str, batch: Arc<crate::ChatWriteBatch>) -> StoreFuture<()> {
+        let batch = Arc::unwrap_or_clone(batch);
         let steps: Vec<StoreFuture<()>> = {
             let mut steps: Vec<StoreFuture<()>> = Vec::new();
             if !batch.messages.is_empty() {

@@ -4,6 +4,8 @@
 
 mod common;
 
+use std::sync::Arc;
+
 use common::{event, message, open, record, temp_db};
 use futures::future::join_all;
 use tessera_store::{ChatStore, ChatWriteBatch, StoreError, ToolClaim};
@@ -30,7 +32,7 @@ async fn concurrent_writes_of_many_chats_are_all_durable() {
     let mut writes = Vec::new();
     for i in 0..chats {
         let id = format!("c{i}");
-        writes.push(store.apply_batch(&id, events_batch(1, 3)));
+        writes.push(store.apply_batch(&id, Arc::new(events_batch(1, 3))));
         writes.push(store.append_messages(&id, vec![message(0), message(1)]));
     }
     let claims = join_all((0..chats).map(|i| store.claim_tool(&format!("c{i}"), "turn-1/echo")));
@@ -67,21 +69,24 @@ async fn a_failing_write_rolls_back_only_itself() {
         .create_chat(record("b", "acme", "u", 1))
         .await
         .unwrap();
-    store.apply_batch("a", events_batch(1, 2)).await.unwrap();
+    store
+        .apply_batch("a", Arc::new(events_batch(1, 2)))
+        .await
+        .unwrap();
 
     // Queued together: a good batch for b, a batch for a whose second event collides
     // (seq 2 exists) after its first (seq 3) was inserted, and a batch for a chat that
     // does not exist.
-    let good = store.apply_batch("b", events_batch(1, 5));
+    let good = store.apply_batch("b", Arc::new(events_batch(1, 5)));
     let bad = store.apply_batch(
         "a",
-        ChatWriteBatch {
+        Arc::new(ChatWriteBatch {
             events: vec![event(3), event(2)],
             messages: vec![message(0)],
             ..ChatWriteBatch::default()
-        },
+        }),
     );
-    let orphan = store.apply_batch("ghost", events_batch(1, 1));
+    let orphan = store.apply_batch("ghost", Arc::new(events_batch(1, 1)));
     let (good, bad, orphan) = futures::join!(good, bad, orphan);
 
     good.expect("b's batch is unaffected by its neighbours");
@@ -105,7 +110,7 @@ async fn writes_after_close_fail_cleanly() {
         .await
         .unwrap();
     store.close().await;
-    let late = store.apply_batch("a", events_batch(1, 1)).await;
+    let late = store.apply_batch("a", Arc::new(events_batch(1, 1))).await;
     assert!(matches!(late, Err(StoreError::Closed)), "{late:?}");
 }
 
@@ -130,7 +135,7 @@ async fn the_wal_stays_bounded_under_steady_writes() {
             events: vec![event],
             ..ChatWriteBatch::default()
         };
-        store.apply_batch("big", batch).await.unwrap();
+        store.apply_batch("big", Arc::new(batch)).await.unwrap();
     }
     let mut wal = db.path.clone().into_os_string();
     wal.push("-wal");

@@ -143,6 +143,14 @@ async fn a_completed_chat_stays_readable_after_a_restart() {
 
     // Completed chats are not rehydrated at start; they are rebuilt when their owner asks.
     let server = TestServer::start(options).await;
+    // ...but they are listed from the store, before anyone asks for them.
+    let (status, list) = server.get("/api/v1/chats", "alice").await;
+    assert_eq!(status, 200, "{list}");
+    assert_eq!(list["chats"][0]["chat_id"], chat.as_str(), "{list}");
+    assert_eq!(list["chats"][0]["status"], "completed", "{list}");
+    assert_eq!(list["chats"][0]["workflow"], "Generator", "{list}");
+    let (_, others) = server.get("/api/v1/chats", "mallory").await;
+    assert_eq!(others["chats"], json!([]), "{others}");
     let (status, _) = server
         .get(&format!("/api/v1/chats/{chat}/messages"), "mallory")
         .await;

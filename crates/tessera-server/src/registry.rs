@@ -22,14 +22,6 @@ pub struct FindChat {
     pub user: Arc<str>,
 }
 
-/// The chats of one user, newest first.
-#[derive(Message)]
-#[rtype(result = "Vec<ChatHandle>")]
-pub struct ListChats {
-    pub tenant: Arc<str>,
-    pub user: Arc<str>,
-}
-
 /// Every chat of one tenant (for the open-chat quota).
 #[derive(Message)]
 #[rtype(result = "Vec<ChatHandle>")]
@@ -66,19 +58,6 @@ impl Handler<FindChat> for ChatRegistry {
         let (_, handle) = self.chats.get(msg.chat_id.as_str())?;
         (handle.identity.tenant == msg.tenant && handle.identity.user == msg.user)
             .then(|| handle.clone())
-    }
-}
-
-impl Handler<ListChats> for ChatRegistry {
-    type Result = MessageResult<ListChats>;
-    fn handle(&mut self, msg: ListChats, _: &mut Self::Context) -> Self::Result {
-        let mut mine: Vec<&(u64, ChatHandle)> = self
-            .chats
-            .values()
-            .filter(|(_, h)| h.identity.tenant == msg.tenant && h.identity.user == msg.user)
-            .collect();
-        mine.sort_by_key(|entry| std::cmp::Reverse(entry.0));
-        MessageResult(mine.into_iter().map(|(_, h)| h.clone()).collect())
     }
 }
 

@@ -22,7 +22,7 @@ use tessera_protocol::ErrorCode;
 use tokio::sync::oneshot;
 
 use crate::auth::{AuthError, Caller};
-use crate::registry::{FindChat, ListChats, RegisterChat};
+use crate::registry::{FindChat, RegisterChat};
 use crate::serve::AppState;
 
 /// A REST error: status, stable code, and a sentence for humans.
@@ -260,24 +260,47 @@ async fn start_chat(
     Ok(handle)
 }
 
+/// The caller's chats, newest first, one page at a time. Read from the store, so the list
+/// includes every chat ever created, also those finished before a restart (which are not
+/// held in memory); `status` is as of the last flush of each chat.
 async fn list_chats(
     state: web::Data<AppState>,
     req: HttpRequest,
+    paging: web::Query<Paging>,
 ) -> Result<HttpResponse, ApiError> {
     let caller = caller(&state, &req)?;
+    let limit = paging.limit.clamp(1, 500);
+    let offset = u32::try_from(paging.offset).unwrap_or(u32::MAX);
     let chats = state
-        .registry
-        .send(ListChats {
-            tenant: caller.tenant,
-            user: caller.user,
-        })
+        .chats
+        .list_chats(
+            &caller.tenant,
+            &caller.user,
+            u32::try_from(limit).unwrap_or(500),
+            offset,
+        )
         .await
-        .map_err(|_| unavailable())?;
+        .map_err(|error| {
+            tracing::error!(tenant = %caller.tenant, %error, "listing chats failed");
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store_unavailable",
+                "the chat list cannot be read right now",
+            )
+        })?;
     let list: Vec<Value> = chats
         .iter()
-        .map(|c| json!({"chat_id": &*c.identity.chat_id, "workflow": c.workflow}))
+        .map(|c| {
+            json!({
+                "chat_id": c.record.chat_id,
+                "workflow": c.record.workflow,
+                "status": c.state.status,
+                "created_at_ms": c.record.created_at_ms,
+                "updated_at_ms": c.state.updated_at_ms,
+            })
+        })
         .collect();
-    Ok(HttpResponse::Ok().json(json!({"chats": list})))
+    Ok(HttpResponse::Ok().json(json!({"chats": list, "offset": paging.offset, "limit": limit})))
 }
 
 async fn snapshot(chat: &ChatHandle) -> Result<ChatSnapshot, ApiError> {

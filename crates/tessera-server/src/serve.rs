@@ -37,6 +37,8 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     pub limits: Arc<Limits>,
     pub artifacts: Arc<dyn ArtifactStore>,
+    /// Every chat ever created, for listings that survive restarts.
+    pub chats: Arc<dyn ChatStore>,
     /// `GET /workflows` body, built once.
     pub workflows: Arc<Vec<Value>>,
     pub shutting_down: Arc<AtomicBool>,
@@ -203,6 +205,7 @@ async fn serve(config: ServerConfig) -> anyhow::Result<()> {
         metrics,
         limits: Arc::new(config.limits.clone()),
         artifacts,
+        chats: store.clone(),
         workflows: Arc::new(summaries),
         shutting_down: shutting_down.clone(),
         connections,

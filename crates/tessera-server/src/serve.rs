@@ -252,6 +252,10 @@ async fn serve(config: ServerConfig) -> anyhow::Result<()> {
         handle.stop(true).await;
     });
     server.await.context("server failed")?;
+    // Sockets are closed and HTTP has drained: let the store commit what the chats queued
+    // before the process exits (a write still queued at exit would be lost as in a crash).
+    store.close().await;
+    tracing::info!("store closed");
     Ok(())
 }
 

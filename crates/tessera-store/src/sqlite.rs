@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::future::BoxFuture;
+use rusqlite::Connection;
 use serde_json::Value;
 use sqlx::SqlitePool;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
@@ -329,11 +330,7 @@ impl TaskStore for SqliteStore {
         user: &'a str,
         task_id: &'a str,
     ) -> BoxFuture<'a, Result<Option<Task>, tessera_tools::StoreError>> {
-        let (tenant, user, id) = (tenant.to_owned(), user.to_owned(), task_id.to_owned());
-        let done = self
-            .writer
-            .call(move |conn| tasks::complete(conn, &tenant, &user, &id));
-        Box::pin(async move { Ok(done.await?) })
+        self.change_task(tenant, user, task_id, tasks::complete)
     }
 
     fn delete<'a>(
@@ -342,11 +339,26 @@ impl TaskStore for SqliteStore {
         user: &'a str,
         task_id: &'a str,
     ) -> BoxFuture<'a, Result<Option<Task>, tessera_tools::StoreError>> {
+        self.change_task(tenant, user, task_id, tasks::delete)
+    }
+}
+
+/// A write to one owner's task that returns the task, if the owner has it.
+type TaskChange = fn(&Connection, &str, &str, &str) -> Result<Option<Task>, StoreError>;
+
+impl SqliteStore {
+    fn change_task<'a>(
+        &self,
+        tenant: &str,
+        user: &str,
+        task_id: &str,
+        change: TaskChange,
+    ) -> BoxFuture<'a, Result<Option<Task>, tessera_tools::StoreError>> {
         let (tenant, user, id) = (tenant.to_owned(), user.to_owned(), task_id.to_owned());
-        let deleted = self
+        let changed = self
             .writer
-            .call(move |conn| tasks::delete(conn, &tenant, &user, &id));
-        Box::pin(async move { Ok(deleted.await?) })
+            .call(move |conn| change(conn, &tenant, &user, &id));
+        Box::pin(async move { Ok(changed.await?) })
     }
 }
 

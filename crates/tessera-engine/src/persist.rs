@@ -10,8 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use serde_json::Value;
-use tessera_store::{ChatStore, ChatWriteBatch, StoreError, ToolClaim};
+use tessera_store::{ChatStore, ChatWriteBatch, ToolClaim};
 
 use crate::dedup::{ClaimOutcome, DedupRecordStore};
 
@@ -88,7 +87,7 @@ impl WriteBehind {
         Some(Box::pin(async move {
             match store.apply_batch(&chat_id, batch).await {
                 Ok(()) => FlushOutcome::Written,
-                Err(error) if is_transient(&error) => {
+                Err(error) if error.is_transient() => {
                     tracing::warn!(chat_id = %chat_id, %error, "persisting chat failed; will retry");
                     FlushOutcome::Retry
                 }
@@ -159,16 +158,6 @@ const FIRST_RETRY_DELAY: Duration = Duration::from_millis(50);
 /// Longest retry delay.
 const MAX_RETRY_DELAY: Duration = Duration::from_secs(5);
 
-fn is_transient(error: &StoreError) -> bool {
-    matches!(
-        error,
-        StoreError::Database(_)
-            | StoreError::Sqlite(_)
-            | StoreError::Commit(_)
-            | StoreError::Io { .. }
-    )
-}
-
 /// `first`'s writes followed by `then`'s, as one batch (the newest state wins).
 fn prepend(mut first: PendingWrites, then: PendingWrites) -> PendingWrites {
     first.messages.extend(then.messages);
@@ -205,7 +194,7 @@ impl DedupRecordStore for StoreDedup {
 
     fn complete(&self, key: &str) -> BoxFuture<'static, Result<(), String>> {
         let (chat_id, invocation) = split(key);
-        let done = self.0.complete_tool(chat_id, invocation, &Value::Null);
+        let done = self.0.complete_tool(chat_id, invocation);
         Box::pin(async move { done.await.map_err(|e| e.to_string()) })
     }
 }

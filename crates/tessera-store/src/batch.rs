@@ -58,7 +58,7 @@ pub(crate) fn apply(
                     m.ui_hidden,
                     raw
                 ])
-                .map_err(|e| StoreError::from_write(e, chat_id, "messages"))?;
+                .map_err(|e| crate::sqlite_error::from_write(e, chat_id, "messages"))?;
         }
     }
     if !batch.events.is_empty() {
@@ -73,7 +73,7 @@ pub(crate) fn apply(
                     e.event_type,
                     e.json
                 ])
-                .map_err(|err| StoreError::from_write(err, chat_id, "events"))?;
+                .map_err(|err| crate::sqlite_error::from_write(err, chat_id, "events"))?;
         }
     }
     if !batch.put_pending.is_empty() {
@@ -95,7 +95,7 @@ pub(crate) fn apply(
                     record.created_at_ms,
                     record.timeout_at_ms
                 ])
-                .map_err(|e| StoreError::from_write(e, chat_id, "pending ui call"))?;
+                .map_err(|e| crate::sqlite_error::from_write(e, chat_id, "pending ui call"))?;
         }
     }
     for corr in &batch.remove_pending {
@@ -118,7 +118,7 @@ pub(crate) fn apply(
                 chat_id
             ])?;
         if changed == 0 {
-            return Err(StoreError::ChatNotFound(chat_id.to_owned()));
+            return Err(StoreError::NotFound(chat_id.to_owned()));
         }
     }
     Ok(())

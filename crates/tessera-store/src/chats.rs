@@ -30,7 +30,7 @@ pub(crate) fn create(conn: &Connection, record: &ChatRecord) -> Result<(), Store
         context,
         state.updated_at_ms
     ])
-    .map_err(|e| StoreError::from_write(e, &record.chat_id, "chat"))?;
+    .map_err(|e| crate::sqlite_error::from_write(e, &record.chat_id, "chat"))?;
     Ok(())
 }
 

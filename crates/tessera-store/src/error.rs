@@ -1,90 +1,58 @@
-//! The one error type of the store.
+//! The one error type of the store, the same for every backend.
 //!
-//! WHY an enum with a few coarse variants: callers (the engine, the server) branch on "the
-//! chat does not exist" and "that key is already taken" (a duplicate event seq, a duplicate
-//! message idx), and treat everything else as backend trouble to log and surface.
-
-use std::path::PathBuf;
+//! WHY backend-neutral variants: the engine decides whether to retry a write, and the server
+//! whether a chat exists, from the variant alone. A backend (SQLite here, PostgreSQL later)
+//! classifies its own driver errors into these variants at its edge, so no caller ever sees a
+//! driver type and a new backend plugs in without touching them.
 
 /// Why a store operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    /// The SQL backend failed (I/O, lock timeout, constraint not covered below, ...).
-    #[error("database error: {0}")]
-    Database(#[from] sqlx::Error),
-    /// The write connection failed (I/O, lock timeout, constraint not covered below, ...).
-    #[error("database error: {0}")]
-    Sqlite(#[from] rusqlite::Error),
-    /// The transaction that carried this write failed to commit; nothing of it was stored.
-    #[error("database commit failed: {0}")]
-    Commit(String),
-    /// The store was closed; nothing was written.
-    #[error("the store is closed")]
-    Closed,
-    /// A filesystem operation around the database file failed.
-    #[error("cannot prepare {path}: {source}")]
-    Io {
-        /// The path involved.
-        path: PathBuf,
-        /// The underlying error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// A value could not be encoded to or decoded from JSON.
-    #[error("json error: {0}")]
-    Json(#[from] serde_json::Error),
-    /// The chat does not exist (or was deleted).
-    #[error("chat '{0}' not found")]
-    ChatNotFound(String),
+    /// The backend failed in a way that trying the same call again can cure (I/O, lock
+    /// timeout, lost connection, failed commit). Nothing of the call was stored.
+    #[error("store temporarily unavailable: {0}")]
+    Transient(String),
     /// A write collided with existing data that must never be overwritten (duplicate event
     /// seq, duplicate message idx, chat id already taken, tool completed twice, ...). The
-    /// whole call was rolled back.
+    /// whole call was rolled back; the same call will fail again.
     #[error("conflict: {0}")]
     Conflict(String),
+    /// The chat does not exist (or was deleted).
+    #[error("chat '{0}' not found")]
+    NotFound(String),
+    /// A stored value does not decode into the expected shape (hand-edited or corrupted data).
+    #[error("corrupt data: {0}")]
+    Corrupt(String),
     /// A caller-supplied value cannot be stored (for example a u64 above i64::MAX).
     #[error("invalid input: {0}")]
     InvalidInput(String),
-    /// A stored row does not decode into the expected shape (hand-edited or corrupted file).
-    #[error("corrupt data: {0}")]
-    Corrupt(String),
-    /// The schema could not be brought up to date.
-    #[error("migration failed: {0}")]
-    Migration(String),
+    /// The store was closed; nothing was written.
+    #[error("the store is closed")]
+    Closed,
+    /// The store cannot be opened or its schema brought up to date (files, permissions,
+    /// migrations): an operator must act; retrying the call does not help.
+    #[error("store setup failed: {0}")]
+    Setup(String),
 }
 
 impl StoreError {
     /// Stable snake_case code for logs, metrics and client-facing error payloads.
     pub fn code(&self) -> &'static str {
         match self {
-            StoreError::Database(_) | StoreError::Sqlite(_) | StoreError::Commit(_) => {
-                "store_database"
-            }
-            StoreError::Closed => "store_closed",
-            StoreError::Io { .. } => "store_io",
-            StoreError::Json(_) => "store_json",
-            StoreError::ChatNotFound(_) => "chat_not_found",
+            StoreError::Transient(_) => "store_unavailable",
             StoreError::Conflict(_) => "store_conflict",
-            StoreError::InvalidInput(_) => "store_invalid_input",
+            StoreError::NotFound(_) => "chat_not_found",
             StoreError::Corrupt(_) => "store_corrupt",
-            StoreError::Migration(_) => "store_migration",
+            StoreError::InvalidInput(_) => "store_invalid_input",
+            StoreError::Closed => "store_closed",
+            StoreError::Setup(_) => "store_setup",
         }
     }
 
-    /// Classify an error from an INSERT: a unique/primary-key collision becomes
-    /// [`StoreError::Conflict`], a missing parent chat becomes [`StoreError::ChatNotFound`].
-    pub(crate) fn from_write(err: rusqlite::Error, chat_id: &str, what: &str) -> Self {
-        use rusqlite::ffi;
-        let extended = match &err {
-            rusqlite::Error::SqliteFailure(e, _) => e.extended_code,
-            _ => 0,
-        };
-        match extended {
-            ffi::SQLITE_CONSTRAINT_UNIQUE | ffi::SQLITE_CONSTRAINT_PRIMARYKEY => {
-                StoreError::Conflict(format!("{what} already exists in chat '{chat_id}'"))
-            }
-            ffi::SQLITE_CONSTRAINT_FOREIGNKEY => StoreError::ChatNotFound(chat_id.to_owned()),
-            _ => StoreError::Sqlite(err),
-        }
+    /// True when the same call may succeed if tried again later: the one question the engine
+    /// asks before retrying a write.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, StoreError::Transient(_))
     }
 }
 

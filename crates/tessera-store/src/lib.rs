@@ -27,6 +27,7 @@ mod model;
 mod pending;
 mod secrets;
 mod sqlite;
+mod sqlite_error;
 mod store;
 mod tasks;
 mod tools;

@@ -40,7 +40,7 @@ pub(crate) async fn run(pool: &SqlitePool) -> Result<(), StoreError> {
         .await?
         .try_get("v")?;
     if current > LATEST_VERSION {
-        return Err(StoreError::Migration(format!(
+        return Err(StoreError::Setup(format!(
             "database schema version {current} is newer than this build supports ({LATEST_VERSION})"
         )));
     }
@@ -51,7 +51,7 @@ pub(crate) async fn run(pool: &SqlitePool) -> Result<(), StoreError> {
         sqlx::raw_sql(sql)
             .execute(&mut *tx)
             .await
-            .map_err(|e| StoreError::Migration(format!("migration {version} ({name}): {e}")))?;
+            .map_err(|e| StoreError::Setup(format!("migration {version} ({name}): {e}")))?;
         sqlx::query("INSERT INTO schema_version (version, name, applied_at_ms) VALUES (?, ?, ?)")
             .bind(version)
             .bind(name)

@@ -17,7 +17,7 @@ pub(crate) fn put(conn: &Connection, chat_id: &str, sealed: &[u8]) -> Result<(),
          updated_at_ms = excluded.updated_at_ms",
     )?
     .execute(params![chat_id, sealed, now_ms()])
-    .map_err(|e| StoreError::from_write(e, chat_id, "sealed secrets"))?;
+    .map_err(|e| crate::sqlite_error::from_write(e, chat_id, "sealed secrets"))?;
     Ok(())
 }
 

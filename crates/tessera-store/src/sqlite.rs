@@ -54,10 +54,8 @@ impl SqliteStore {
     /// processes on the same file.
     pub async fn open(path: &Path) -> Result<Self, StoreError> {
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent).map_err(|source| StoreError::Io {
-                path: parent.to_path_buf(),
-                source,
-            })?;
+            std::fs::create_dir_all(parent)
+                .map_err(|source| crate::sqlite_error::setup_io(parent, source))?;
         }
         let options = SqliteConnectOptions::new()
             .filename(path)
@@ -141,16 +139,6 @@ impl ChatStore for SqliteStore {
         Box::pin(self.writer.call(move |conn| chats::create(conn, &record)))
     }
 
-    fn save_state(&self, chat_id: &str, state: ChatState) -> StoreFuture<()> {
-        self.apply_batch(
-            chat_id,
-            Arc::new(ChatWriteBatch {
-                state: Some(state),
-                ..ChatWriteBatch::default()
-            }),
-        )
-    }
-
     fn load_chat(&self, chat_id: &str) -> StoreFuture<Option<StoredChat>> {
         Box::pin(chats::load(self.pool.clone(), chat_id.to_owned()))
     }
@@ -175,37 +163,8 @@ impl ChatStore for SqliteStore {
         Box::pin(chats::list_open(self.pool.clone()))
     }
 
-    fn append_messages(&self, chat_id: &str, messages: Vec<StoredMessage>) -> StoreFuture<()> {
-        self.apply_batch(
-            chat_id,
-            Arc::new(ChatWriteBatch {
-                messages,
-                ..ChatWriteBatch::default()
-            }),
-        )
-    }
-
-    fn messages(&self, chat_id: &str, offset: u64, limit: u32) -> StoreFuture<Vec<StoredMessage>> {
-        Box::pin(messages::page(
-            self.pool.clone(),
-            chat_id.to_owned(),
-            offset,
-            limit,
-        ))
-    }
-
     fn all_messages(&self, chat_id: &str) -> StoreFuture<Vec<StoredMessage>> {
         Box::pin(messages::all(self.pool.clone(), chat_id.to_owned()))
-    }
-
-    fn append_events(&self, chat_id: &str, events: Vec<StoredEvent>) -> StoreFuture<()> {
-        self.apply_batch(
-            chat_id,
-            Arc::new(ChatWriteBatch {
-                events,
-                ..ChatWriteBatch::default()
-            }),
-        )
     }
 
     fn events_after(
@@ -222,30 +181,12 @@ impl ChatStore for SqliteStore {
         ))
     }
 
-    fn last_seq(&self, chat_id: &str) -> StoreFuture<u64> {
-        Box::pin(events::last_seq(self.pool.clone(), chat_id.to_owned()))
-    }
-
-    fn put_pending_ui(&self, chat_id: &str, record: PendingUiRecord) -> StoreFuture<()> {
-        self.apply_batch(
-            chat_id,
-            Arc::new(ChatWriteBatch {
-                put_pending: vec![record],
-                ..ChatWriteBatch::default()
-            }),
-        )
-    }
-
-    fn remove_pending_ui(&self, chat_id: &str, corr: &str) -> StoreFuture<bool> {
-        let (chat_id, corr) = (chat_id.to_owned(), corr.to_owned());
-        Box::pin(
-            self.writer
-                .call(move |conn| pending::remove(conn, &chat_id, &corr)),
-        )
-    }
-
     fn pending_ui(&self, chat_id: &str) -> StoreFuture<Vec<PendingUiRecord>> {
         Box::pin(pending::list(self.pool.clone(), chat_id.to_owned()))
+    }
+
+    fn complete_tool(&self, chat_id: &str, invocation_key: &str) -> StoreFuture<()> {
+        self.complete_tool_with_result(chat_id, invocation_key, &Value::Null)
     }
 
     fn claim_tool(&self, chat_id: &str, invocation_key: &str) -> StoreFuture<ToolClaim> {
@@ -254,28 +195,6 @@ impl ChatStore for SqliteStore {
             self.writer
                 .call(move |conn| tools::claim(conn, &chat_id, &key)),
         )
-    }
-
-    fn complete_tool(
-        &self,
-        chat_id: &str,
-        invocation_key: &str,
-        result: &Value,
-    ) -> StoreFuture<()> {
-        let result = match serde_json::to_string(result) {
-            Ok(text) => text,
-            Err(e) => return Box::pin(std::future::ready(Err(e.into()))),
-        };
-        let (chat_id, key) = (chat_id.to_owned(), invocation_key.to_owned());
-        Box::pin(
-            self.writer
-                .call(move |conn| tools::complete(conn, &chat_id, &key, &result)),
-        )
-    }
-
-    fn delete_chat(&self, chat_id: &str) -> StoreFuture<bool> {
-        let chat_id = chat_id.to_owned();
-        Box::pin(self.writer.call(move |conn| chats::delete(conn, &chat_id)))
     }
 
     fn put_secrets(&self, chat_id: &str, sealed: Vec<u8>) -> StoreFuture<()> {
@@ -295,6 +214,109 @@ impl ChatStore for SqliteStore {
         Box::pin(
             self.writer
                 .call(move |conn| secrets::delete(conn, &chat_id)),
+        )
+    }
+}
+
+/// Finer-grained operations than [`ChatStore`] offers: each is one write or read of its own.
+impl SqliteStore {
+    /// Replace the chat's state. Unknown chat: [`StoreError::NotFound`].
+    pub fn save_state(&self, chat_id: &str, state: ChatState) -> StoreFuture<()> {
+        self.apply_batch(
+            chat_id,
+            Arc::new(ChatWriteBatch {
+                state: Some(state),
+                ..ChatWriteBatch::default()
+            }),
+        )
+    }
+
+    /// Append transcript messages in one transaction. An `idx` that already exists fails the
+    /// whole batch with [`StoreError::Conflict`]; nothing is overwritten.
+    pub fn append_messages(&self, chat_id: &str, messages: Vec<StoredMessage>) -> StoreFuture<()> {
+        self.apply_batch(
+            chat_id,
+            Arc::new(ChatWriteBatch {
+                messages,
+                ..ChatWriteBatch::default()
+            }),
+        )
+    }
+
+    /// Up to `limit` messages with `idx >= offset`, ordered by idx.
+    pub fn messages(
+        &self,
+        chat_id: &str,
+        offset: u64,
+        limit: u32,
+    ) -> StoreFuture<Vec<StoredMessage>> {
+        Box::pin(messages::page(
+            self.pool.clone(),
+            chat_id.to_owned(),
+            offset,
+            limit,
+        ))
+    }
+
+    /// Append events in one transaction. A `seq` that already exists fails the whole batch
+    /// with [`StoreError::Conflict`] and leaves the log unchanged.
+    pub fn append_events(&self, chat_id: &str, events: Vec<StoredEvent>) -> StoreFuture<()> {
+        self.apply_batch(
+            chat_id,
+            Arc::new(ChatWriteBatch {
+                events,
+                ..ChatWriteBatch::default()
+            }),
+        )
+    }
+
+    /// Highest stored seq of the chat, 0 when the log is empty.
+    pub fn last_seq(&self, chat_id: &str) -> StoreFuture<u64> {
+        Box::pin(events::last_seq(self.pool.clone(), chat_id.to_owned()))
+    }
+
+    /// Record (or replace, same `corr`) a pending UI call.
+    pub fn put_pending_ui(&self, chat_id: &str, record: PendingUiRecord) -> StoreFuture<()> {
+        self.apply_batch(
+            chat_id,
+            Arc::new(ChatWriteBatch {
+                put_pending: vec![record],
+                ..ChatWriteBatch::default()
+            }),
+        )
+    }
+
+    /// Forget a pending UI call; `true` when it existed.
+    pub fn remove_pending_ui(&self, chat_id: &str, corr: &str) -> StoreFuture<bool> {
+        let (chat_id, corr) = (chat_id.to_owned(), corr.to_owned());
+        Box::pin(
+            self.writer
+                .call(move |conn| pending::remove(conn, &chat_id, &corr)),
+        )
+    }
+
+    /// Delete the chat and everything hanging off it; `true` when it existed.
+    pub fn delete_chat(&self, chat_id: &str) -> StoreFuture<bool> {
+        let chat_id = chat_id.to_owned();
+        Box::pin(self.writer.call(move |conn| chats::delete(conn, &chat_id)))
+    }
+
+    /// Record the result of a claimed invocation (the engine records none: see
+    /// [`ChatStore::complete_tool`]). Not claimed, or already completed: [`StoreError::Conflict`].
+    pub fn complete_tool_with_result(
+        &self,
+        chat_id: &str,
+        invocation_key: &str,
+        result: &Value,
+    ) -> StoreFuture<()> {
+        let result = match serde_json::to_string(result) {
+            Ok(text) => text,
+            Err(e) => return Box::pin(std::future::ready(Err(e.into()))),
+        };
+        let (chat_id, key) = (chat_id.to_owned(), invocation_key.to_owned());
+        Box::pin(
+            self.writer
+                .call(move |conn| tools::complete(conn, &chat_id, &key, &result)),
         )
     }
 }

@@ -7,19 +7,21 @@
 
 use std::sync::Arc;
 
-use futures::future::BoxFuture;
-use serde_json::Value;
-
 use crate::{
-    ChatRecord, ChatState, PendingUiRecord, StoreError, StoredChat, StoredEvent, StoredMessage,
-    ToolClaim,
+    ChatRecord, ChatWriteBatch, PendingUiRecord, StoreError, StoredChat, StoredEvent,
+    StoredMessage, ToolClaim,
 };
+use futures::future::BoxFuture;
 
 /// A boxed, `'static`, `Send` store future.
 pub type StoreFuture<T> = BoxFuture<'static, Result<T, StoreError>>;
 
 /// Durable chat persistence: chats and their state, transcripts, the replayable event log,
 /// pending UI calls and exactly-once tool invocation records.
+///
+/// Only what the engine and server call: every chat write goes through
+/// [`ChatStore::apply_batch`]; finer-grained reads and writes a backend offers (for tests and
+/// tools) are its own inherent methods.
 ///
 /// Secrets: no method ever receives a secret in clear; callers strip them from contexts,
 /// messages and events before saving, and the vault methods take sealed bytes only.
@@ -28,8 +30,14 @@ pub trait ChatStore: Send + Sync + 'static {
     /// A chat id that already exists is a [`StoreError::Conflict`].
     fn create_chat(&self, record: ChatRecord) -> StoreFuture<()>;
 
-    /// Replace the chat's state. Unknown chat: [`StoreError::ChatNotFound`].
-    fn save_state(&self, chat_id: &str, state: ChatState) -> StoreFuture<()>;
+    /// Applies one chat's queued writes (messages, events, pending UI calls, state) in that
+    /// order, as one transaction: all of it is stored or none. An event `seq` or message
+    /// `idx` that already exists is a [`StoreError::Conflict`]; an unknown chat is
+    /// [`StoreError::NotFound`].
+    ///
+    /// Shared (`Arc`) so a caller can keep the batch to retry it after a
+    /// [`StoreError::Transient`] failure without copying it up front.
+    fn apply_batch(&self, chat_id: &str, batch: Arc<ChatWriteBatch>) -> StoreFuture<()>;
 
     /// The chat and its state, or `None` when it does not exist.
     fn load_chat(&self, chat_id: &str) -> StoreFuture<Option<StoredChat>>;
@@ -47,20 +55,8 @@ pub trait ChatStore: Send + Sync + 'static {
     /// oldest first.
     fn list_open_chats(&self) -> StoreFuture<Vec<StoredChat>>;
 
-    /// Append transcript messages in one transaction. An `idx` that already exists fails the
-    /// whole batch with [`StoreError::Conflict`]; nothing is overwritten.
-    fn append_messages(&self, chat_id: &str, messages: Vec<StoredMessage>) -> StoreFuture<()>;
-
-    /// Up to `limit` messages with `idx >= offset`, ordered by idx (idx is the 0-based
-    /// position, so this is ordinary offset paging).
-    fn messages(&self, chat_id: &str, offset: u64, limit: u32) -> StoreFuture<Vec<StoredMessage>>;
-
     /// The whole transcript, ordered by idx.
     fn all_messages(&self, chat_id: &str) -> StoreFuture<Vec<StoredMessage>>;
-
-    /// Append events in one transaction. A `seq` that already exists fails the whole batch
-    /// with [`StoreError::Conflict`] and leaves the log unchanged.
-    fn append_events(&self, chat_id: &str, events: Vec<StoredEvent>) -> StoreFuture<()>;
 
     /// Up to `limit` events with `seq > after_seq`, ordered by seq.
     fn events_after(
@@ -70,15 +66,6 @@ pub trait ChatStore: Send + Sync + 'static {
         limit: u32,
     ) -> StoreFuture<Vec<StoredEvent>>;
 
-    /// Highest stored seq of the chat, 0 when the log is empty.
-    fn last_seq(&self, chat_id: &str) -> StoreFuture<u64>;
-
-    /// Record (or replace, same `corr`) a pending UI call.
-    fn put_pending_ui(&self, chat_id: &str, record: PendingUiRecord) -> StoreFuture<()>;
-
-    /// Forget a pending UI call; `true` when it existed.
-    fn remove_pending_ui(&self, chat_id: &str, corr: &str) -> StoreFuture<bool>;
-
     /// The chat's pending UI calls, oldest first.
     fn pending_ui(&self, chat_id: &str) -> StoreFuture<Vec<PendingUiRecord>>;
 
@@ -86,65 +73,16 @@ pub trait ChatStore: Send + Sync + 'static {
     /// tasks and processes, ever gets [`ToolClaim::Claimed`] for a (chat, key).
     fn claim_tool(&self, chat_id: &str, invocation_key: &str) -> StoreFuture<ToolClaim>;
 
-    /// Record the result of a claimed invocation. Not claimed, or already completed:
+    /// Mark a claimed invocation completed. Not claimed, or already completed:
     /// [`StoreError::Conflict`].
-    fn complete_tool(&self, chat_id: &str, invocation_key: &str, result: &Value)
-    -> StoreFuture<()>;
-
-    /// Delete the chat and everything hanging off it; `true` when it existed.
-    fn delete_chat(&self, chat_id: &str) -> StoreFuture<bool>;
-
-    /// Applies one chat's queued writes (messages, events, pending UI calls, state) in that
-    /// order. Stores should make it one transaction; this default applies them one by one.
-    ///
-    /// Shared (`Arc`) so a caller can keep the batch to retry it after a transient failure
-    /// without copying it up front.
-    fn apply_batch(&self, chat_id: &str, batch: Arc<crate::ChatWriteBatch>) -> StoreFuture<()> {
-        let batch = Arc::unwrap_or_clone(batch);
-        let steps: Vec<StoreFuture<()>> = {
-            let mut steps: Vec<StoreFuture<()>> = Vec::new();
-            if !batch.messages.is_empty() {
-                steps.push(self.append_messages(chat_id, batch.messages));
-            }
-            if !batch.events.is_empty() {
-                steps.push(self.append_events(chat_id, batch.events));
-            }
-            for record in batch.put_pending {
-                steps.push(self.put_pending_ui(chat_id, record));
-            }
-            for corr in &batch.remove_pending {
-                let remove = self.remove_pending_ui(chat_id, corr);
-                steps.push(Box::pin(async move { remove.await.map(|_| ()) }));
-            }
-            if let Some(state) = batch.state {
-                steps.push(self.save_state(chat_id, state));
-            }
-            steps
-        };
-        Box::pin(async move {
-            for step in steps {
-                step.await?;
-            }
-            Ok(())
-        })
-    }
+    fn complete_tool(&self, chat_id: &str, invocation_key: &str) -> StoreFuture<()>;
 
     /// Keep the chat's sealed (already encrypted) secret vault, replacing any previous one.
-    /// The default keeps nothing: secrets then do not survive a restart.
-    fn put_secrets(&self, chat_id: &str, sealed: Vec<u8>) -> StoreFuture<()> {
-        let _ = (chat_id, sealed);
-        Box::pin(async { Ok(()) })
-    }
+    fn put_secrets(&self, chat_id: &str, sealed: Vec<u8>) -> StoreFuture<()>;
 
     /// The chat's sealed secret vault, if one is kept.
-    fn load_secrets(&self, chat_id: &str) -> StoreFuture<Option<Vec<u8>>> {
-        let _ = chat_id;
-        Box::pin(async { Ok(None) })
-    }
+    fn load_secrets(&self, chat_id: &str) -> StoreFuture<Option<Vec<u8>>>;
 
     /// Forget the chat's sealed secret vault; `true` when one existed.
-    fn delete_secrets(&self, chat_id: &str) -> StoreFuture<bool> {
-        let _ = chat_id;
-        Box::pin(async { Ok(false) })
-    }
+    fn delete_secrets(&self, chat_id: &str) -> StoreFuture<bool>;
 }

@@ -19,7 +19,7 @@ pub(crate) fn claim(conn: &Connection, chat_id: &str, key: &str) -> Result<ToolC
              VALUES (?, ?, 'started', ?) ON CONFLICT (chat_id, invocation_key) DO NOTHING",
         )?
         .execute(params![chat_id, key, now_ms()])
-        .map_err(|e| StoreError::from_write(e, chat_id, "tool invocation"))?;
+        .map_err(|e| crate::sqlite_error::from_write(e, chat_id, "tool invocation"))?;
     if inserted == 1 {
         return Ok(ToolClaim::Claimed);
     }
@@ -30,7 +30,7 @@ pub(crate) fn claim(conn: &Connection, chat_id: &str, key: &str) -> Result<ToolC
         )?
         .query_row([chat_id, key], |row| Ok((row.get(0)?, row.get(1)?)))
         .optional()?
-        .ok_or_else(|| StoreError::ChatNotFound(chat_id.to_owned()))?;
+        .ok_or_else(|| StoreError::NotFound(chat_id.to_owned()))?;
     match status.as_str() {
         "started" => Ok(ToolClaim::AlreadyStarted),
         "completed" => {

@@ -85,7 +85,7 @@ impl Writer {
         std::thread::Builder::new()
             .name("tessera-store-writer".to_owned())
             .spawn(move || run(conn, queue, checkpointer))
-            .map_err(|source| io_error(path, source))?;
+            .map_err(|source| crate::sqlite_error::setup_io(path, source))?;
         Ok(Self { jobs })
     }
 
@@ -171,7 +171,7 @@ impl Checkpointer {
                     }
                 }
             })
-            .map_err(|source| io_error(path, source))?;
+            .map_err(|source| crate::sqlite_error::setup_io(path, source))?;
         Ok(Self { requests })
     }
 
@@ -197,13 +197,6 @@ fn checkpoint(conn: &Connection) {
     match done {
         Ok((wal_pages, copied)) => debug!(wal_pages, copied, "wal checkpoint"),
         Err(e) => error!(error = %e, "wal checkpoint failed"),
-    }
-}
-
-fn io_error(path: &Path, source: std::io::Error) -> StoreError {
-    StoreError::Io {
-        path: path.to_path_buf(),
-        source,
     }
 }
 
@@ -240,7 +233,7 @@ where
             // The job's own error is the more precise one; a clean job lost to a failed
             // commit reports the commit.
             (Err(_), Some(Err(e))) => Err(e),
-            (Err(reason), _) => Err(StoreError::Commit(reason.to_owned())),
+            (Err(reason), _) => Err(StoreError::Transient(format!("commit failed: {reason}"))),
         };
         // The caller may have stopped waiting; that is fine.
         let _ = self.reply.send(answer);

@@ -63,7 +63,7 @@ async fn create_load_list_and_state_round_trip() {
     assert!(store.load_chat("nope").await.unwrap().is_none());
     assert!(matches!(
         store.save_state("nope", saved.clone()).await,
-        Err(StoreError::ChatNotFound(id)) if id == "nope"
+        Err(StoreError::NotFound(id)) if id == "nope"
     ));
     assert!(matches!(
         store.create_chat(record("c1", "acme", "u1", 9)).await,
@@ -155,7 +155,7 @@ async fn everything_survives_reopening_the_file() {
             tessera_store::ToolClaim::Claimed
         );
         store
-            .complete_tool("c1", "t2:call_0", &json!({"ok": true}))
+            .complete_tool_with_result("c1", "t2:call_0", &json!({"ok": true}))
             .await
             .unwrap();
         // Dropped without close(): committed data must not depend on an orderly shutdown.
@@ -229,7 +229,7 @@ async fn messages_are_ordered_paged_and_never_overwritten() {
     // Messages need an existing chat.
     assert!(matches!(
         store.append_messages("ghost", vec![message(0)]).await,
-        Err(StoreError::ChatNotFound(_))
+        Err(StoreError::NotFound(_))
     ));
 }
 
@@ -375,7 +375,7 @@ async fn pending_ui_put_list_remove() {
     assert!(store.pending_ui("c2").await.unwrap().is_empty());
     assert!(matches!(
         store.put_pending_ui("ghost", rec("x", 1)).await,
-        Err(StoreError::ChatNotFound(_))
+        Err(StoreError::NotFound(_))
     ));
 }
 

@@ -91,10 +91,7 @@ async fn a_failing_write_rolls_back_only_itself() {
 
     good.expect("b's batch is unaffected by its neighbours");
     assert!(matches!(bad, Err(StoreError::Conflict(_))), "{bad:?}");
-    assert!(
-        matches!(orphan, Err(StoreError::ChatNotFound(_))),
-        "{orphan:?}"
-    );
+    assert!(matches!(orphan, Err(StoreError::NotFound(_))), "{orphan:?}");
     assert_eq!(store.last_seq("b").await.unwrap(), 5);
     // Nothing of a's failed batch stayed: not seq 3, not the message.
     assert_eq!(store.last_seq("a").await.unwrap(), 2);

@@ -31,7 +31,7 @@ async fn claim_then_complete() {
 
     let result = json!({"status": "ok", "items": [1, 2, 3]});
     store
-        .complete_tool("c1", "t1:call_a", &result)
+        .complete_tool_with_result("c1", "t1:call_a", &result)
         .await
         .unwrap();
     assert_eq!(
@@ -42,12 +42,14 @@ async fn claim_then_complete() {
     // Completing twice, or without a claim, is a conflict and changes nothing.
     assert!(matches!(
         store
-            .complete_tool("c1", "t1:call_a", &json!("other"))
+            .complete_tool_with_result("c1", "t1:call_a", &json!("other"))
             .await,
         Err(StoreError::Conflict(_))
     ));
     assert!(matches!(
-        store.complete_tool("c1", "never", &json!(null)).await,
+        store
+            .complete_tool_with_result("c1", "never", &json!(null))
+            .await,
         Err(StoreError::Conflict(_))
     ));
     assert_eq!(
@@ -56,7 +58,7 @@ async fn claim_then_complete() {
     );
     assert!(matches!(
         store.claim_tool("ghost", "k").await,
-        Err(StoreError::ChatNotFound(_))
+        Err(StoreError::NotFound(_))
     ));
 }
 

@@ -12,12 +12,12 @@ use std::time::Duration;
 use actix::prelude::*;
 use serde_json::{Map, Value, json};
 use tessera_manifest::{CompiledModel, DisplayMode, ToolType};
-use tessera_protocol::PendingUiCall;
+use tessera_protocol::{InteractionType, PendingUiCall};
 use tessera_tools::{Tool, ToolContext};
 
 use crate::correlator::{AwaitUiResponse, UiCorrelator, UiOutcome};
 use crate::dedup::{ClaimKey, ClaimOutcome, CompleteKey, DedupCache};
-use crate::events::{InteractionType, ToolCallInfo, tool_call_event, tool_response_event};
+use crate::events::{ToolCallInfo, tool_call_event, tool_response_event};
 use crate::plan::CompiledWorkflow;
 use crate::session::Publish;
 
@@ -37,6 +37,12 @@ pub struct AutoToolBinding {
 }
 
 impl AutoToolBinding {
+    /// How long a call of this tool waits for the browser: its own `timeout_s`, else
+    /// `default` (the engine's UI timeout).
+    pub fn wait_limit(&self, default: Option<Duration>) -> Option<Duration> {
+        self.timeout.or(default)
+    }
+
     /// Maps structured-output fields onto the tool's parameters, ignoring case; fields the
     /// tool does not declare are dropped. A tool without declared parameters takes them all.
     pub fn build_kwargs(&self, data: &Value) -> Map<String, Value> {
@@ -109,7 +115,6 @@ pub enum AutoToolOutcome {
     /// The tool ran; `result` is what the agent reads (secrets removed).
     Completed {
         tool_name: Arc<str>,
-        success: bool,
         result: Value,
         /// The browser's answer (secrets removed), for `ui_response` triggers.
         ui_response: Option<Value>,
@@ -182,9 +187,12 @@ impl Handler<InvokeAutoTool> for AutoToolHandler {
         // ordered behind it in the DedupCache mailbox and cannot also win.
         let claim = self.dedup.send(ClaimKey(key.clone()));
         let binding = self.binding(&msg.workflow, &msg.tool_ctx.agent_name);
-        let dedup = self.dedup.clone();
-        let correlator = self.correlator.clone();
-        let default_timeout = self.default_ui_timeout;
+        let parts = UiWaitParts {
+            correlator: self.correlator.clone(),
+            dedup: self.dedup.clone(),
+            publish: msg.publish.clone(),
+            default_timeout: self.default_ui_timeout,
+        };
         Box::pin(async move {
             let claimed = claim.await.unwrap_or(ClaimOutcome::InFlight);
             if !claimed.is_claimed() {
@@ -193,54 +201,59 @@ impl Handler<InvokeAutoTool> for AutoToolHandler {
             }
             let Some(binding) = binding else {
                 tracing::warn!(chat_id = %msg.tool_ctx.chat_id, agent = %msg.tool_ctx.agent_name, "no auto-tool binding");
-                dedup.do_send(CompleteKey(key));
+                parts.dedup.do_send(CompleteKey(key));
                 return AutoToolOutcome::NoBinding;
             };
             if let Err(errors) = binding.model.validate(&msg.structured_data) {
-                dedup.do_send(CompleteKey(key));
+                parts.dedup.do_send(CompleteKey(key));
                 return AutoToolOutcome::Invalid(errors.join("; "));
             }
-            let outcome = run_ui_tool(
-                &binding,
-                &msg,
-                &correlator,
-                binding.timeout.or(default_timeout),
-            )
-            .await;
-            dedup.do_send(CompleteKey(key));
-            outcome
+            run_ui_tool(binding, msg.tool_ctx, &msg.structured_data, parts).await
         })
     }
 }
 
-async fn run_ui_tool(
-    binding: &AutoToolBinding,
-    msg: &InvokeAutoTool,
-    correlator: &Addr<UiCorrelator>,
-    timeout: Option<Duration>,
-) -> AutoToolOutcome {
-    let ctx = &msg.tool_ctx;
-    let kwargs = binding.build_kwargs(&msg.structured_data);
-    let info = ToolCallInfo {
-        agent: &ctx.agent_name,
-        tool_name: &binding.tool_name,
-        corr: &ctx.turn_idempotency_key,
-        component_type: Some(&binding.component),
-        workflow_name: &ctx.workflow_name,
-        interaction: InteractionType::AutoTool,
-    };
-    msg.publish
-        .do_send(Publish(tool_call_event(&info, &kwargs)));
+/// Where a UI wait registers, reports and completes.
+pub struct UiWaitParts {
+    pub correlator: Addr<UiCorrelator>,
+    pub dedup: Addr<DedupCache>,
+    /// The chat's session: `chat.tool_call` / `chat.tool_response` go here.
+    pub publish: Recipient<Publish>,
+    /// The wait limit of a UI tool without a `timeout_s` of its own.
+    pub default_timeout: Option<Duration>,
+}
 
-    let (handler_ok, result, ui_response, secrets) = match prestep(binding, &kwargs, ctx).await {
-        Err(failure) => (false, failure, None, Vec::new()),
+/// Announces the auto tool, runs its pre-step, and waits for the browser.
+async fn run_ui_tool(
+    binding: Arc<AutoToolBinding>,
+    ctx: ToolContext,
+    structured_data: &Value,
+    parts: UiWaitParts,
+) -> AutoToolOutcome {
+    let kwargs = binding.build_kwargs(structured_data);
+    let info = tool_info(&binding, &ctx);
+    parts
+        .publish
+        .do_send(Publish(tool_call_event(&info, &kwargs)));
+    match prestep(&binding, &kwargs, &ctx).await {
+        Err(failure) => {
+            let failed = UiResult {
+                handler_ok: false,
+                result: failure,
+                ui_response: None,
+                secrets: Vec::new(),
+                ended_ui_call: None,
+            };
+            finish(&binding, &ctx, failed, &parts)
+        }
         Ok(extra) => {
-            let (payload, agent_message_id) = tessera_tools::build_ui_payload(
+            let (payload, _) = tessera_tools::build_ui_payload(
                 &kwargs,
                 extra.as_ref(),
                 &ctx.workflow_name,
                 &binding.display,
             );
+            let timeout = binding.wait_limit(parts.default_timeout);
             let call = PendingUiCall {
                 corr: UiCorrelator::new_corr(),
                 tool_name: binding.tool_name.to_string(),
@@ -250,152 +263,140 @@ async fn run_ui_tool(
                 payload,
                 timeout_s: timeout.map(|t| t.as_secs_f64()),
             };
-            wait_for_browser(
-                binding,
-                ctx,
-                call,
-                &agent_message_id,
-                correlator,
-                timeout,
-                &msg.publish,
-                true,
-            )
-            .await
+            wait_for_ui(binding, ctx, call, true, parts).await
         }
-    };
-    msg.publish
-        .do_send(Publish(tool_response_event(&info, handler_ok, &result)));
-    AutoToolOutcome::Completed {
-        tool_name: binding.tool_name.clone(),
-        success: tessera_tools::is_success(handler_ok, &result),
-        result,
-        ui_response,
-        secrets,
     }
 }
 
-/// Registers the UI call with the correlator, waits for its end, and turns the browser's answer
-/// into the agent's result (secrets split off). `announce` is false when resuming a call whose
-/// `chat.tool_call` is already in the chat's log.
-#[allow(clippy::too_many_arguments)]
-async fn wait_for_browser(
-    binding: &AutoToolBinding,
-    ctx: &ToolContext,
+/// Picks up, after a restart, a UI call whose turn key was claimed before the process died:
+/// the same wait as a fresh call's (see [`wait_for_ui`]), without announcing the call again
+/// (its `chat.tool_call` is in the chat's log). Resolves the binding of `tool_ctx`'s agent.
+pub fn resume_ui_wait(
+    workflow: &CompiledWorkflow,
+    ctx: ToolContext,
     call: PendingUiCall,
-    agent_message_id: &str,
-    correlator: &Addr<UiCorrelator>,
-    timeout: Option<Duration>,
-    publish: &Recipient<Publish>,
-    announce: bool,
-) -> (bool, Value, Option<Value>, Vec<(String, String)>) {
-    let corr = call.corr.clone();
-    let wait = correlator.send(AwaitUiResponse {
-        chat_id: ctx.chat_id.clone(),
-        call,
-        timeout,
-        publish: publish.clone(),
-        announce,
-    });
-    let outcome = wait.await.unwrap_or(UiOutcome::Cancelled);
-    interpret_ui_outcome(binding, &corr, agent_message_id, outcome)
+    parts: UiWaitParts,
+) -> futures::future::BoxFuture<'static, AutoToolOutcome> {
+    let Some(binding) = resolve_binding(workflow, &ctx.agent_name).map(Arc::new) else {
+        let key = format!("{}:{}", ctx.chat_id, ctx.turn_idempotency_key);
+        parts.dedup.do_send(CompleteKey(key));
+        return Box::pin(std::future::ready(AutoToolOutcome::NoBinding));
+    };
+    Box::pin(wait_for_ui(binding, ctx, call, false, parts))
 }
 
-/// Turns how a UI wait ended into the agent's result: (handler ok, result, sanitized answer,
-/// secrets split off the answer).
+/// The one UI wait of an auto tool, fresh or resumed: registers `call` with the correlator
+/// before returning its future (so any later listing of the chat's pending calls sees it),
+/// then, when the wait ends, turns it into the agent's result (secrets split off), announces
+/// `chat.tool_response` and completes the turn key. `announce` publishes the call's
+/// `chat.tool_call` (false when resuming one already in the log).
+fn wait_for_ui(
+    binding: Arc<AutoToolBinding>,
+    ctx: ToolContext,
+    call: PendingUiCall,
+    announce: bool,
+    parts: UiWaitParts,
+) -> impl Future<Output = AutoToolOutcome> + 'static {
+    let corr = call.corr.clone();
+    let agent_message_id = call.payload["agent_message_id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let wait = parts.correlator.send(AwaitUiResponse {
+        chat_id: ctx.chat_id.clone(),
+        call,
+        timeout: binding.wait_limit(parts.default_timeout),
+        publish: parts.publish.clone(),
+        announce,
+    });
+    async move {
+        let outcome = wait.await.unwrap_or(UiOutcome::Cancelled);
+        let ended = interpret_ui_outcome(&binding, corr, &agent_message_id, outcome);
+        finish(&binding, &ctx, ended, &parts)
+    }
+}
+
+/// How a UI tool ended, as the agent sees it.
+struct UiResult {
+    /// The tool's handler completed (a pre-step failure is the only `false`).
+    handler_ok: bool,
+    /// What the agent reads (secrets removed).
+    result: Value,
+    /// The browser's answer (secrets removed), for `ui_response` triggers.
+    ui_response: Option<Value>,
+    /// Secrets split off the answer, for the chat's vault only.
+    secrets: Vec<(String, String)>,
+    /// The corr of the UI call that ended, when one was issued.
+    ended_ui_call: Option<String>,
+}
+
+/// Turns how a UI wait ended into the agent's result.
 fn interpret_ui_outcome(
     binding: &AutoToolBinding,
-    corr: &str,
+    corr: String,
     agent_message_id: &str,
     outcome: UiOutcome,
-) -> (bool, Value, Option<Value>, Vec<(String, String)>) {
-    match outcome {
+) -> UiResult {
+    let (result, ui_response, secrets) = match outcome {
         UiOutcome::Answered(response) => {
             let clean = tessera_tools::sanitize_ui_response(response, &binding.secret_fields);
-            let result = agent_result(&clean.for_agent, corr, agent_message_id);
-            (true, result, Some(clean.for_agent), clean.secrets)
+            let result = agent_result(&clean.for_agent, &corr, agent_message_id);
+            (result, Some(clean.for_agent), clean.secrets)
         }
         UiOutcome::TimedOut(after) => (
-            true,
             tessera_tools::ui_timeout_result(after.as_secs_f64()),
             None,
             Vec::new(),
         ),
-        UiOutcome::Cancelled => (true, tessera_tools::ui_cancelled_result(), None, Vec::new()),
+        UiOutcome::Cancelled => (tessera_tools::ui_cancelled_result(), None, Vec::new()),
         UiOutcome::Disconnected => (
-            true,
             json!({"status": "error", "code": "connection_lost", "message": "Connection lost during the UI interaction."}),
             None,
             Vec::new(),
         ),
+    };
+    UiResult {
+        handler_ok: true,
+        result,
+        ui_response,
+        secrets,
+        ended_ui_call: Some(corr),
     }
 }
 
-/// The UI call announced by a `chat.tool_call` event's data (UI form).
-pub fn pending_call_from_event(data: &Value) -> Result<PendingUiCall, String> {
-    let text = |key: &str| {
-        data.get(key)
-            .and_then(Value::as_str)
-            .map(str::to_owned)
-            .ok_or_else(|| format!("missing {key}"))
-    };
-    Ok(PendingUiCall {
-        corr: text("corr")?,
-        tool_name: text("tool_name")?,
-        component_type: text("component_type")?,
-        display: text("display")?,
-        agent: text("agent")?,
-        payload: data.get("payload").cloned().unwrap_or(Value::Null),
-        timeout_s: data.get("timeout_s").and_then(Value::as_f64),
-    })
+/// The end of every auto-tool run: `chat.tool_response`, the turn key completed, the outcome.
+fn finish(
+    binding: &AutoToolBinding,
+    ctx: &ToolContext,
+    ended: UiResult,
+    parts: &UiWaitParts,
+) -> AutoToolOutcome {
+    let info = tool_info(binding, ctx);
+    parts.publish.do_send(Publish(tool_response_event(
+        &info,
+        ended.handler_ok,
+        ended.result.clone(),
+        ended.ended_ui_call,
+    )));
+    let key = format!("{}:{}", ctx.chat_id, ctx.turn_idempotency_key);
+    parts.dedup.do_send(CompleteKey(key));
+    AutoToolOutcome::Completed {
+        tool_name: binding.tool_name.clone(),
+        result: ended.result,
+        ui_response: ended.ui_response,
+        secrets: ended.secrets,
+    }
 }
 
-/// After a restart: finish a UI call whose turn key was claimed before the crash and whose
-/// wait the session re-registered with the correlator (`outcome` is how that wait ended).
-#[derive(Message)]
-#[rtype(result = "AutoToolOutcome")]
-pub struct FinishUiWait {
-    pub workflow: Arc<CompiledWorkflow>,
-    pub tool_ctx: ToolContext,
-    pub call: PendingUiCall,
-    pub outcome: UiOutcome,
-    pub publish: Recipient<Publish>,
-}
-
-impl Handler<FinishUiWait> for AutoToolHandler {
-    type Result = MessageResult<FinishUiWait>;
-
-    fn handle(&mut self, msg: FinishUiWait, _ctx: &mut Self::Context) -> Self::Result {
-        let key = format!(
-            "{}:{}",
-            msg.tool_ctx.chat_id, msg.tool_ctx.turn_idempotency_key
-        );
-        let Some(binding) = self.binding(&msg.workflow, &msg.tool_ctx.agent_name) else {
-            self.dedup.do_send(CompleteKey(key));
-            return MessageResult(AutoToolOutcome::NoBinding);
-        };
-        let info = ToolCallInfo {
-            agent: &msg.tool_ctx.agent_name,
-            tool_name: &binding.tool_name,
-            corr: &msg.tool_ctx.turn_idempotency_key,
-            component_type: Some(&binding.component),
-            workflow_name: &msg.tool_ctx.workflow_name,
-            interaction: InteractionType::AutoTool,
-        };
-        let agent_message_id = msg.call.payload["agent_message_id"]
-            .as_str()
-            .unwrap_or_default();
-        let (handler_ok, result, ui_response, secrets) =
-            interpret_ui_outcome(&binding, &msg.call.corr, agent_message_id, msg.outcome);
-        msg.publish
-            .do_send(Publish(tool_response_event(&info, handler_ok, &result)));
-        self.dedup.do_send(CompleteKey(key));
-        MessageResult(AutoToolOutcome::Completed {
-            tool_name: binding.tool_name.clone(),
-            success: tessera_tools::is_success(handler_ok, &result),
-            result,
-            ui_response,
-            secrets,
-        })
+/// The auto tool's `chat.tool_call` / `chat.tool_response` identity.
+fn tool_info<'a>(binding: &'a AutoToolBinding, ctx: &'a ToolContext) -> ToolCallInfo<'a> {
+    ToolCallInfo {
+        agent: &ctx.agent_name,
+        tool_name: &binding.tool_name,
+        corr: &ctx.turn_idempotency_key,
+        component_type: Some(&binding.component),
+        workflow_name: &ctx.workflow_name,
+        interaction: InteractionType::AutoTool,
     }
 }
 

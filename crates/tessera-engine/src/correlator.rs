@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use lru::LruCache;
-use serde_json::{Value, json};
-use tessera_protocol::{PendingUiCall, ServerEvent};
+use serde_json::Value;
+use tessera_protocol::{PendingUiCall, ServerEvent, ToolCallEvent};
 use tokio::sync::oneshot;
 
 use crate::config::DisconnectPolicy;
@@ -154,17 +154,7 @@ impl Actor for UiCorrelator {
 
 /// The `chat.tool_call` a browser renders (UI form, `ui_tool_pipeline.md` phase 3).
 pub fn ui_tool_call_event(call: &PendingUiCall) -> ServerEvent {
-    ServerEvent::ToolCall(json!({
-        "kind": "tool_call",
-        "tool_name": call.tool_name,
-        "component_type": call.component_type,
-        "agent": call.agent,
-        "payload": call.payload,
-        "corr": call.corr,
-        "awaiting_response": true,
-        "display": call.display,
-        "timeout_s": call.timeout_s,
-    }))
+    ServerEvent::ToolCall(ToolCallEvent::AwaitingUi(call.clone()))
 }
 
 impl Handler<AwaitUiResponse> for UiCorrelator {

@@ -199,9 +199,20 @@ mod tests {
                 agent: "A \"quoted\" agent".into(),
             },
             ServerEvent::error(ErrorCode::Internal, "line\nbreak", true),
-            ServerEvent::ToolCall(
-                json!({"kind": "tool_call", "payload": {"tool_args": {"é": [1, null]}}}),
-            ),
+            ServerEvent::ToolCall(tessera_protocol::ToolCallEvent::Announced(
+                tessera_protocol::ToolAnnouncement {
+                    agent: "A".into(),
+                    tool_name: "t".into(),
+                    corr: "k".into(),
+                    component_type: None,
+                    workflow_name: "W".into(),
+                    interaction: tessera_protocol::InteractionType::AgentTool,
+                    tool_args: json!({"é": [1, null]})
+                        .as_object()
+                        .cloned()
+                        .unwrap_or_default(),
+                },
+            )),
         ]
     }
 

@@ -1,26 +1,10 @@
-//! Builders for the spec's `chat.tool_call` / `chat.tool_response` shapes, in one place so the
+//! Builders of the typed `chat.tool_call` / `chat.tool_response` events, in one place so the
 //! auto-tool, agent-tool and UI paths cannot drift apart.
 
-use serde_json::{Map, Value, json};
-use tessera_protocol::ServerEvent;
-
-/// Which path invoked a tool.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum InteractionType {
-    /// Runtime-invoked UI tool for structured output (`auto_tool_execution.md`).
-    AutoTool,
-    /// A backend tool the model called.
-    AgentTool,
-}
-
-impl InteractionType {
-    fn as_str(self) -> &'static str {
-        match self {
-            Self::AutoTool => "auto_tool",
-            Self::AgentTool => "agent_tool",
-        }
-    }
-}
+use serde_json::{Map, Value};
+use tessera_protocol::{
+    InteractionType, ServerEvent, ToolAnnouncement, ToolCallEvent, ToolResponseEvent,
+};
 
 /// What a `chat.tool_call` announces.
 pub struct ToolCallInfo<'a> {
@@ -35,50 +19,33 @@ pub struct ToolCallInfo<'a> {
 
 /// `chat.tool_call` with `awaiting_response: false` (the runtime handles the tool itself).
 pub fn tool_call_event(info: &ToolCallInfo<'_>, tool_args: &Map<String, Value>) -> ServerEvent {
-    let mut event = json!({
-        "kind": "tool_call",
-        "agent": info.agent,
-        "tool_name": info.tool_name,
-        "tool_call_id": info.corr,
-        "corr": info.corr,
-        "awaiting_response": false,
-        "component_type": info.component_type,
-        "payload": {
-            "agent_name": info.agent,
-            "interaction_type": info.interaction.as_str(),
-            "workflow_name": info.workflow_name,
-        },
-    });
-    // Cloned in, not passed to `json!`, which would copy it by serializing it.
-    event["payload"]["tool_args"] = Value::Object(tool_args.clone());
-    ServerEvent::ToolCall(event)
+    ServerEvent::ToolCall(ToolCallEvent::Announced(ToolAnnouncement {
+        agent: info.agent.to_owned(),
+        tool_name: info.tool_name.to_owned(),
+        corr: info.corr.to_owned(),
+        component_type: info.component_type.map(str::to_owned),
+        workflow_name: info.workflow_name.to_owned(),
+        interaction: info.interaction,
+        tool_args: tool_args.clone(),
+    }))
 }
 
-/// `chat.tool_response` with the spec's success rule.
+/// `chat.tool_response` with the spec's success rule; `ended_ui_call` is the corr of the UI
+/// call the tool waited for, if any.
 pub fn tool_response_event(
     info: &ToolCallInfo<'_>,
     handler_ok: bool,
-    result: &Value,
+    result: Value,
+    ended_ui_call: Option<String>,
 ) -> ServerEvent {
-    let success = tessera_tools::is_success(handler_ok, result);
-    let status = if handler_ok { "ok" } else { "error" };
-    let content = if success {
-        format!("Tool {} completed successfully.", info.tool_name)
-    } else {
-        format!("Tool {} reported status error.", info.tool_name)
-    };
-    let mut event = json!({
-        "kind": "tool_response",
-        "agent": info.agent,
-        "tool_name": info.tool_name,
-        "call_id": info.corr,
-        "corr": info.corr,
-        "status": status,
-        "success": success,
-        "content": content,
-        "interaction_type": info.interaction.as_str(),
-    });
-    // Cloned in, not passed to `json!`, which would copy it by serializing it.
-    event["payload"] = result.clone();
-    ServerEvent::ToolResponse(event)
+    ServerEvent::ToolResponse(ToolResponseEvent {
+        agent: info.agent.to_owned(),
+        tool_name: info.tool_name.to_owned(),
+        corr: info.corr.to_owned(),
+        handler_ok,
+        success: tessera_tools::is_success(handler_ok, &result),
+        interaction: info.interaction,
+        result,
+        ended_ui_call,
+    })
 }

@@ -8,11 +8,11 @@ use actix::prelude::*;
 use futures::future::join_all;
 use serde_json::{Map, Value};
 use tessera_llm::{ChatModel, DeltaSink, Message};
-use tessera_protocol::ServerEvent;
+use tessera_protocol::{InteractionType, ServerEvent};
 use tessera_tools::{ToolContext, ToolError};
 
 use crate::dedup::{ClaimKey, ClaimOutcome, CompleteKey, DedupCache};
-use crate::events::{InteractionType, ToolCallInfo, tool_call_event, tool_response_event};
+use crate::events::{ToolCallInfo, tool_call_event, tool_response_event};
 use crate::plan::AgentPlan;
 use crate::session::{ChatSession, Publish, TurnFinished};
 use crate::turn::{Step, ToolInvocation, ToolResult, TurnFailure, TurnLimits, TurnMachine};
@@ -180,7 +180,7 @@ impl AgentRunner {
                     serde_json::json!({"status": "error", "code": err.code(), "message": err.to_string()}),
                 ),
             };
-            session.do_send(Publish(tool_response_event(&info, ok, &shown)));
+            session.do_send(Publish(tool_response_event(&info, ok, shown, None)));
             ToolResult {
                 call_id: call.call_id,
                 result,

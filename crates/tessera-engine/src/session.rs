@@ -8,11 +8,10 @@ use actix::prelude::*;
 use serde_json::{Map, Value};
 use tessera_llm::{Message, Role};
 use tessera_manifest::{HandoffKind, HandoffTarget};
-use tessera_protocol::{ErrorCode, PendingUiCall, ServerEvent};
+use tessera_protocol::{ErrorCode, PendingUiCall, ServerEvent, ToolCallEvent};
 use tessera_tools::ToolContext;
 
-use crate::auto_tool::{AutoToolOutcome, FinishUiWait, InvokeAutoTool, pending_call_from_event};
-use crate::correlator::{AwaitUiResponse, UiOutcome};
+use crate::auto_tool::{AutoToolOutcome, InvokeAutoTool, UiWaitParts, resume_ui_wait};
 use crate::correlator::{
     CancelUiCalls, ChatDisconnected, CorrelationError, ListPendingUiCalls, ResolveUiCall,
 };
@@ -24,7 +23,6 @@ use crate::runner::{AgentRunner, CancelTurn, RunnerParts, message_id};
 use crate::secrets::SecretVault;
 use crate::turn::{TurnFailure, TurnLimits, TurnOutput};
 use crate::{EngineConfig, EngineError, plan::CompiledWorkflow};
-use std::time::Duration;
 use tessera_store::{ChatState, PendingUiRecord, StoredEvent, StoredMessage};
 
 /// An event, serialized once, on its way to a subscriber.
@@ -80,7 +78,18 @@ pub struct Subscribe {
     pub after_seq: u64,
 }
 
-/// Detach subscriber `id` (returned by [`Subscribe`]).
+/// A published event, typed, for in-process watchers (see [`Watch`]).
+#[derive(Message, Clone)]
+#[rtype(result = "()")]
+pub struct Observed(pub ServerEvent);
+
+/// Attach an in-process watcher: it receives every event published from now on as typed
+/// data (no replay, no serialization). Detach it with [`Unsubscribe`].
+#[derive(Message)]
+#[rtype(result = "u64")]
+pub struct Watch(pub Recipient<Observed>);
+
+/// Detach subscriber or watcher `id` (returned by [`Subscribe`] or [`Watch`]).
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct Unsubscribe(pub u64);
@@ -174,6 +183,8 @@ pub struct ChatSession {
     runner: Option<Addr<AgentRunner>>,
     log: EventLog,
     subscribers: Vec<Subscriber>,
+    /// In-process watchers of typed events.
+    watchers: Vec<(u64, Recipient<Observed>)>,
     next_subscriber: u64,
     secrets: SecretVault,
     /// Durable writes, when the engine has a store.
@@ -235,6 +246,7 @@ impl ChatSession {
             runner: None,
             log: EventLog::default(),
             subscribers: Vec::new(),
+            watchers: Vec::new(),
             next_subscriber: 1,
             secrets: SecretVault::default(),
             persist: shard
@@ -308,6 +320,12 @@ impl ChatSession {
         for subscriber in &self.subscribers {
             subscriber.recipient.do_send(Deliver(text.clone()));
         }
+        if !self.watchers.is_empty() {
+            self.watchers.retain(|(_, w)| w.connected());
+            for (_, watcher) in &self.watchers {
+                watcher.do_send(Observed(event.clone()));
+            }
+        }
     }
 
     /// Sends a connection-scoped event (seq 0: not part of the chat log, never replayed).
@@ -363,22 +381,20 @@ impl ChatSession {
             json: text.to_owned(),
         });
         match event {
-            ServerEvent::ToolCall(data) if data["awaiting_response"] == true => {
-                if let Ok(call) = pending_call_from_event(data) {
-                    let now = now_ms();
-                    let timeout_at_ms = call.timeout_s.map(|t| now + (t * 1000.0) as i64);
-                    queue.put_pending.push(PendingUiRecord {
-                        corr: call.corr.clone(),
-                        turn_key,
-                        call: serde_json::to_value(&call).unwrap_or(Value::Null),
-                        created_at_ms: now,
-                        timeout_at_ms,
-                    });
-                }
+            ServerEvent::ToolCall(ToolCallEvent::AwaitingUi(call)) => {
+                let now = now_ms();
+                let timeout_at_ms = call.timeout_s.map(|t| now + (t * 1000.0) as i64);
+                queue.put_pending.push(PendingUiRecord {
+                    corr: call.corr.clone(),
+                    turn_key,
+                    call: serde_json::to_value(call).unwrap_or(Value::Null),
+                    created_at_ms: now,
+                    timeout_at_ms,
+                });
             }
-            ServerEvent::ToolResponse(data) if data["interaction_type"] == "auto_tool" => {
-                if let Some(corr) = data["payload"]["ui_event_id"].as_str() {
-                    queue.remove_pending.push(corr.to_owned());
+            ServerEvent::ToolResponse(response) => {
+                if let Some(corr) = &response.ended_ui_call {
+                    queue.remove_pending.push(corr.clone());
                 }
             }
             _ => {}
@@ -858,50 +874,23 @@ impl ChatSession {
                 tool_ctx.turn_idempotency_key = Arc::from(turn_key_text.as_str());
                 let key = format!("{}:{}", self.id.chat_id, turn_key_text);
                 self.shard.dedup.do_send(AdoptKey(key));
-                let timeout = self
-                    .wf
-                    .workflow
-                    .tool(&call.tool_name)
-                    .and_then(|t| t.timeout_s)
-                    .map(Duration::from_secs_f64)
-                    .or(self.config.ui_timeout);
-                // Enqueued now, before this session handles anything else: any later listing
-                // of pending calls already sees it.
-                let wait = self.shard.correlator.send(AwaitUiResponse {
-                    chat_id: self.id.chat_id.clone(),
-                    call: call.clone(),
-                    timeout,
+                // The wait is registered with the correlator now, before this session handles
+                // anything else: any later listing of pending calls already sees it.
+                let parts = UiWaitParts {
+                    correlator: self.shard.correlator.clone(),
+                    dedup: self.shard.dedup.clone(),
                     publish: ctx.address().recipient(),
-                    announce: false,
-                });
-                let turn = self.turn;
-                let auto_tools = self.shard.auto_tools.clone();
-                let workflow = self.wf.clone();
-                let publish = ctx.address().recipient();
-                let finish = async move {
-                    let outcome = wait.await.unwrap_or(UiOutcome::Cancelled);
-                    auto_tools
-                        .send(FinishUiWait {
-                            workflow,
-                            tool_ctx,
-                            call,
-                            outcome,
-                            publish,
-                        })
-                        .await
+                    default_timeout: self.config.ui_timeout,
                 };
-                ctx.spawn(
-                    finish
-                        .into_actor(self)
-                        .map(move |outcome, act, ctx| match outcome {
-                            Ok(outcome) => act.on_auto_tool(turn, outcome, ctx),
-                            Err(_) => act.on_auto_tool(
-                                turn,
-                                AutoToolOutcome::Invalid("the auto-tool handler stopped".into()),
-                                ctx,
-                            ),
-                        }),
-                );
+                let wait = resume_ui_wait(&self.wf, tool_ctx, call, parts);
+                // Reported by message, not mapped in this context: the wait's
+                // `chat.tool_response` is a `Publish` already in this mailbox, and must be
+                // logged before whatever the outcome leads to.
+                let (turn, addr) = (self.turn, ctx.address());
+                actix::spawn(async move {
+                    let outcome = wait.await;
+                    addr.do_send(ResumedToolDone { turn, outcome });
+                });
             }
             ChatStatus::Running => {
                 // Re-run the interrupted turn under the same turn key: tools it had claimed
@@ -912,6 +901,22 @@ impl ChatSession {
             }
             ChatStatus::AwaitingUser | ChatStatus::Completed(_) => {}
         }
+    }
+}
+
+/// A UI wait resumed after a restart ended.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct ResumedToolDone {
+    turn: u32,
+    outcome: AutoToolOutcome,
+}
+
+impl Handler<ResumedToolDone> for ChatSession {
+    type Result = ();
+
+    fn handle(&mut self, done: ResumedToolDone, ctx: &mut Self::Context) {
+        self.on_auto_tool(done.turn, done.outcome, ctx);
     }
 }
 
@@ -968,12 +973,24 @@ impl Handler<Subscribe> for ChatSession {
     }
 }
 
+impl Handler<Watch> for ChatSession {
+    type Result = u64;
+
+    fn handle(&mut self, Watch(recipient): Watch, _ctx: &mut Self::Context) -> u64 {
+        let id = self.next_subscriber;
+        self.next_subscriber += 1;
+        self.watchers.push((id, recipient));
+        id
+    }
+}
+
 impl Handler<Unsubscribe> for ChatSession {
     type Result = ();
 
     fn handle(&mut self, Unsubscribe(id): Unsubscribe, _ctx: &mut Self::Context) {
         self.subscribers
             .retain(|s| s.id != id && s.recipient.connected());
+        self.watchers.retain(|(w, r)| *w != id && r.connected());
         if self.subscribers.is_empty() {
             self.shard.correlator.do_send(ChatDisconnected {
                 chat_id: self.id.chat_id.clone(),

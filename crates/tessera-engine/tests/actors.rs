@@ -19,7 +19,7 @@ use tessera_engine::plan::CompiledWorkflow;
 use tessera_engine::session::{CancelRun, Publish, ToolAnswer, UserInput};
 use tessera_engine::{DisconnectPolicy, EngineConfig, EngineError, NewChat};
 use tessera_llm::ChatModel;
-use tessera_protocol::ServerEvent;
+use tessera_protocol::{ServerEvent, ToolCallEvent};
 use tessera_tools::{
     BuiltinRegistry, InMemoryArtifactStore, InMemoryTaskStore, ToolContext, ToolServices,
 };
@@ -527,8 +527,8 @@ async fn the_same_structured_output_delivered_twice_concurrently_runs_the_tool_o
     // Exactly one UI call is registered; answer it so the owner completes.
     let corr = loop {
         match tokio::time::timeout(Duration::from_secs(10), events.recv()).await {
-            Ok(Some(ServerEvent::ToolCall(v))) if v["awaiting_response"] == true => {
-                break v["corr"].as_str().unwrap_or_default().to_owned();
+            Ok(Some(ServerEvent::ToolCall(ToolCallEvent::AwaitingUi(call)))) => {
+                break call.corr;
             }
             Ok(Some(_)) => {}
             other => panic!("expected a UI tool call, got {other:?}"),

@@ -7,8 +7,10 @@ mod client;
 mod error;
 mod server;
 mod time;
+mod tool_events;
 
 pub use client::{ClientMessage, MAX_CONTENT_CHARS, ToolResponseFrame, parse_client_frame};
 pub use error::{ErrorCode, FrameError};
 pub use server::{Envelope, PendingUiCall, ServerEvent, json_string};
 pub use time::{format_unix_millis, rfc3339_now};
+pub use tool_events::{InteractionType, ToolAnnouncement, ToolCallEvent, ToolResponseEvent};

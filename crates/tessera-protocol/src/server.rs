@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::ErrorCode;
+use crate::tool_events::{ToolCallEvent, ToolResponseEvent};
 
 /// A UI tool call still waiting for the browser, as listed in `chat.session` and re-sent on
 /// resume so a reloaded page can answer it.
@@ -63,10 +64,10 @@ pub enum ServerEvent {
         auto_tool_mode: bool,
         turn_idempotency_key: String,
     },
-    /// `chat.tool_call` in exactly the spec's shapes (auto-tool form or UI form).
-    ToolCall(Value),
-    /// `chat.tool_response` in exactly the spec's shape.
-    ToolResponse(Value),
+    /// `chat.tool_call`: a tool the runtime runs, or a UI call awaiting the browser.
+    ToolCall(ToolCallEvent),
+    /// `chat.tool_response`: how a tool call ended.
+    ToolResponse(ToolResponseEvent),
     /// The chat waits for the user to type.
     InputRequest { agent: String },
     /// Control passes from one agent to another (or to the user, or ends).
@@ -274,6 +275,18 @@ mod tests {
         }
     }
 
+    fn ui_call(corr: &str) -> crate::PendingUiCall {
+        crate::PendingUiCall {
+            corr: corr.into(),
+            tool_name: "t".into(),
+            component_type: "C".into(),
+            display: "inline".into(),
+            agent: "A".into(),
+            payload: json!({}),
+            timeout_s: None,
+        }
+    }
+
     #[test]
     fn same_text_as_serde() {
         let events = [
@@ -281,9 +294,18 @@ mod tests {
                 agent: "A \"quoted\" agent".into(),
             },
             ServerEvent::error(ErrorCode::Internal, "line\nbreak", true),
-            ServerEvent::ToolCall(
-                json!({"kind": "tool_call", "payload": {"tool_args": {"é": [1, null]}}}),
-            ),
+            ServerEvent::ToolCall(ToolCallEvent::Announced(crate::ToolAnnouncement {
+                agent: "A".into(),
+                tool_name: "t".into(),
+                corr: "k".into(),
+                component_type: None,
+                workflow_name: "W".into(),
+                interaction: crate::InteractionType::AgentTool,
+                tool_args: json!({"é": [1, null]})
+                    .as_object()
+                    .cloned()
+                    .unwrap_or_default(),
+            })),
         ];
         let ids = ["chat_1", "chat \"odd\" \\ id\u{1}", "chat_é"];
         for event in &events {
@@ -331,8 +353,17 @@ mod tests {
         let events = [
             ServerEvent::InputRequest { agent: "A".into() },
             ServerEvent::error(ErrorCode::Internal, "x", true),
-            ServerEvent::ToolCall(json!({})),
-            ServerEvent::ToolResponse(json!({})),
+            ServerEvent::ToolCall(ToolCallEvent::AwaitingUi(ui_call("x"))),
+            ServerEvent::ToolResponse(ToolResponseEvent {
+                agent: "A".into(),
+                tool_name: "t".into(),
+                corr: "k".into(),
+                handler_ok: true,
+                success: true,
+                interaction: crate::InteractionType::AgentTool,
+                result: json!({}),
+                ended_ui_call: None,
+            }),
             ServerEvent::RunStart {
                 agent: "A".into(),
                 turn: 1,
@@ -362,7 +393,8 @@ mod tests {
 
     #[test]
     fn tool_call_data_is_passed_through() {
-        let ev = ServerEvent::ToolCall(json!({"kind":"tool_call","corr":"x"}));
+        let call = ToolCallEvent::AwaitingUi(ui_call("x"));
+        let ev = ServerEvent::ToolCall(call.clone());
         let env = Envelope {
             seq: 1,
             chat_id: "c",
@@ -371,6 +403,7 @@ mod tests {
         };
         let v: Value = serde_json::from_str(&env.to_json()).expect("valid json");
         assert_eq!(v["type"], "chat.tool_call");
-        assert_eq!(v["data"], json!({"kind":"tool_call","corr":"x"}));
+        assert_eq!(v["data"], serde_json::to_value(&call).unwrap_or_default());
+        assert_eq!(v["data"]["corr"], "x");
     }
 }

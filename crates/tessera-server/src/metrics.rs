@@ -38,12 +38,8 @@ impl Metrics {
             ServerEvent::RunStart { .. } => {
                 self.turns.fetch_add(1, Ordering::Relaxed);
             }
-            ServerEvent::ToolResponse(data) => {
-                let ok = data
-                    .get("success")
-                    .and_then(serde_json::Value::as_bool)
-                    .unwrap_or(false);
-                let counter = if ok {
+            ServerEvent::ToolResponse(response) => {
+                let counter = if response.success {
                     &self.tool_calls_ok
                 } else {
                     &self.tool_calls_error

@@ -15,10 +15,10 @@ use actix_web::{HttpRequest, HttpResponse, ResponseError, web};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 use tessera_engine::session::{
-    CancelRun, ChatSnapshot, Deliver, GetSnapshot, Subscribe, ToolAnswer, Unsubscribe, UserInput,
+    CancelRun, ChatSnapshot, GetSnapshot, Observed, ToolAnswer, Unsubscribe, UserInput, Watch,
 };
 use tessera_engine::{ChatHandle, EngineError, NewChat};
-use tessera_protocol::ErrorCode;
+use tessera_protocol::{ErrorCode, ServerEvent, ToolCallEvent};
 use tokio::sync::oneshot;
 
 use crate::auth::{AuthError, Caller};
@@ -559,10 +559,7 @@ async fn run_workflow(
     .start();
     let subscription = chat
         .addr
-        .send(Subscribe {
-            recipient: collector.recipient(),
-            after_seq: 0,
-        })
+        .send(Watch(collector.recipient()))
         .await
         .map_err(|_| unavailable())?;
     chat.addr
@@ -628,50 +625,46 @@ impl Actor for RunCollector {
     type Context = Context<Self>;
 }
 
-impl Handler<Deliver> for RunCollector {
+impl Handler<Observed> for RunCollector {
     type Result = ();
 
-    fn handle(&mut self, Deliver(text): Deliver, ctx: &mut Self::Context) {
-        let Ok(event) = serde_json::from_str::<Value>(&text) else {
-            return;
-        };
-        let data = &event["data"];
-        match event["type"].as_str().unwrap_or_default() {
-            "chat.run_start" => self.started = true,
-            "chat.text"
-                if self.started && data["role"] == "assistant" && data["ui_hidden"] != true =>
-            {
-                self.texts
-                    .push(data["content"].as_str().unwrap_or_default().to_owned());
-            }
-            "chat.tool_call" if data["awaiting_response"] == true => self.finish(
+    fn handle(&mut self, Observed(event): Observed, ctx: &mut Self::Context) {
+        match event {
+            ServerEvent::RunStart { .. } => self.started = true,
+            ServerEvent::Text {
+                role,
+                content,
+                ui_hidden,
+                ..
+            } if self.started && role == "assistant" && !ui_hidden => self.texts.push(content),
+            ServerEvent::ToolCall(ToolCallEvent::AwaitingUi(_)) => self.finish(
                 RunOutcome::Failed {
                     code: "ui_tool_required",
                     message: "this workflow needs a UI tool; use a WebSocket chat".into(),
                 },
                 ctx,
             ),
-            "chat.tool_call" if self.started => {
-                let name = data["tool_name"].as_str().unwrap_or_default().to_owned();
-                if !self.tools.contains(&name) {
-                    self.tools.push(name);
-                }
+            ServerEvent::ToolCall(ToolCallEvent::Announced(call))
+                if self.started && !self.tools.contains(&call.tool_name) =>
+            {
+                self.tools.push(call.tool_name);
             }
-            "chat.usage" if self.started => {
-                self.usage.0 += data["prompt_tokens"].as_u64().unwrap_or(0);
-                self.usage.1 += data["completion_tokens"].as_u64().unwrap_or(0);
+            ServerEvent::Usage {
+                prompt_tokens,
+                completion_tokens,
+                ..
+            } if self.started => {
+                self.usage.0 += prompt_tokens;
+                self.usage.1 += completion_tokens;
             }
-            "chat.error" if self.started => {
-                let message = data["message"].as_str().unwrap_or_default().to_owned();
-                self.finish(
-                    RunOutcome::Failed {
-                        code: "run_failed",
-                        message,
-                    },
-                    ctx,
-                );
-            }
-            "chat.input_request" | "chat.run_complete" if self.started => {
+            ServerEvent::Error { message, .. } if self.started => self.finish(
+                RunOutcome::Failed {
+                    code: "run_failed",
+                    message,
+                },
+                ctx,
+            ),
+            ServerEvent::InputRequest { .. } | ServerEvent::RunComplete { .. } if self.started => {
                 let response = self.texts.join("\n\n");
                 let outcome = RunOutcome::Done {
                     response,

@@ -17,11 +17,11 @@ use tessera_tools::BuiltinRegistry;
 use crate::auto_tool::AutoToolHandler;
 use crate::correlator::UiCorrelator;
 use crate::dedup::{DedupCache, DedupRecordStore};
-use crate::persist::{StoreDedup, now_ms};
+use crate::persist::{ChatRows, RestoredChat, StoreDedup};
 use crate::plan::CompiledWorkflow;
-use crate::session::{ChatIdentity, ChatSession, RestoredChat};
+use crate::session::{ChatIdentity, ChatSession};
 use crate::{EngineConfig, EngineError};
-use tessera_store::{ChatRecord, ChatStore};
+use tessera_store::ChatStore;
 
 /// Sees every event a chat publishes (metrics, audit). Must be cheap and never block.
 pub type EventObserver = Arc<dyn Fn(&ServerEvent) + Send + Sync>;
@@ -189,6 +189,15 @@ impl Engine {
         self.inner.shards[index].clone()
     }
 
+    /// The store's chat rows, when the engine has a store.
+    fn rows(&self) -> Option<ChatRows> {
+        self.inner
+            .shards
+            .first()
+            .and_then(|s| s.store.clone())
+            .map(ChatRows)
+    }
+
     /// Starts a chat on the next arbiter. With a store, the chat's record is written first, so
     /// every later write of the chat has its row.
     pub async fn start_chat(&self, new: NewChat) -> Result<ChatHandle, EngineError> {
@@ -203,18 +212,8 @@ impl Engine {
             tenant: Arc::from(new.tenant),
             user: Arc::from(new.user),
         };
-        if let Some(store) = &shard.store {
-            let record = ChatRecord {
-                chat_id: identity.chat_id.to_string(),
-                tenant: identity.tenant.to_string(),
-                user_id: identity.user.to_string(),
-                workflow: new.workflow.clone(),
-                created_at_ms: now_ms(),
-            };
-            store
-                .create_chat(record)
-                .await
-                .map_err(|e| EngineError::Store(e.to_string()))?;
+        if let Some(rows) = shard.store.clone().map(ChatRows) {
+            rows.create(&identity, &new.workflow).await?;
         }
         let config = self.inner.config.clone();
         let (id, context) = (identity.clone(), new.context);
@@ -240,71 +239,28 @@ impl Engine {
         tenant: &str,
         user: &str,
     ) -> Result<Option<ChatHandle>, EngineError> {
-        let Some(store) = self.inner.shards.first().and_then(|s| s.store.clone()) else {
+        let Some(rows) = self.rows() else {
             return Ok(None);
         };
-        let store_err = |e: tessera_store::StoreError| EngineError::Store(e.to_string());
-        let Some(chat) = store.load_chat(chat_id).await.map_err(store_err)? else {
+        let Some(chat) = rows.completed(chat_id, tenant, user).await? else {
             return Ok(None);
         };
-        if chat.record.tenant != tenant
-            || chat.record.user_id != user
-            || chat.state.status != tessera_store::STATUS_COMPLETED
-        {
-            return Ok(None);
-        }
-        let Ok(wf) = self.workflow(&chat.record.workflow) else {
-            return Ok(None);
-        };
-        self.restore_stored(&*store, chat, wf).await.map(Some)
+        Ok(self.start_restored(chat))
     }
 
-    /// Loads a stored chat's transcript, log and pending calls and starts its session.
-    async fn restore_stored(
-        &self,
-        store: &dyn ChatStore,
-        chat: tessera_store::StoredChat,
-        wf: Arc<CompiledWorkflow>,
-    ) -> Result<ChatHandle, EngineError> {
-        let store_err = |e: tessera_store::StoreError| EngineError::Store(e.to_string());
-        let chat_id = chat.record.chat_id.clone();
-        let messages = store.all_messages(&chat_id).await.map_err(store_err)?;
-        let events = store
-            .events_after(&chat_id, 0, u32::MAX)
-            .await
-            .map_err(store_err)?;
-        let pending = store
-            .pending_ui(&chat_id)
-            .await
-            .map_err(store_err)?
-            .into_iter()
-            .filter_map(|p| {
-                serde_json::from_value(p.call)
-                    .ok()
-                    .map(|call| (p.turn_key, call))
-            })
-            .collect();
-        let identity = ChatIdentity {
-            chat_id: Arc::from(chat_id.as_str()),
-            tenant: Arc::from(chat.record.tenant.as_str()),
-            user: Arc::from(chat.record.user_id.as_str()),
-        };
-        let restored = RestoredChat {
-            state: chat.state,
-            messages,
-            events,
-            pending,
-        };
+    /// Starts the session of a chat loaded from the store; `None` for an unknown workflow.
+    fn start_restored(&self, chat: RestoredChat) -> Option<ChatHandle> {
+        let wf = self.workflow(&chat.workflow).ok()?;
         let shard = self.next_shard();
         let config = self.inner.config.clone();
-        let id = identity.clone();
+        let (identity, workflow) = (chat.identity.clone(), chat.workflow.clone());
         let arbiter = shard.arbiter.clone();
         let addr = ChatSession::start_in_arbiter(&arbiter, move |_| {
-            ChatSession::restore(id, wf, shard, config, restored)
+            ChatSession::restore(wf, shard, config, chat)
         });
-        Ok(ChatHandle {
+        Some(ChatHandle {
             identity,
-            workflow: chat.record.workflow,
+            workflow,
             addr,
             arbiter,
         })
@@ -314,19 +270,21 @@ impl Engine {
     /// and resumes its pending work: a pending UI call becomes answerable again, an
     /// interrupted turn re-runs under its own turn key. Chats of unknown workflows are skipped.
     pub async fn rehydrate(&self) -> Result<Vec<ChatHandle>, EngineError> {
-        let Some(store) = self.inner.shards.first().and_then(|s| s.store.clone()) else {
+        let Some(rows) = self.rows() else {
             return Ok(Vec::new());
         };
-        let store_err = |e: tessera_store::StoreError| EngineError::Store(e.to_string());
-        let mut handles = Vec::new();
-        for chat in store.list_open_chats().await.map_err(store_err)? {
-            let Ok(wf) = self.workflow(&chat.record.workflow) else {
-                tracing::warn!(chat_id = %chat.record.chat_id, workflow = %chat.record.workflow, "stored chat of an unknown workflow left alone");
-                continue;
-            };
-            handles.push(self.restore_stored(&*store, chat, wf).await?);
-        }
-        Ok(handles)
+        let known = |chat_id: &str, workflow: &str| {
+            let known = self.inner.workflows.contains_key(workflow);
+            if !known {
+                tracing::warn!(chat_id = %chat_id, workflow = %workflow, "stored chat of an unknown workflow left alone");
+            }
+            known
+        };
+        let chats = rows.open_chats(known).await?;
+        Ok(chats
+            .into_iter()
+            .filter_map(|chat| self.start_restored(chat))
+            .collect())
     }
 
     /// The compiled workflows, by name.

@@ -21,6 +21,7 @@ pub mod plan;
 pub mod runner;
 pub mod secrets;
 pub mod session;
+mod status;
 pub mod turn;
 
 pub use config::{DisconnectPolicy, EngineConfig};

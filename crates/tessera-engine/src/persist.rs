@@ -1,32 +1,42 @@
-//! Durability: a chat's writes to the [`ChatStore`] and the durable tool-invocation records
-//! behind every `DedupCache`.
+//! Durability, and the one boundary between engine values and store rows: nothing else in
+//! the engine builds or reads a `StoredMessage`, `StoredEvent`, `PendingUiRecord`,
+//! `ChatState` or `ChatRecord`, or calls the [`ChatStore`] for chat rows.
 //!
-//! A session never awaits the database inside a handler. It queues writes in a
-//! [`WriteBehind`] and one flush at a time runs as a spawned future, so a chat's writes reach
-//! the store in order (chat → messages → events → pending UI calls → state) and batch
-//! naturally under load.
+//! - Writing: a session never awaits the database inside a handler. It queues its values in a
+//!   [`WriteBehind`] (which maps them to rows) and one flush at a time runs as a spawned
+//!   future, so a chat's writes reach the store in order (messages → events → pending UI
+//!   calls → state) and batch naturally under load.
+//! - Reading: [`ChatRows`] creates chats and loads stored ones back as engine values
+//!   ([`RestoredChat`]), mapping each row with `From` / `TryFrom` at this boundary.
+//! - Tool claims: [`StoreDedup`] puts the store's invocation records behind every
+//!   `DedupCache`.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use tessera_store::{ChatStore, ChatWriteBatch, ToolClaim};
+use serde_json::{Map, Value};
+use tessera_llm::{Message, Role};
+use tessera_protocol::{PendingUiCall, ServerEvent, ToolCallEvent};
+use tessera_store::{
+    ChatRecord, ChatState, ChatStore, ChatWriteBatch, PendingUiRecord, STATUS_COMPLETED,
+    StoreError, StoredChat, StoredEvent, StoredMessage, ToolClaim,
+};
 
+use crate::EngineError;
 use crate::dedup::{ClaimOutcome, DedupRecordStore};
-
-/// Writes queued since the last flush (the store's batch type).
-pub type PendingWrites = ChatWriteBatch;
+use crate::status::{ChatIdentity, ChatStatus};
 
 /// A chat's write-behind queue.
 pub struct WriteBehind {
     store: Arc<dyn ChatStore>,
     chat_id: Arc<str>,
-    queued: PendingWrites,
+    queued: ChatWriteBatch,
     flushing: bool,
     /// The batch under way (shared with the store's job, not copied), put back at the head
     /// of the queue if the write fails for a reason a retry can cure: a failed flush must
     /// not lose the chat's history.
-    in_flight: Option<Arc<PendingWrites>>,
+    in_flight: Option<Arc<ChatWriteBatch>>,
     /// Wait before the next retry; doubles up to [`MAX_RETRY_DELAY`], reset by a success.
     retry_delay: Duration,
     /// Highest event seq of the flush under way.
@@ -41,7 +51,7 @@ impl WriteBehind {
         Self {
             store,
             chat_id,
-            queued: PendingWrites::default(),
+            queued: ChatWriteBatch::default(),
             flushing: false,
             in_flight: None,
             retry_delay: FIRST_RETRY_DELAY,
@@ -67,9 +77,48 @@ impl WriteBehind {
         !self.queued.is_empty()
     }
 
-    /// The queued writes, to add to.
-    pub fn queue(&mut self) -> &mut PendingWrites {
-        &mut self.queued
+    /// Queues a transcript message.
+    pub fn queue_message(&mut self, row: TranscriptRow<'_>) {
+        self.queued.messages.push(row.into());
+    }
+
+    /// Queues a published event and, for a UI call, its pending-call bookkeeping: a call that
+    /// starts waiting is recorded under `turn_key` (asked only then), one that ended is
+    /// forgotten.
+    pub fn queue_event(
+        &mut self,
+        seq: u64,
+        event: &ServerEvent,
+        text: &str,
+        turn_key: impl FnOnce() -> String,
+    ) {
+        let queue = &mut self.queued;
+        queue.events.push(StoredEvent {
+            seq,
+            event_type: event.type_name().to_owned(),
+            json: text.to_owned(),
+        });
+        match event {
+            ServerEvent::ToolCall(ToolCallEvent::AwaitingUi(call)) => {
+                queue
+                    .put_pending
+                    .push(pending_row(call, turn_key(), now_ms()));
+            }
+            ServerEvent::ToolResponse(response) => {
+                if let Some(corr) = &response.ended_ui_call {
+                    queue.remove_pending.push(corr.clone());
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Sends the chat's current state with the queued writes (nothing is sent when nothing
+    /// else is queued: the state changes only with events).
+    pub fn queue_state(&mut self, row: StateRow<'_>) {
+        if self.has_queued() {
+            self.queued.state = Some(row.into());
+        }
     }
 
     /// Takes the queued writes and returns the future that performs them, unless a flush is
@@ -159,7 +208,7 @@ const FIRST_RETRY_DELAY: Duration = Duration::from_millis(50);
 const MAX_RETRY_DELAY: Duration = Duration::from_secs(5);
 
 /// `first`'s writes followed by `then`'s, as one batch (the newest state wins).
-fn prepend(mut first: PendingWrites, then: PendingWrites) -> PendingWrites {
+fn prepend(mut first: ChatWriteBatch, then: ChatWriteBatch) -> ChatWriteBatch {
     first.messages.extend(then.messages);
     first.events.extend(then.events);
     first.put_pending.extend(then.put_pending);
@@ -199,9 +248,301 @@ impl DedupRecordStore for StoreDedup {
     }
 }
 
+/// A transcript message on its way to the store.
+pub struct TranscriptRow<'a> {
+    /// 0-based position in the transcript.
+    pub idx: u64,
+    pub message: &'a Message,
+    pub message_id: &'a str,
+    pub ui_hidden: bool,
+}
+
+impl From<TranscriptRow<'_>> for StoredMessage {
+    fn from(row: TranscriptRow<'_>) -> Self {
+        let role = match row.message.role {
+            Role::System => "system",
+            Role::User => "user",
+            Role::Assistant => "assistant",
+            Role::Tool => "tool",
+        };
+        StoredMessage {
+            idx: row.idx,
+            message_id: row.message_id.to_owned(),
+            role: role.to_owned(),
+            agent: row.message.name.as_deref().map(str::to_owned),
+            content: row.message.content_str().to_owned(),
+            ui_hidden: row.ui_hidden,
+            raw: serde_json::to_value(row.message).unwrap_or(Value::Null),
+        }
+    }
+}
+
+/// A transcript message read back from the store.
+pub struct RestoredMessage {
+    pub message: Message,
+    pub message_id: String,
+    pub ui_hidden: bool,
+}
+
+impl From<StoredMessage> for RestoredMessage {
+    /// A row whose full LLM message does not decode keeps its text as a user message: the
+    /// history stays readable and the model still sees what was said.
+    fn from(row: StoredMessage) -> Self {
+        let message = serde_json::from_value(row.raw)
+            .unwrap_or_else(|_| Message::text(Role::User, row.content.as_str()));
+        Self {
+            message,
+            message_id: row.message_id,
+            ui_hidden: row.ui_hidden,
+        }
+    }
+}
+
+/// The part of a session the store keeps as the chat's state.
+pub struct StateRow<'a> {
+    pub status: &'a ChatStatus,
+    pub current_agent: &'a str,
+    pub turn: u32,
+    pub consecutive: u32,
+    pub context: &'a Map<String, Value>,
+}
+
+impl From<StateRow<'_>> for ChatState {
+    fn from(row: StateRow<'_>) -> Self {
+        ChatState {
+            status: row.status.as_str().to_owned(),
+            current_agent: row.current_agent.to_owned(),
+            turn: row.turn,
+            consecutive: row.consecutive,
+            context: row.context.clone(),
+            updated_at_ms: now_ms(),
+        }
+    }
+}
+
+/// A chat's state read back from the store.
+#[derive(Debug, Clone)]
+pub struct RestoredState {
+    pub status: ChatStatus,
+    pub current_agent: String,
+    pub turn: u32,
+    pub consecutive: u32,
+    pub context: Map<String, Value>,
+}
+
+impl From<ChatState> for RestoredState {
+    /// An unknown status reads as waiting for the user: the chat stays usable.
+    fn from(state: ChatState) -> Self {
+        let status = match state.status.as_str() {
+            "running" => ChatStatus::Running,
+            "awaiting_tool" => ChatStatus::AwaitingTool,
+            "completed" => ChatStatus::Completed("restored".into()),
+            _ => ChatStatus::AwaitingUser,
+        };
+        Self {
+            status,
+            current_agent: state.current_agent,
+            turn: state.turn,
+            consecutive: state.consecutive,
+            context: state.context,
+        }
+    }
+}
+
+/// A UI call that was waiting for the browser when the chat was stored.
+#[derive(Debug, Clone)]
+pub struct ResumableUiCall {
+    /// The turn key the answer resumes.
+    pub turn_key: String,
+    pub call: PendingUiCall,
+}
+
+impl TryFrom<PendingUiRecord> for ResumableUiCall {
+    type Error = serde_json::Error;
+
+    fn try_from(record: PendingUiRecord) -> Result<Self, Self::Error> {
+        Ok(Self {
+            turn_key: record.turn_key,
+            call: serde_json::from_value(record.call)?,
+        })
+    }
+}
+
+/// The store's record of a UI call that starts waiting now (`now_ms`).
+fn pending_row(call: &PendingUiCall, turn_key: String, now_ms: i64) -> PendingUiRecord {
+    PendingUiRecord {
+        corr: call.corr.clone(),
+        turn_key,
+        call: serde_json::to_value(call).unwrap_or(Value::Null),
+        created_at_ms: now_ms,
+        timeout_at_ms: call.timeout_s.map(|t| now_ms + (t * 1000.0) as i64),
+    }
+}
+
+/// A stored chat, as a session is rebuilt from it.
+pub struct RestoredChat {
+    pub identity: ChatIdentity,
+    pub workflow: String,
+    pub state: RestoredState,
+    pub messages: Vec<RestoredMessage>,
+    /// Each logged event's text, in seq order from 1.
+    pub events: Vec<String>,
+    /// The pending UI calls, oldest first.
+    pub pending: Vec<ResumableUiCall>,
+}
+
+/// The store's chat rows as the engine reads and creates them.
+#[derive(Clone)]
+pub struct ChatRows(pub Arc<dyn ChatStore>);
+
+fn store_error(e: StoreError) -> EngineError {
+    EngineError::Store(e.to_string())
+}
+
+impl ChatRows {
+    /// Writes a new chat's record, before any other write of the chat.
+    pub async fn create(&self, identity: &ChatIdentity, workflow: &str) -> Result<(), EngineError> {
+        let record = ChatRecord {
+            chat_id: identity.chat_id.to_string(),
+            tenant: identity.tenant.to_string(),
+            user_id: identity.user.to_string(),
+            workflow: workflow.to_owned(),
+            created_at_ms: now_ms(),
+        };
+        self.0.create_chat(record).await.map_err(store_error)
+    }
+
+    /// Chat `chat_id` if it is `tenant`/`user`'s and completed, loaded whole.
+    pub async fn completed(
+        &self,
+        chat_id: &str,
+        tenant: &str,
+        user: &str,
+    ) -> Result<Option<RestoredChat>, EngineError> {
+        let Some(chat) = self.0.load_chat(chat_id).await.map_err(store_error)? else {
+            return Ok(None);
+        };
+        if chat.record.tenant != tenant
+            || chat.record.user_id != user
+            || chat.state.status != STATUS_COMPLETED
+        {
+            return Ok(None);
+        }
+        self.load(chat).await.map(Some)
+    }
+
+    /// Every chat that has not completed, oldest first, loaded whole; `keep` filters by
+    /// (chat id, workflow) before the chat's rows are read.
+    pub async fn open_chats(
+        &self,
+        keep: impl Fn(&str, &str) -> bool,
+    ) -> Result<Vec<RestoredChat>, EngineError> {
+        let mut chats = Vec::new();
+        for chat in self.0.list_open_chats().await.map_err(store_error)? {
+            if keep(&chat.record.chat_id, &chat.record.workflow) {
+                chats.push(self.load(chat).await?);
+            }
+        }
+        Ok(chats)
+    }
+
+    /// The chat's transcript, event log and pending UI calls.
+    async fn load(&self, chat: StoredChat) -> Result<RestoredChat, EngineError> {
+        let chat_id = chat.record.chat_id.as_str();
+        let messages = self.0.all_messages(chat_id).await.map_err(store_error)?;
+        let events = self
+            .0
+            .events_after(chat_id, 0, u32::MAX)
+            .await
+            .map_err(store_error)?;
+        let pending = self.0.pending_ui(chat_id).await.map_err(store_error)?;
+        Ok(RestoredChat {
+            identity: ChatIdentity {
+                chat_id: Arc::from(chat_id),
+                tenant: Arc::from(chat.record.tenant.as_str()),
+                user: Arc::from(chat.record.user_id.as_str()),
+            },
+            workflow: chat.record.workflow,
+            state: chat.state.into(),
+            messages: messages.into_iter().map(RestoredMessage::from).collect(),
+            events: events.into_iter().map(|e| e.json).collect(),
+            pending: pending
+                .into_iter()
+                .filter_map(|p| ResumableUiCall::try_from(p).ok())
+                .collect(),
+        })
+    }
+}
+
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn rows_read_back_as_the_values_they_were_written_from() {
+        let message = Message::assistant("Planner", "the plan");
+        let stored = StoredMessage::from(TranscriptRow {
+            idx: 3,
+            message: &message,
+            message_id: "msg_1",
+            ui_hidden: true,
+        });
+        assert_eq!((stored.idx, stored.role.as_str()), (3, "assistant"));
+        assert_eq!(stored.agent.as_deref(), Some("Planner"));
+        let back = RestoredMessage::from(stored);
+        assert_eq!(back.message, message);
+        assert_eq!((back.message_id.as_str(), back.ui_hidden), ("msg_1", true));
+
+        let mut context = Map::new();
+        context.insert("approved".into(), json!(true));
+        let status = ChatStatus::AwaitingTool;
+        let state = ChatState::from(StateRow {
+            status: &status,
+            current_agent: "Planner",
+            turn: 4,
+            consecutive: 2,
+            context: &context,
+        });
+        let back = RestoredState::from(state);
+        assert_eq!(back.status, status);
+        assert_eq!((back.turn, back.consecutive), (4, 2));
+        assert_eq!(
+            (back.current_agent.as_str(), &back.context),
+            ("Planner", &context)
+        );
+
+        let call = PendingUiCall {
+            corr: "ui_1".into(),
+            tool_name: "review".into(),
+            component_type: "Review".into(),
+            display: "artifact".into(),
+            agent: "Planner".into(),
+            payload: json!({"plan": "p"}),
+            timeout_s: Some(1.5),
+        };
+        let record = pending_row(&call, "turn_c_Planner_4".into(), 1_000);
+        assert_eq!(record.timeout_at_ms, Some(2_500));
+        let back = ResumableUiCall::try_from(record);
+        assert!(matches!(back, Ok(ref r) if r.call == call && r.turn_key == "turn_c_Planner_4"));
+    }
+
+    #[test]
+    fn an_undecodable_pending_call_is_an_error_not_a_guess() {
+        let record = PendingUiRecord {
+            corr: "ui_1".into(),
+            turn_key: "t".into(),
+            call: json!({"corr": 7}),
+            created_at_ms: 0,
+            timeout_at_ms: None,
+        };
+        assert!(ResumableUiCall::try_from(record).is_err());
+    }
 }

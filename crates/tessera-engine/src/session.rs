@@ -4,26 +4,27 @@
 
 use std::sync::Arc;
 
+mod restore;
+
 use actix::prelude::*;
 use serde_json::{Map, Value};
 use tessera_llm::{Message, Role};
 use tessera_manifest::{HandoffKind, HandoffTarget};
-use tessera_protocol::{ErrorCode, PendingUiCall, ServerEvent, ToolCallEvent};
+use tessera_protocol::{ErrorCode, PendingUiCall, ServerEvent};
 use tessera_tools::ToolContext;
 
-use crate::auto_tool::{AutoToolOutcome, InvokeAutoTool, UiWaitParts, resume_ui_wait};
+use crate::auto_tool::{AutoToolOutcome, InvokeAutoTool};
 use crate::correlator::{
     CancelUiCalls, ChatDisconnected, CorrelationError, ListPendingUiCalls, ResolveUiCall,
 };
-use crate::dedup::AdoptKey;
 use crate::engine::Shard;
 use crate::envelope::{ChatIdJson, EventLog, envelope_json};
-use crate::persist::{FlushOutcome, NextFlush, WriteBehind, now_ms};
+use crate::persist::{FlushOutcome, NextFlush, StateRow, TranscriptRow, WriteBehind};
 use crate::runner::{AgentRunner, CancelTurn, RunnerParts, message_id};
 use crate::secrets::SecretVault;
+pub use crate::status::{ChatIdentity, ChatStatus};
 use crate::turn::{TurnFailure, TurnLimits, TurnOutput};
 use crate::{EngineConfig, EngineError, plan::CompiledWorkflow};
-use tessera_store::{ChatState, PendingUiRecord, StoredEvent, StoredMessage};
 
 /// An event, serialized once, on its way to a subscriber.
 #[derive(Message, Clone)]
@@ -35,39 +36,6 @@ pub struct Deliver(pub Arc<str>);
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct Publish(pub ServerEvent);
-
-/// Where a chat stands.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ChatStatus {
-    /// Waiting for the user to type.
-    AwaitingUser,
-    /// An agent turn is running.
-    Running,
-    /// A UI tool is waiting for the browser.
-    AwaitingTool,
-    /// The run ended; the reason is kept.
-    Completed(String),
-}
-
-impl ChatStatus {
-    /// The status as clients see it.
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            Self::AwaitingUser => "awaiting_user",
-            Self::Running => "running",
-            Self::AwaitingTool => "awaiting_tool",
-            Self::Completed(_) => "completed",
-        }
-    }
-}
-
-/// Identity of a chat: who owns it, which workflow it runs.
-#[derive(Debug, Clone)]
-pub struct ChatIdentity {
-    pub chat_id: Arc<str>,
-    pub tenant: Arc<str>,
-    pub user: Arc<str>,
-}
 
 /// Attach a subscriber; it receives `chat.session`, every logged event after `after_seq`,
 /// then `chat.resume_boundary`, then live events.
@@ -192,23 +160,7 @@ pub struct ChatSession {
     flush_requested: bool,
     self_addr: Option<Addr<ChatSession>>,
     /// Set for a chat rebuilt from the store: `started` resumes instead of starting.
-    restored: Option<RestoredWork>,
-}
-
-/// A chat as the store holds it, for [`ChatSession::restore`].
-pub struct RestoredChat {
-    pub state: ChatState,
-    pub messages: Vec<StoredMessage>,
-    pub events: Vec<StoredEvent>,
-    /// (turn key, call) of each pending UI call.
-    pub pending: Vec<(String, PendingUiCall)>,
-}
-
-/// What a chat rebuilt after a restart must pick up again.
-#[derive(Debug, Clone)]
-pub struct RestoredWork {
-    pub status: String,
-    pub pending: Vec<(String, PendingUiCall)>,
+    restored: Option<restore::RestoredWork>,
 }
 
 /// Flush queued durable writes (sent to self so writes batch per mailbox turn).
@@ -262,46 +214,6 @@ impl ChatSession {
         }
     }
 
-    /// A chat rebuilt from its stored state, transcript and event log after a restart.
-    pub fn restore(
-        id: ChatIdentity,
-        wf: Arc<CompiledWorkflow>,
-        shard: Shard,
-        config: Arc<EngineConfig>,
-        stored: RestoredChat,
-    ) -> Self {
-        let mut session = Self::new(id, wf, shard, config, Map::new());
-        session.context = stored.state.context;
-        session.current_agent = Arc::from(stored.state.current_agent.as_str());
-        session.turn = stored.state.turn;
-        session.consecutive = stored.state.consecutive;
-        session.status = match stored.state.status.as_str() {
-            "running" => ChatStatus::Running,
-            "awaiting_tool" => ChatStatus::AwaitingTool,
-            "completed" => ChatStatus::Completed("restored".into()),
-            _ => ChatStatus::AwaitingUser,
-        };
-        for message in stored.messages {
-            let parsed: Option<Message> = serde_json::from_value(message.raw).ok();
-            let parsed =
-                parsed.unwrap_or_else(|| Message::text(Role::User, message.content.as_str()));
-            session.history.push(parsed);
-            session.meta.push((message.message_id, message.ui_hidden));
-        }
-        for event in &stored.events {
-            session.log.push_text(&event.json);
-        }
-        let restored_seq = session.last_seq();
-        if let Some(persist) = &mut session.persist {
-            persist.set_persisted_seq(restored_seq);
-        }
-        session.restored = Some(RestoredWork {
-            status: stored.state.status,
-            pending: stored.pending,
-        });
-        session
-    }
-
     fn last_seq(&self) -> u64 {
         self.log.last_seq()
     }
@@ -344,20 +256,11 @@ impl ChatSession {
 
     fn push_message(&mut self, message: Message, message_id: String, hidden: bool) {
         if let Some(persist) = &mut self.persist {
-            let role = match message.role {
-                Role::System => "system",
-                Role::User => "user",
-                Role::Assistant => "assistant",
-                Role::Tool => "tool",
-            };
-            persist.queue().messages.push(StoredMessage {
+            persist.queue_message(TranscriptRow {
                 idx: self.history.len() as u64,
-                message_id: message_id.clone(),
-                role: role.to_owned(),
-                agent: message.name.as_deref().map(str::to_owned),
-                content: message.content_str().to_owned(),
+                message: &message,
+                message_id: &message_id,
                 ui_hidden: hidden,
-                raw: serde_json::to_value(&message).unwrap_or(Value::Null),
             });
             self.request_flush();
         }
@@ -365,53 +268,14 @@ impl ChatSession {
         self.meta.push((message_id, hidden));
     }
 
-    /// Queues an event, the chat's state, and pending-UI bookkeeping for the store.
+    /// Queues an event (and its pending-UI bookkeeping) for the store.
     fn persist_event(&mut self, seq: u64, event: &ServerEvent, text: &str) {
-        let turn_key = match event {
-            ServerEvent::ToolCall(_) => turn_key(&self.id.chat_id, &self.current_agent, self.turn),
-            _ => String::new(),
-        };
         let Some(persist) = &mut self.persist else {
             return;
         };
-        let queue = persist.queue();
-        queue.events.push(StoredEvent {
-            seq,
-            event_type: event.type_name().to_owned(),
-            json: text.to_owned(),
-        });
-        match event {
-            ServerEvent::ToolCall(ToolCallEvent::AwaitingUi(call)) => {
-                let now = now_ms();
-                let timeout_at_ms = call.timeout_s.map(|t| now + (t * 1000.0) as i64);
-                queue.put_pending.push(PendingUiRecord {
-                    corr: call.corr.clone(),
-                    turn_key,
-                    call: serde_json::to_value(call).unwrap_or(Value::Null),
-                    created_at_ms: now,
-                    timeout_at_ms,
-                });
-            }
-            ServerEvent::ToolResponse(response) => {
-                if let Some(corr) = &response.ended_ui_call {
-                    queue.remove_pending.push(corr.clone());
-                }
-            }
-            _ => {}
-        }
+        let (chat_id, agent, turn) = (&self.id.chat_id, &self.current_agent, self.turn);
+        persist.queue_event(seq, event, text, || turn_key(chat_id, agent, turn));
         self.request_flush();
-    }
-
-    /// The chat's current state as the store keeps it.
-    fn state_for_store(&self) -> ChatState {
-        ChatState {
-            status: self.status.as_str().to_owned(),
-            current_agent: self.current_agent.to_string(),
-            turn: self.turn,
-            consecutive: self.consecutive,
-            context: self.context.clone(),
-            updated_at_ms: now_ms(),
-        }
     }
 
     fn request_flush(&mut self) {
@@ -759,20 +623,7 @@ impl Actor for ChatSession {
             self.request_flush();
         }
         if let Some(work) = self.restored.take() {
-            let load = crate::secrets::load(
-                self.shard.store.as_ref(),
-                self.config.vault_key.clone(),
-                &self.id.chat_id,
-            );
-            match load {
-                // The sealed vault is opened before anything else runs, so a resumed tool
-                // sees the secrets collected before the restart.
-                Some(load) => ctx.wait(load.into_actor(self).map(move |secrets, act, ctx| {
-                    act.secrets.store(secrets);
-                    act.resume_after_restart(work, ctx);
-                })),
-                None => self.resume_after_restart(work, ctx),
-            }
+            self.start_restored(work, ctx);
             return;
         }
         let wf = self.wf.workflow.clone();
@@ -813,9 +664,14 @@ impl Handler<FlushWrites> for ChatSession {
     fn handle(&mut self, _: FlushWrites, ctx: &mut Self::Context) {
         self.flush_requested = false;
         // The state goes with each flush, built once here rather than on every event.
-        let state = self.state_for_store();
-        if let Some(persist) = self.persist.as_mut().filter(|p| p.has_queued()) {
-            persist.queue().state = Some(state);
+        if let Some(persist) = self.persist.as_mut() {
+            persist.queue_state(StateRow {
+                status: &self.status,
+                current_agent: &self.current_agent,
+                turn: self.turn,
+                consecutive: self.consecutive,
+                context: &self.context,
+            });
         }
         let Some(flush) = self.persist.as_mut().and_then(WriteBehind::start_flush) else {
             return;
@@ -850,73 +706,6 @@ impl Handler<FlushDone> for ChatSession {
             }
             Some(NextFlush::Idle) | None => {}
         }
-    }
-}
-
-impl ChatSession {
-    /// Picks up where a chat stood when the previous process died.
-    fn resume_after_restart(&mut self, work: RestoredWork, ctx: &mut Context<Self>) {
-        tracing::info!(chat_id = %self.id.chat_id, status = %work.status, turn = self.turn, "chat rehydrated");
-        match self.status.clone() {
-            ChatStatus::AwaitingTool => {
-                let Some((turn_key_text, call)) = work.pending.into_iter().next() else {
-                    // The tool was claimed but its UI call never reached the store.
-                    self.publish(ServerEvent::error(
-                        ErrorCode::ToolError,
-                        "the server restarted while a tool was starting; it was not re-run",
-                        true,
-                    ));
-                    self.await_user();
-                    return;
-                };
-                let agent = self.current_agent.clone();
-                let mut tool_ctx = self.tool_ctx(&agent);
-                tool_ctx.turn_idempotency_key = Arc::from(turn_key_text.as_str());
-                let key = format!("{}:{}", self.id.chat_id, turn_key_text);
-                self.shard.dedup.do_send(AdoptKey(key));
-                // The wait is registered with the correlator now, before this session handles
-                // anything else: any later listing of pending calls already sees it.
-                let parts = UiWaitParts {
-                    correlator: self.shard.correlator.clone(),
-                    dedup: self.shard.dedup.clone(),
-                    publish: ctx.address().recipient(),
-                    default_timeout: self.config.ui_timeout,
-                };
-                let wait = resume_ui_wait(&self.wf, tool_ctx, call, parts);
-                // Reported by message, not mapped in this context: the wait's
-                // `chat.tool_response` is a `Publish` already in this mailbox, and must be
-                // logged before whatever the outcome leads to.
-                let (turn, addr) = (self.turn, ctx.address());
-                actix::spawn(async move {
-                    let outcome = wait.await;
-                    addr.do_send(ResumedToolDone { turn, outcome });
-                });
-            }
-            ChatStatus::Running => {
-                // Re-run the interrupted turn under the same turn key: tools it had claimed
-                // are found in the durable records and reported, never re-run.
-                let agent = self.current_agent.clone();
-                self.turn = self.turn.saturating_sub(1);
-                self.start_turn(agent, ctx);
-            }
-            ChatStatus::AwaitingUser | ChatStatus::Completed(_) => {}
-        }
-    }
-}
-
-/// A UI wait resumed after a restart ended.
-#[derive(Message)]
-#[rtype(result = "()")]
-struct ResumedToolDone {
-    turn: u32,
-    outcome: AutoToolOutcome,
-}
-
-impl Handler<ResumedToolDone> for ChatSession {
-    type Result = ();
-
-    fn handle(&mut self, done: ResumedToolDone, ctx: &mut Self::Context) {
-        self.on_auto_tool(done.turn, done.outcome, ctx);
     }
 }
 

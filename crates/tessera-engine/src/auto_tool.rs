@@ -17,9 +17,9 @@ use tessera_tools::{Tool, ToolContext};
 
 use crate::correlator::{AwaitUiResponse, UiCorrelator, UiOutcome};
 use crate::dedup::{ClaimKey, ClaimOutcome, CompleteKey, DedupCache};
+use crate::events::Publish;
 use crate::events::{ToolCallInfo, tool_call_event, tool_response_event};
 use crate::plan::CompiledWorkflow;
-use crate::session::Publish;
 
 /// Everything needed to auto-invoke one agent's UI tool, resolved once per workflow.
 pub struct AutoToolBinding {

@@ -17,7 +17,7 @@ use tessera_protocol::{PendingUiCall, ServerEvent, ToolCallEvent};
 use tokio::sync::oneshot;
 
 use crate::config::DisconnectPolicy;
-use crate::session::Publish;
+use crate::events::Publish;
 
 /// How a UI wait ended.
 #[derive(Debug, Clone, PartialEq)]

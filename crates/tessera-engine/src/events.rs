@@ -1,10 +1,19 @@
-//! Builders of the typed `chat.tool_call` / `chat.tool_response` events, in one place so the
-//! auto-tool, agent-tool and UI paths cannot drift apart.
+//! What a chat's helpers (runner, auto tools, correlator) publish to the chat: the
+//! [`Publish`] message they send through a `Recipient<Publish>`, and the builders of the typed
+//! `chat.tool_call` / `chat.tool_response` events, in one place so the auto-tool, agent-tool
+//! and UI paths cannot drift apart.
 
+use actix::Message;
 use serde_json::{Map, Value};
 use tessera_protocol::{
     InteractionType, ServerEvent, ToolAnnouncement, ToolCallEvent, ToolResponseEvent,
 };
+
+/// Publish an event to the chat: it gets the next `seq`, enters the log, and goes to every
+/// subscriber. Helpers publish only through this; the chat's session handles it.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Publish(pub ServerEvent);
 
 /// What a `chat.tool_call` announces.
 pub struct ToolCallInfo<'a> {

@@ -21,9 +21,11 @@ pub mod plan;
 pub mod runner;
 pub mod secrets;
 pub mod session;
+mod shard;
 mod status;
 pub mod turn;
 
 pub use config::{DisconnectPolicy, EngineConfig};
-pub use engine::{ChatHandle, Engine, EngineHooks, EventObserver, NewChat, Shard};
+pub use engine::{ChatHandle, Engine, NewChat};
 pub use error::EngineError;
+pub use shard::{EngineHooks, EventObserver, Shard};

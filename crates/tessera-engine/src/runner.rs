@@ -12,19 +12,33 @@ use tessera_protocol::{InteractionType, ServerEvent};
 use tessera_tools::{ToolContext, ToolError};
 
 use crate::dedup::{ClaimKey, ClaimOutcome, CompleteKey, DedupCache};
-use crate::events::{ToolCallInfo, tool_call_event, tool_response_event};
+use crate::events::{Publish, ToolCallInfo, tool_call_event, tool_response_event};
 use crate::plan::AgentPlan;
-use crate::session::{ChatSession, Publish, TurnFinished};
-use crate::turn::{Step, ToolInvocation, ToolResult, TurnFailure, TurnLimits, TurnMachine};
+use crate::turn::{
+    Step, ToolInvocation, ToolResult, TurnFailure, TurnLimits, TurnMachine, TurnOutput,
+};
 
 /// Stop the turn at the next opportunity (in-flight model calls are dropped).
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct CancelTurn;
 
+/// How the turn ended, reported to the chat's session when the runner stops.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct TurnFinished {
+    pub turn: u32,
+    pub result: Result<TurnOutput, TurnFailure>,
+    /// Messages a failed turn had added.
+    pub partial: Vec<Message>,
+}
+
 /// Everything a runner needs besides the machine.
 pub struct RunnerParts {
-    pub session: Addr<ChatSession>,
+    /// Where the turn's events go (the chat's session).
+    pub publish: Recipient<Publish>,
+    /// Where the turn's outcome goes (the chat's session).
+    pub report: Recipient<TurnFinished>,
     pub dedup: Addr<DedupCache>,
     pub model: Arc<dyn ChatModel>,
     pub tool_ctx: ToolContext,
@@ -101,11 +115,7 @@ impl AgentRunner {
         }
     }
 
-    fn report(
-        &mut self,
-        result: Result<crate::turn::TurnOutput, TurnFailure>,
-        ctx: &mut Context<Self>,
-    ) {
+    fn report(&mut self, result: Result<TurnOutput, TurnFailure>, ctx: &mut Context<Self>) {
         if self.finished {
             return;
         }
@@ -115,7 +125,7 @@ impl AgentRunner {
         } else {
             Vec::new()
         };
-        self.parts.session.do_send(TurnFinished {
+        self.parts.report.do_send(TurnFinished {
             turn: self.parts.turn,
             result,
             partial,
@@ -127,7 +137,7 @@ impl AgentRunner {
     /// announces the result. A refused claim never runs the tool.
     fn run_tool(&self, call: ToolInvocation) -> impl Future<Output = ToolResult> + 'static {
         let plan = self.machine.plan().clone();
-        let session = self.parts.session.clone();
+        let publish = self.parts.publish.clone();
         let dedup = self.parts.dedup.clone();
         let mut tool_ctx = self.parts.tool_ctx.clone();
         let workflow = self.parts.workflow_name.clone();
@@ -164,7 +174,7 @@ impl AgentRunner {
                     };
                 }
             }
-            session.do_send(Publish(tool_call_event(&info, &call.args)));
+            publish.do_send(Publish(tool_call_event(&info, &call.args)));
             let result =
                 match tokio::time::timeout(tool.timeout, tool.exec.invoke(call.args, tool_ctx))
                     .await
@@ -180,7 +190,7 @@ impl AgentRunner {
                     serde_json::json!({"status": "error", "code": err.code(), "message": err.to_string()}),
                 ),
             };
-            session.do_send(Publish(tool_response_event(&info, ok, shown, None)));
+            publish.do_send(Publish(tool_response_event(&info, ok, shown, None)));
             ToolResult {
                 call_id: call.call_id,
                 result,
@@ -189,11 +199,11 @@ impl AgentRunner {
     }
 
     fn delta_sink(&self) -> DeltaSink {
-        let session = self.parts.session.clone();
+        let publish = self.parts.publish.clone();
         let agent = self.machine.plan().name.to_string();
         let message_id = message_id(&self.parts.tool_ctx.turn_idempotency_key);
         Box::new(move |delta: &str| {
-            session.do_send(Publish(ServerEvent::TextDelta {
+            publish.do_send(Publish(ServerEvent::TextDelta {
                 message_id: message_id.clone(),
                 agent: agent.clone(),
                 delta: delta.to_owned(),
@@ -202,7 +212,7 @@ impl AgentRunner {
     }
 
     fn publish_usage(&self, model: &str, usage: tessera_llm::Usage, latency: std::time::Duration) {
-        self.parts.session.do_send(Publish(ServerEvent::Usage {
+        self.parts.publish.do_send(Publish(ServerEvent::Usage {
             agent: self.machine.plan().name.to_string(),
             model: model.to_owned(),
             prompt_tokens: usage.prompt_tokens,

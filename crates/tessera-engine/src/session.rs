@@ -17,11 +17,12 @@ use crate::auto_tool::{AutoToolOutcome, InvokeAutoTool};
 use crate::correlator::{
     CancelUiCalls, ChatDisconnected, CorrelationError, ListPendingUiCalls, ResolveUiCall,
 };
-use crate::engine::Shard;
 use crate::envelope::{ChatIdJson, EventLog, envelope_json};
+pub use crate::events::Publish;
 use crate::persist::{FlushOutcome, NextFlush, StateRow, TranscriptRow, WriteBehind};
-use crate::runner::{AgentRunner, CancelTurn, RunnerParts, message_id};
+use crate::runner::{AgentRunner, CancelTurn, RunnerParts, TurnFinished, message_id};
 use crate::secrets::SecretVault;
+use crate::shard::Shard;
 pub use crate::status::{ChatIdentity, ChatStatus};
 use crate::turn::{TurnFailure, TurnLimits, TurnOutput};
 use crate::{EngineConfig, EngineError, plan::CompiledWorkflow};
@@ -30,12 +31,6 @@ use crate::{EngineConfig, EngineError, plan::CompiledWorkflow};
 #[derive(Message, Clone)]
 #[rtype(result = "()")]
 pub struct Deliver(pub Arc<str>);
-
-/// Publish an event to the chat: it gets the next `seq`, enters the log, and goes to every
-/// subscriber. Helpers (runner, auto tools, correlator) publish only through this.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct Publish(pub ServerEvent);
 
 /// Attach a subscriber; it receives `chat.session`, every logged event after `after_seq`,
 /// then `chat.resume_boundary`, then live events.
@@ -115,16 +110,6 @@ pub struct TranscriptEntry {
 #[derive(Message)]
 #[rtype(result = "ChatSnapshot")]
 pub struct GetSnapshot;
-
-/// The runner's report (sent by `AgentRunner`).
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct TurnFinished {
-    pub turn: u32,
-    pub result: Result<TurnOutput, TurnFailure>,
-    /// Messages a failed turn had added.
-    pub partial: Vec<Message>,
-}
 
 struct Subscriber {
     id: u64,
@@ -328,7 +313,8 @@ impl ChatSession {
             stream: self.config.stream && plan.output.is_none(),
         };
         let parts = RunnerParts {
-            session: ctx.address(),
+            publish: ctx.address().recipient(),
+            report: ctx.address().recipient(),
             dedup: self.shard.dedup.clone(),
             model: self.wf.model.clone(),
             tool_ctx: self.tool_ctx(&agent),

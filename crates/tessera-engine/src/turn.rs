@@ -1,6 +1,6 @@
 //! One agent turn as a plain state machine with no I/O of its own.
 //!
-//! The [`AgentRunner`](crate::runner::AgentRunner) actor feeds it model replies and tool
+//! The `AgentRunner` actor (`runner.rs`) feeds it model replies and tool
 //! results and performs whatever [`Step`] it returns. Keeping the loop pure makes every rule of
 //! `agent_runner.md` and `structured_tool_loop.md` testable without actors, HTTP or timers.
 

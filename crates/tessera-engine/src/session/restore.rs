@@ -11,9 +11,9 @@ use super::{ChatSession, ChatStatus};
 use crate::EngineConfig;
 use crate::auto_tool::{AutoToolOutcome, UiWaitParts, resume_ui_wait};
 use crate::dedup::AdoptKey;
-use crate::engine::Shard;
 use crate::persist::{RestoredChat, ResumableUiCall};
 use crate::plan::CompiledWorkflow;
+use crate::shard::Shard;
 
 /// What a chat rebuilt after a restart must pick up again.
 #[derive(Debug, Clone)]

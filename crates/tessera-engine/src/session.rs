@@ -5,11 +5,13 @@
 use std::sync::Arc;
 
 mod restore;
+mod routing;
+
+use routing::Route;
 
 use actix::prelude::*;
 use serde_json::{Map, Value};
 use tessera_llm::{Message, Role};
-use tessera_manifest::{HandoffKind, HandoffTarget};
 use tessera_protocol::{ErrorCode, PendingUiCall, ServerEvent};
 use tessera_tools::ToolContext;
 
@@ -348,7 +350,12 @@ impl ChatSession {
 
     fn on_turn_output(&mut self, output: TurnOutput, ctx: &mut Context<Self>) {
         let agent = self.current_agent.clone();
-        let hidden = self.apply_derived(&agent, &output.final_text);
+        let hidden = routing::apply_derived(
+            &self.wf.workflow,
+            &agent,
+            &output.final_text,
+            &mut self.context,
+        );
         let final_id = message_id(&turn_key(&self.id.chat_id, &agent, self.turn));
         let count = output.new_messages.len();
         self.reserve_messages(count);
@@ -451,7 +458,12 @@ impl ChatSession {
                 let id = format!("msg_tool_{}", self.turn);
                 self.push_message(Message::text(Role::User, text), id, true);
                 if let Some(response) = ui_response {
-                    self.apply_ui_response(&tool_name, &response);
+                    routing::apply_ui_response(
+                        &self.wf.workflow,
+                        &tool_name,
+                        &response,
+                        &mut self.context,
+                    );
                 }
                 self.route(ctx);
             }
@@ -478,59 +490,11 @@ impl ChatSession {
         }
     }
 
-    /// `agent_text_equals` derived variables; returns whether the message is hidden.
-    fn apply_derived(&mut self, agent: &str, text: &str) -> bool {
-        let mut hidden = false;
-        let trimmed = text.trim();
-        for derived in &self.wf.workflow.derived {
-            if derived.source_agent == agent && trimmed == derived.trigger_value {
-                self.context.insert(derived.name.clone(), Value::Bool(true));
-                hidden |= derived.ui_hidden;
-            }
-        }
-        hidden
-    }
-
-    /// `ui_response` triggers: copy a key of the (sanitized) answer into a variable.
-    fn apply_ui_response(&mut self, tool: &str, response: &Value) {
-        for trigger in &self.wf.workflow.ui_response_triggers {
-            if trigger.tool != tool {
-                continue;
-            }
-            let value = trigger
-                .response_key
-                .split('.')
-                .try_fold(response, |v, key| v.get(key));
-            if let Some(value) = value {
-                self.context.insert(trigger.variable.clone(), value.clone());
-            }
-        }
-    }
-
-    /// Picks what follows the current agent: the first `condition` rule that holds, else the
-    /// first `after_work` rule, else the user.
+    /// Applies what follows the current agent's turn (see [`routing::route`]).
     fn route(&mut self, ctx: &mut Context<Self>) {
         let agent = self.current_agent.clone();
-        let wf = self.wf.clone();
-        let rules: Vec<_> = wf.workflow.handoff_rules_for(&agent).collect();
-        let chosen = rules
-            .iter()
-            .find(|r| r.condition.as_ref().is_some_and(|c| c.eval(&self.context)))
-            .map(|r| {
-                (
-                    r.target.clone(),
-                    r.condition_text.clone().unwrap_or_default(),
-                )
-            })
-            .or_else(|| {
-                rules
-                    .iter()
-                    .find(|r| r.kind == HandoffKind::AfterWork)
-                    .map(|r| (r.target.clone(), "after_work".to_owned()))
-            });
-        let (target, reason) = chosen.unwrap_or((HandoffTarget::User, "default".to_owned()));
-        match target {
-            HandoffTarget::Terminate => {
+        match routing::route(&self.wf.workflow, &agent, &self.context, self.consecutive) {
+            Route::Terminate { reason } => {
                 self.publish(ServerEvent::Handoff {
                     from: agent.to_string(),
                     to: "terminate".into(),
@@ -538,24 +502,16 @@ impl ChatSession {
                 });
                 self.complete("terminate", ctx);
             }
-            HandoffTarget::User => self.await_user(),
-            HandoffTarget::Agent(next) => {
-                // AG2's max_consecutive_auto_reply: replies of the same agent in a row
-                // without the user speaking.
-                let limit = self
-                    .wf
-                    .agent(&next)
-                    .map_or(0, |p| p.max_consecutive_auto_reply);
-                let in_a_row = if *next == *agent {
-                    self.consecutive + 1
-                } else {
-                    1
-                };
-                if limit > 0 && in_a_row > limit {
-                    tracing::info!(chat_id = %self.id.chat_id, agent = %next, "max_consecutive_auto_reply reached; asking the user");
-                    self.await_user();
-                    return;
-                }
+            Route::User => self.await_user(),
+            Route::ReplyLimit { next } => {
+                tracing::info!(chat_id = %self.id.chat_id, agent = %next, "max_consecutive_auto_reply reached; asking the user");
+                self.await_user();
+            }
+            Route::Agent {
+                next,
+                reason,
+                in_a_row,
+            } => {
                 self.consecutive = in_a_row;
                 if *next != *agent {
                     self.publish(ServerEvent::Handoff {
@@ -585,14 +541,6 @@ impl ChatSession {
             }
         }
     }
-}
-
-/// Whether clients may read variable `name` (undeclared derived flags are visible).
-fn client_visible(wf: &tessera_manifest::Workflow, name: &str) -> bool {
-    wf.variables
-        .iter()
-        .find(|v| v.name == name)
-        .is_none_or(|v| v.client_visible)
 }
 
 /// The deterministic idempotency key of a chat's agent turn.
@@ -904,7 +852,7 @@ impl Handler<GetSnapshot> for ChatSession {
             let visible: Map<String, Value> = act
                 .context
                 .iter()
-                .filter(|(k, _)| client_visible(&act.wf.workflow, k))
+                .filter(|(k, _)| routing::client_visible(&act.wf.workflow, k))
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect();
             let transcript = act

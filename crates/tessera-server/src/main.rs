@@ -1,20 +1,12 @@
-//! The `tessera` binary. Each subcommand lives in its own module; `main` only dispatches.
-
-mod auth;
-mod config;
-mod limits;
-mod metrics;
-mod registry;
-mod rest;
-mod serve;
-mod validate;
-mod web_client;
-mod ws;
+//! The `tessera` binary: parses the command line and dispatches to the `tessera_server`
+//! library (`validate`, or `run` on a bound listener until SIGTERM / Ctrl-C).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use anyhow::Context as _;
 use clap::{Parser, Subcommand};
+use tessera_server::{ServerConfig, validate};
 
 // mimalloc instead of glibc malloc: the engine makes many small, short-lived allocations per
 // turn, and glibc spent about a third of the engine's CPU on them (free-list consolidation).
@@ -92,14 +84,15 @@ fn serve(
     log_format: LogFormat,
 ) -> ExitCode {
     init_logs(log_format);
-    let result = config::ServerConfig::load(config.as_deref(), |k| std::env::var(k).ok()).and_then(
-        |mut c| {
+    let result =
+        ServerConfig::load(config.as_deref(), |k| std::env::var(k).ok()).and_then(|mut c| {
             if let Some(bind) = bind {
                 c.bind = bind;
             }
-            serve::run(c)
-        },
-    );
+            let listener = tessera_server::bind(c.bind)
+                .with_context(|| format!("cannot listen on {}", c.bind))?;
+            actix::System::new().block_on(tessera_server::run(listener, c, shutdown_signal()))
+        });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -119,5 +112,28 @@ fn main() -> ExitCode {
             bind,
             log_format,
         } => serve(config, bind, log_format),
+    }
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {},
+                    _ = tokio::signal::ctrl_c() => {},
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
     }
 }

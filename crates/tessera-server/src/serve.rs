@@ -1,6 +1,7 @@
-//! `tessera serve`: loads the workflows, picks the model (the real endpoint when
+//! The server: loads the workflows, picks the model (the real endpoint when
 //! `OPENAI_API_KEY`/`OPENAI_BASE_URL` are set, otherwise the offline scripted demo), starts the
-//! engine and the HTTP/WebSocket server, and shuts down gracefully on SIGTERM / Ctrl-C.
+//! engine and the HTTP/WebSocket server on a listener, and shuts down gracefully when told to
+//! (the binary tells it on SIGTERM / Ctrl-C).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -116,13 +117,31 @@ fn workflow_summary(workflow: &Workflow, demo: bool) -> Value {
     })
 }
 
-/// Runs the server until SIGTERM or Ctrl-C.
-pub fn run(config: ServerConfig) -> anyhow::Result<()> {
-    let system = actix::System::new();
-    system.block_on(serve(config))
+/// Pending connections the listening socket queues (as actix-web's own `bind` does; the
+/// operating system's default of 128 drops connections under a burst of clients).
+const LISTEN_BACKLOG: i32 = 2048;
+
+/// A listening socket on `addr` for [`run`] (port 0 picks a free port).
+pub fn bind(addr: std::net::SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    #[cfg(unix)]
+    socket.set_reuse_address(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(LISTEN_BACKLOG)?;
+    Ok(socket.into())
 }
 
-async fn serve(config: ServerConfig) -> anyhow::Result<()> {
+/// Serves chats on `listener` until `shutdown` resolves, then closes every socket (1001),
+/// drains HTTP, commits what the chats queued and returns. `config.bind` is not used: the
+/// listener is already bound (port 0 works). Must run inside an actix `System` (the engine's
+/// actors live there); prints `tessera listening on http://{addr}` on stdout once it accepts
+/// connections.
+pub async fn run(
+    listener: std::net::TcpListener,
+    config: ServerConfig,
+    shutdown: impl Future<Output = ()> + 'static,
+) -> anyhow::Result<()> {
     let auth = Authenticator::new(config.tenants.clone(), &config.auth)?;
     if auth.dev_mode() {
         tracing::warn!("no tenants or JWT configured: DEV MODE, every request is trusted");
@@ -233,8 +252,8 @@ async fn serve(config: ServerConfig) -> anyhow::Result<()> {
     .workers(workers)
     .shutdown_timeout(10)
     .disable_signals()
-    .bind(config.bind)
-    .with_context(|| format!("cannot listen on {}", config.bind))?;
+    .listen(listener)
+    .context("cannot listen on the given socket")?;
     for addr in server.addrs() {
         // The integration tests read this line to learn the port when binding port 0.
         println!("tessera listening on http://{addr}");
@@ -244,7 +263,7 @@ async fn serve(config: ServerConfig) -> anyhow::Result<()> {
     let handle = server.handle();
     let flag = shutting_down.clone();
     actix_rt::spawn(async move {
-        shutdown_signal().await;
+        shutdown.await;
         tracing::info!("shutting down: no new connections; closing sockets");
         flag.store(true, Ordering::Relaxed);
         let closed = hub.send(crate::ws::CloseAll).await.unwrap_or(0);
@@ -257,26 +276,4 @@ async fn serve(config: ServerConfig) -> anyhow::Result<()> {
     store.close().await;
     tracing::info!("store closed");
     Ok(())
-}
-
-async fn shutdown_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = term.recv() => {},
-                    _ = tokio::signal::ctrl_c() => {},
-                }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-    }
 }

@@ -1,0 +1,18 @@
+//! The Tessera server as a library: [`run`] serves chats (REST, WebSocket, the web client) on
+//! a bound listener until a shutdown future resolves; [`validate`] checks workflow folders.
+//! The `tessera` binary (`main.rs`) only parses the command line, binds and waits for signals,
+//! and tests can start a server in-process the same way.
+
+mod auth;
+pub mod config;
+mod limits;
+mod metrics;
+mod registry;
+mod rest;
+mod serve;
+pub mod validate;
+mod web_client;
+mod ws;
+
+pub use config::ServerConfig;
+pub use serve::{bind, run};

@@ -10,10 +10,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 use tessera_manifest::{CompiledModel, DisplayMode, ToolType};
 use tessera_protocol::{InteractionType, PendingUiCall};
-use tessera_tools::{Tool, ToolContext};
+use tessera_tools::{Tool, ToolContext, ToolErrorResult};
 
 use crate::correlator::{AwaitUiResponse, UiCorrelator, UiOutcome};
 use crate::dedup::{ClaimKey, ClaimOutcome, CompleteKey, DedupCache};
@@ -350,7 +350,11 @@ fn interpret_ui_outcome(
         ),
         UiOutcome::Cancelled => (tessera_tools::ui_cancelled_result(), None, Vec::new()),
         UiOutcome::Disconnected => (
-            json!({"status": "error", "code": "connection_lost", "message": "Connection lost during the UI interaction."}),
+            ToolErrorResult::new(
+                Some("connection_lost"),
+                "Connection lost during the UI interaction.",
+            )
+            .to_value(),
             None,
             Vec::new(),
         ),
@@ -412,7 +416,7 @@ async fn prestep(
     match tool.invoke(kwargs.clone(), ctx.clone()).await {
         Ok(value) if tessera_tools::is_success(true, &value) => Ok(Some(value)),
         Ok(value) => Err(value),
-        Err(err) => Err(json!({"status": "error", "code": err.code(), "message": err.to_string()})),
+        Err(err) => Err(err.to_result()),
     }
 }
 

@@ -185,10 +185,7 @@ impl AgentRunner {
             dedup.do_send(CompleteKey(key));
             let (ok, shown) = match &result {
                 Ok(value) => (true, value.clone()),
-                Err(err) => (
-                    false,
-                    serde_json::json!({"status": "error", "code": err.code(), "message": err.to_string()}),
-                ),
+                Err(err) => (false, err.to_result()),
             };
             publish.do_send(Publish(tool_response_event(&info, ok, shown, None)));
             ToolResult {

@@ -9,7 +9,8 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 use tessera_llm::{ChatRequest, ChatResponse, LlmError, Message, ResponseFormat, Role, ToolChoice};
 use tessera_tools::{
-    JsonModeReply, ToolError, parse_arguments, parse_json_mode_reply, summarize_for_model,
+    JsonModeReply, ToolError, ToolErrorResult, parse_arguments, parse_json_mode_reply,
+    summarize_for_model,
 };
 
 use crate::plan::{AgentPlan, ToolCallingMode};
@@ -66,10 +67,6 @@ pub struct TurnOutput {
     pub final_text: Arc<str>,
     /// Schema-valid structured output, when the agent has an output model.
     pub structured: Option<Value>,
-    /// Names of the tools that ran, first use first.
-    pub tools_used: Vec<Arc<str>>,
-    /// Model calls made.
-    pub model_calls: u32,
 }
 
 /// Why a turn ended without output. Each maps to a stable `chat.error` code.
@@ -102,10 +99,8 @@ pub struct TurnMachine {
     /// How many of `added` are in `sent`.
     added_sent: usize,
     steps: u32,
-    model_calls: u32,
     structured_corrections_left: u32,
     json_corrections_left: u32,
-    tools_used: Vec<Arc<str>>,
     /// Results of calls refused before running (unknown tool, bad arguments), merged with the
     /// real results so the model sees one answer per call, in call order.
     pending_calls: Vec<PendingCall>,
@@ -142,8 +137,6 @@ impl TurnMachine {
             added: Vec::new(),
             added_sent: 0,
             steps: 0,
-            model_calls: 0,
-            tools_used: Vec::new(),
             pending_calls: Vec::new(),
             json_tool_counter: 0,
             done: false,
@@ -201,19 +194,9 @@ impl TurnMachine {
                         .and_then(Option::take);
                     let text = match found.map(|r| r.result) {
                         Some(Ok(value)) => summarize_for_model(&value, max),
-                        Some(Err(err)) => format!(
-                            "{{\"status\":\"error\",\"code\":\"{}\",\"message\":{}}}",
-                            err.code(),
-                            json_string(&err.to_string())
-                        ),
-                        None => {
-                            "{\"status\":\"error\",\"message\":\"the tool produced no result\"}"
-                                .to_owned()
-                        }
+                        Some(Err(err)) => err.to_result_text(),
+                        None => ToolErrorResult::new(None, "the tool produced no result").to_text(),
                     };
-                    if !self.tools_used.contains(&name) {
-                        self.tools_used.push(name.clone());
-                    }
                     (call_id, text, Some(name))
                 }
             };
@@ -370,25 +353,22 @@ impl TurnMachine {
     ) -> Result<(usize, Map<String, Value>), String> {
         let Some(index) = self.plan.tools.iter().position(|t| &*t.name == name) else {
             let known: Vec<&str> = self.plan.tools.iter().map(|t| &*t.name).collect();
-            return Err(format!(
-                "{{\"status\":\"error\",\"code\":\"unknown_tool\",\"message\":{}}}",
-                json_string(&format!(
-                    "Unknown tool '{}'. Available tools: {}",
-                    clip(name, 64),
-                    known.join(", ")
-                ))
-            ));
+            let message = format!(
+                "Unknown tool '{}'. Available tools: {}",
+                clip(name, 64),
+                known.join(", ")
+            );
+            return Err(ToolErrorResult::new(Some("unknown_tool"), &message).to_text());
         };
-        let args = args.map_err(|e| error_text(&e))?;
+        let args = args.map_err(|e| e.to_result_text())?;
         let normalized = self.plan.tools[index]
             .args
             .normalize(args)
-            .map_err(|e| error_text(&e))?;
+            .map_err(|e| e.to_result_text())?;
         Ok((index, normalized))
     }
 
     fn call_model(&mut self) -> Step {
-        self.model_calls += 1;
         if self.added_sent < self.added.len() {
             Arc::make_mut(&mut self.sent).extend_from_slice(&self.added[self.added_sent..]);
             self.added_sent = self.added.len();
@@ -420,8 +400,6 @@ impl TurnMachine {
             new_messages: std::mem::take(&mut self.added),
             final_text,
             structured,
-            tools_used: std::mem::take(&mut self.tools_used),
-            model_calls: self.model_calls,
         })
     }
 
@@ -449,18 +427,6 @@ fn parse_structured(text: &str) -> Result<Value, String> {
         Ok(_) => Err("the output must be a JSON object".to_owned()),
         Err(e) => Err(format!("the output is not valid JSON ({e})")),
     }
-}
-
-fn error_text(err: &ToolError) -> String {
-    format!(
-        "{{\"status\":\"error\",\"code\":\"{}\",\"message\":{}}}",
-        err.code(),
-        json_string(&err.to_string())
-    )
-}
-
-fn json_string(s: &str) -> String {
-    Value::String(s.to_owned()).to_string()
 }
 
 fn clip(s: &str, max: usize) -> String {

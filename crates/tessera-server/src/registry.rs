@@ -27,16 +27,10 @@ pub struct FindChat {
 #[rtype(result = "Vec<ChatHandle>")]
 pub struct TenantChats(pub Arc<str>);
 
-/// Every registered chat (for shutdown).
-#[derive(Message)]
-#[rtype(result = "Vec<ChatHandle>")]
-pub struct AllChats;
-
 /// chat id → handle.
 #[derive(Default)]
 pub struct ChatRegistry {
-    chats: HashMap<Arc<str>, (u64, ChatHandle)>,
-    counter: u64,
+    chats: HashMap<Arc<str>, ChatHandle>,
 }
 
 impl Actor for ChatRegistry {
@@ -46,16 +40,14 @@ impl Actor for ChatRegistry {
 impl Handler<RegisterChat> for ChatRegistry {
     type Result = ();
     fn handle(&mut self, RegisterChat(handle): RegisterChat, _: &mut Self::Context) {
-        self.counter += 1;
-        self.chats
-            .insert(handle.identity.chat_id.clone(), (self.counter, handle));
+        self.chats.insert(handle.identity.chat_id.clone(), handle);
     }
 }
 
 impl Handler<FindChat> for ChatRegistry {
     type Result = Option<ChatHandle>;
     fn handle(&mut self, msg: FindChat, _: &mut Self::Context) -> Self::Result {
-        let (_, handle) = self.chats.get(msg.chat_id.as_str())?;
+        let handle = self.chats.get(msg.chat_id.as_str())?;
         (handle.identity.tenant == msg.tenant && handle.identity.user == msg.user)
             .then(|| handle.clone())
     }
@@ -67,16 +59,9 @@ impl Handler<TenantChats> for ChatRegistry {
         MessageResult(
             self.chats
                 .values()
-                .filter(|(_, h)| h.identity.tenant == tenant)
-                .map(|(_, h)| h.clone())
+                .filter(|h| h.identity.tenant == tenant)
+                .cloned()
                 .collect(),
         )
-    }
-}
-
-impl Handler<AllChats> for ChatRegistry {
-    type Result = MessageResult<AllChats>;
-    fn handle(&mut self, _: AllChats, _: &mut Self::Context) -> Self::Result {
-        MessageResult(self.chats.values().map(|(_, h)| h.clone()).collect())
     }
 }

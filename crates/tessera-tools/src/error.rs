@@ -46,6 +46,50 @@ impl ToolError {
             ToolError::Cancelled => "cancelled",
         }
     }
+
+    /// This error as the result the model and the client read.
+    pub fn to_result(&self) -> serde_json::Value {
+        ToolErrorResult::new(Some(self.code()), &self.to_string()).to_value()
+    }
+
+    /// [`ToolError::to_result`] as JSON text.
+    pub fn to_result_text(&self) -> String {
+        ToolErrorResult::new(Some(self.code()), &self.to_string()).to_text()
+    }
+}
+
+/// The result of a tool call that failed: `{"status": "error", "code"?, "message"}`. The one
+/// place this shape is written, whether a tool returns it, the engine reports a failed call
+/// with it, or the model reads it as text.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct ToolErrorResult<'a> {
+    status: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    code: Option<&'a str>,
+    message: &'a str,
+}
+
+impl<'a> ToolErrorResult<'a> {
+    /// A failure with a stable `code` (or none, for a tool's own business failure).
+    pub fn new(code: Option<&'a str>, message: &'a str) -> Self {
+        Self {
+            status: "error",
+            code,
+            message,
+        }
+    }
+
+    /// As a JSON value.
+    pub fn to_value(&self) -> serde_json::Value {
+        // Plain strings cannot fail to serialize.
+        serde_json::to_value(self).unwrap_or_default()
+    }
+
+    /// As JSON text, `status` first (what the model reads).
+    pub fn to_text(&self) -> String {
+        // Plain strings cannot fail to serialize.
+        serde_json::to_string(self).unwrap_or_default()
+    }
 }
 
 /// A storage backend failure (task or artifact store).
@@ -59,5 +103,28 @@ pub struct StoreError(pub String);
 impl From<StoreError> for ToolError {
     fn from(e: StoreError) -> Self {
         ToolError::Failed(e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_failed_call_reads_the_same_as_text_and_as_value() {
+        let err = ToolError::Failed("bad \"quote\"".into());
+        assert_eq!(
+            err.to_result_text(),
+            r#"{"status":"error","code":"tool_failed","message":"tool failed: bad \"quote\""}"#
+        );
+        assert_eq!(
+            err.to_result(),
+            json!({"status": "error", "code": "tool_failed", "message": "tool failed: bad \"quote\""})
+        );
+        assert_eq!(
+            ToolErrorResult::new(None, "nope").to_value(),
+            json!({"status": "error", "message": "nope"})
+        );
     }
 }

@@ -23,7 +23,7 @@ mod zip;
 
 pub use args::{ArgSchema, JsonModeReply, parse_arguments, parse_json_mode_reply};
 pub use artifacts::{ArtifactRef, ArtifactStore, InMemoryArtifactStore, StoredArtifact};
-pub use error::{StoreError, ToolError};
+pub use error::{StoreError, ToolError, ToolErrorResult};
 pub use http::HttpTool;
 pub use registry::{BuiltinRegistry, RegisteredTool, ToolServices};
 pub use tasks::{InMemoryTaskStore, Task, TaskFilter, TaskStore};

@@ -241,11 +241,8 @@ pub fn ui_timeout_result(secs: f64) -> Value {
     } else {
         format!("{secs:.1}")
     };
-    serde_json::json!({
-        "status": "error",
-        "code": "ui_timeout",
-        "message": format!("The user did not respond within {secs} seconds."),
-    })
+    let message = format!("The user did not respond within {secs} seconds.");
+    crate::ToolErrorResult::new(Some("ui_timeout"), &message).to_value()
 }
 
 /// The agent's result when the user cancelled the UI interaction.
@@ -261,11 +258,11 @@ pub fn ui_cancelled_result() -> Value {
 /// The result recorded for a tool call that was in flight when the process restarted; the
 /// call is never re-run because it may have had side effects.
 pub fn interrupted_result() -> Value {
-    serde_json::json!({
-        "status": "error",
-        "code": "interrupted",
-        "message": "The tool was interrupted by a restart and was not re-run.",
-    })
+    crate::ToolErrorResult::new(
+        Some("interrupted"),
+        "The tool was interrupted by a restart and was not re-run.",
+    )
+    .to_value()
 }
 
 /// The spec's success rule: the call completed (`status_ok`) and its result is not an object

@@ -13,12 +13,12 @@ pub use generate_and_download::GenerateAndDownload;
 pub use todo::{TodoOp, TodoTool};
 pub use word_count::WordCount;
 
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 
 /// `{"status": "error", "message": ...}`: a tool's own, expected failure, reported to the
 /// model as a result (it can react), not as a [`crate::ToolError`].
 pub(crate) fn error_result(message: impl Into<String>) -> Value {
-    json!({ "status": "error", "message": message.into() })
+    crate::ToolErrorResult::new(None, &message.into()).to_value()
 }
 
 /// The argument `key` as a string, if present and a string.

@@ -16,7 +16,7 @@ use tessera_protocol::{InteractionType, PendingUiCall};
 use tessera_tools::{Tool, ToolContext, ToolErrorResult};
 
 use crate::correlator::{AwaitUiResponse, UiCorrelator, UiOutcome};
-use crate::dedup::{ClaimKey, ClaimOutcome, CompleteKey, DedupCache};
+use crate::dedup::{ClaimKey, ClaimOutcome, CompleteKey, DedupCache, ToolKey};
 use crate::events::Publish;
 use crate::events::{ToolCallInfo, tool_call_event, tool_response_event};
 use crate::plan::CompiledWorkflow;
@@ -179,10 +179,7 @@ impl Handler<InvokeAutoTool> for AutoToolHandler {
     type Result = ResponseFuture<AutoToolOutcome>;
 
     fn handle(&mut self, msg: InvokeAutoTool, _ctx: &mut Self::Context) -> Self::Result {
-        let key = format!(
-            "{}:{}",
-            msg.tool_ctx.chat_id, msg.tool_ctx.turn_idempotency_key
-        );
+        let key = ToolKey::of_turn(&msg.tool_ctx);
         // The claim is enqueued before this handler returns: a duplicate handled next is
         // ordered behind it in the DedupCache mailbox and cannot also win.
         let claim = self.dedup.send(ClaimKey(key.clone()));
@@ -278,8 +275,7 @@ pub fn resume_ui_wait(
     parts: UiWaitParts,
 ) -> futures::future::BoxFuture<'static, AutoToolOutcome> {
     let Some(binding) = resolve_binding(workflow, &ctx.agent_name).map(Arc::new) else {
-        let key = format!("{}:{}", ctx.chat_id, ctx.turn_idempotency_key);
-        parts.dedup.do_send(CompleteKey(key));
+        parts.dedup.do_send(CompleteKey(ToolKey::of_turn(&ctx)));
         return Box::pin(std::future::ready(AutoToolOutcome::NoBinding));
     };
     Box::pin(wait_for_ui(binding, ctx, call, false, parts))
@@ -382,8 +378,7 @@ fn finish(
         ended.result.clone(),
         ended.ended_ui_call,
     )));
-    let key = format!("{}:{}", ctx.chat_id, ctx.turn_idempotency_key);
-    parts.dedup.do_send(CompleteKey(key));
+    parts.dedup.do_send(CompleteKey(ToolKey::of_turn(ctx)));
     AutoToolOutcome::Completed {
         tool_name: binding.tool_name.clone(),
         result: ended.result,

@@ -1,5 +1,5 @@
-//! `DedupCache`: turn idempotency. A key is `{chat_id}:{turn_idempotency_key}` (or, for agent
-//! tools, `{chat_id}:{invocation_key}`), and a tool may run only after its key was claimed.
+//! `DedupCache`: turn idempotency. A [`ToolKey`] is a chat and its turn idempotency key (or,
+//! for agent tools, the invocation key), and a tool may run only after its key was claimed.
 //!
 //! The original runtime checks the key before running the tool and records it only after, so
 //! two concurrent duplicates both run. Here the claim *is* the check: one message, handled
@@ -13,6 +13,35 @@ use std::sync::Arc;
 use actix::prelude::*;
 use futures::future::BoxFuture;
 use lru::LruCache;
+
+/// What a tool invocation is claimed under: its chat, and the turn idempotency key (auto
+/// tools) or invocation key (agent tools) within it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ToolKey {
+    pub chat_id: Arc<str>,
+    pub invocation: Arc<str>,
+}
+
+impl ToolKey {
+    /// The key of `invocation` in chat `chat_id`.
+    pub fn new(chat_id: Arc<str>, invocation: impl Into<Arc<str>>) -> Self {
+        Self {
+            chat_id,
+            invocation: invocation.into(),
+        }
+    }
+
+    /// The key of the turn a tool context belongs to (its turn idempotency key).
+    pub fn of_turn(ctx: &tessera_tools::ToolContext) -> Self {
+        Self::new(ctx.chat_id.clone(), ctx.turn_idempotency_key.clone())
+    }
+}
+
+impl std::fmt::Display for ToolKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.chat_id, self.invocation)
+    }
+}
 
 /// The answer to a claim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,9 +67,9 @@ impl ClaimOutcome {
 /// A durable record of tool invocations behind the cache (the store implements it).
 pub trait DedupRecordStore: Send + Sync + 'static {
     /// Inserts the record `started` unless one exists; says which.
-    fn claim(&self, key: &str) -> BoxFuture<'static, Result<ClaimOutcome, String>>;
+    fn claim(&self, key: &ToolKey) -> BoxFuture<'static, Result<ClaimOutcome, String>>;
     /// Marks the record completed.
-    fn complete(&self, key: &str) -> BoxFuture<'static, Result<(), String>>;
+    fn complete(&self, key: &ToolKey) -> BoxFuture<'static, Result<(), String>>;
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,24 +81,24 @@ enum KeyState {
 /// Claim `key` before running a tool.
 #[derive(Message)]
 #[rtype(result = "ClaimOutcome")]
-pub struct ClaimKey(pub String);
+pub struct ClaimKey(pub ToolKey);
 
 /// The tool of `key` finished (whatever its result).
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct CompleteKey(pub String);
+pub struct CompleteKey(pub ToolKey);
 
 /// Marks `key` as claimed by this process without a new durable claim: used when resuming a
 /// tool whose durable record this chat already holds from before a restart.
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct AdoptKey(pub String);
+pub struct AdoptKey(pub ToolKey);
 
 /// The bounded idempotency cache actor.
 pub struct DedupCache {
     /// Bounded by `capacity` in [`DedupCache::remember`], not by `LruCache::new`, which would
     /// allocate the table for the full capacity up front (megabytes per arbiter, mostly unused).
-    keys: LruCache<String, KeyState>,
+    keys: LruCache<ToolKey, KeyState>,
     capacity: NonZeroUsize,
     durable: Option<Arc<dyn DedupRecordStore>>,
 }
@@ -86,7 +115,7 @@ impl DedupCache {
 
     /// Sets `key` to `state` (most recently used), evicting the least recently used key when
     /// the cache is over capacity.
-    fn remember(&mut self, key: String, state: KeyState) {
+    fn remember(&mut self, key: ToolKey, state: KeyState) {
         self.keys.put(key, state);
         if self.keys.len() > self.capacity.get() {
             self.keys.pop_lru();
@@ -165,24 +194,28 @@ impl Handler<AdoptKey> for DedupCache {
 mod tests {
     use super::*;
 
+    fn key(invocation: &str) -> ToolKey {
+        ToolKey::new(Arc::from("c"), invocation)
+    }
+
     #[actix::test]
     async fn second_claim_of_a_key_is_refused() {
         let cache = DedupCache::new(8, None).start();
         assert_eq!(
-            cache.send(ClaimKey("c:t1".into())).await.ok(),
+            cache.send(ClaimKey(key("c:t1"))).await.ok(),
             Some(ClaimOutcome::Claimed)
         );
         assert_eq!(
-            cache.send(ClaimKey("c:t1".into())).await.ok(),
+            cache.send(ClaimKey(key("c:t1"))).await.ok(),
             Some(ClaimOutcome::InFlight)
         );
-        cache.do_send(CompleteKey("c:t1".into()));
+        cache.do_send(CompleteKey(key("c:t1")));
         assert_eq!(
-            cache.send(ClaimKey("c:t1".into())).await.ok(),
+            cache.send(ClaimKey(key("c:t1"))).await.ok(),
             Some(ClaimOutcome::Completed)
         );
         assert_eq!(
-            cache.send(ClaimKey("c:t2".into())).await.ok(),
+            cache.send(ClaimKey(key("c:t2"))).await.ok(),
             Some(ClaimOutcome::Claimed)
         );
     }
@@ -191,7 +224,7 @@ mod tests {
     async fn concurrent_claims_yield_exactly_one_owner() {
         let cache = DedupCache::new(8, None).start();
         let claims: Vec<_> = (0..50)
-            .map(|_| cache.send(ClaimKey("c:same".into())))
+            .map(|_| cache.send(ClaimKey(key("c:same"))))
             .collect();
         let outcomes = futures::future::join_all(claims).await;
         let owners = outcomes
@@ -204,19 +237,19 @@ mod tests {
     #[actix::test]
     async fn capacity_bounds_memory_by_evicting_oldest() {
         let cache = DedupCache::new(2, None).start();
-        for key in ["a", "b", "c"] {
+        for name in ["a", "b", "c"] {
             assert_eq!(
-                cache.send(ClaimKey(key.into())).await.ok(),
+                cache.send(ClaimKey(key(name))).await.ok(),
                 Some(ClaimOutcome::Claimed)
             );
         }
         // "a" was evicted, so it can be claimed again; "c" is still remembered.
         assert_eq!(
-            cache.send(ClaimKey("a".into())).await.ok(),
+            cache.send(ClaimKey(key("a"))).await.ok(),
             Some(ClaimOutcome::Claimed)
         );
         assert_eq!(
-            cache.send(ClaimKey("c".into())).await.ok(),
+            cache.send(ClaimKey(key("c"))).await.ok(),
             Some(ClaimOutcome::InFlight)
         );
     }

@@ -24,7 +24,7 @@ use tessera_store::{
 };
 
 use crate::EngineError;
-use crate::dedup::{ClaimOutcome, DedupRecordStore};
+use crate::dedup::{ClaimOutcome, DedupRecordStore, ToolKey};
 use crate::status::{ChatIdentity, ChatStatus};
 
 /// A chat's write-behind queue.
@@ -219,18 +219,13 @@ fn prepend(mut first: ChatWriteBatch, then: ChatWriteBatch) -> ChatWriteBatch {
     first
 }
 
-/// The store's tool-invocation records as the `DedupCache`'s durable layer. Keys are
-/// `{chat_id}:{invocation_key}`.
+/// The store's tool-invocation records (per chat and invocation key) as the `DedupCache`'s
+/// durable layer.
 pub struct StoreDedup(pub Arc<dyn ChatStore>);
 
-fn split(key: &str) -> (&str, &str) {
-    key.split_once(':').unwrap_or((key, ""))
-}
-
 impl DedupRecordStore for StoreDedup {
-    fn claim(&self, key: &str) -> BoxFuture<'static, Result<ClaimOutcome, String>> {
-        let (chat_id, invocation) = split(key);
-        let claim = self.0.claim_tool(chat_id, invocation);
+    fn claim(&self, key: &ToolKey) -> BoxFuture<'static, Result<ClaimOutcome, String>> {
+        let claim = self.0.claim_tool(&key.chat_id, &key.invocation);
         Box::pin(async move {
             match claim.await {
                 Ok(ToolClaim::Claimed) => Ok(ClaimOutcome::Claimed),
@@ -241,9 +236,8 @@ impl DedupRecordStore for StoreDedup {
         })
     }
 
-    fn complete(&self, key: &str) -> BoxFuture<'static, Result<(), String>> {
-        let (chat_id, invocation) = split(key);
-        let done = self.0.complete_tool(chat_id, invocation);
+    fn complete(&self, key: &ToolKey) -> BoxFuture<'static, Result<(), String>> {
+        let done = self.0.complete_tool(&key.chat_id, &key.invocation);
         Box::pin(async move { done.await.map_err(|e| e.to_string()) })
     }
 }

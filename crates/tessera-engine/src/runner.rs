@@ -11,7 +11,7 @@ use tessera_llm::{ChatModel, DeltaSink, Message};
 use tessera_protocol::{InteractionType, ServerEvent};
 use tessera_tools::{ToolContext, ToolError};
 
-use crate::dedup::{ClaimKey, ClaimOutcome, CompleteKey, DedupCache};
+use crate::dedup::{ClaimKey, ClaimOutcome, CompleteKey, DedupCache, ToolKey};
 use crate::events::{Publish, ToolCallInfo, tool_call_event, tool_response_event};
 use crate::plan::AgentPlan;
 use crate::turn::{
@@ -141,8 +141,8 @@ impl AgentRunner {
         let dedup = self.parts.dedup.clone();
         let mut tool_ctx = self.parts.tool_ctx.clone();
         let workflow = self.parts.workflow_name.clone();
-        let key = format!("{}:{}", tool_ctx.chat_id, call.invocation_key);
         tool_ctx.turn_idempotency_key = Arc::from(call.invocation_key.as_str());
+        let key = ToolKey::of_turn(&tool_ctx);
         let claim = dedup.send(ClaimKey(key.clone()));
         async move {
             let tool = &plan.tools[call.tool_index];

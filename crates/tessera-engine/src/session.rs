@@ -19,6 +19,7 @@ use crate::auto_tool::{AutoToolOutcome, InvokeAutoTool};
 use crate::correlator::{
     CancelUiCalls, ChatDisconnected, CorrelationError, ListPendingUiCalls, ResolveUiCall,
 };
+use crate::dedup::{CompleteKey, ToolKey};
 use crate::envelope::{ChatIdJson, EventLog, envelope_json};
 pub use crate::events::Publish;
 use crate::persist::{FlushOutcome, NextFlush, StateRow, TranscriptRow, WriteBehind};
@@ -821,12 +822,9 @@ impl Handler<TurnFinished> for ChatSession {
                 };
                 if let TurnFailure::StructuredOutputInvalid { .. } = failure {
                     // Register the turn so no replay of it runs its tool (no loop).
-                    let key = format!(
-                        "{}:{}",
-                        self.id.chat_id,
-                        turn_key(&self.id.chat_id, &self.current_agent, self.turn)
-                    );
-                    self.shard.dedup.do_send(crate::dedup::CompleteKey(key));
+                    let turn = turn_key(&self.id.chat_id, &self.current_agent, self.turn);
+                    let key = ToolKey::new(self.id.chat_id.clone(), turn);
+                    self.shard.dedup.do_send(CompleteKey(key));
                 }
                 match code {
                     Some(code) => self.publish(ServerEvent::error(code, failure.to_string(), true)),

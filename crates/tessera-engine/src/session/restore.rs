@@ -10,7 +10,7 @@ use tessera_protocol::{ErrorCode, ServerEvent};
 use super::{ChatSession, ChatStatus};
 use crate::EngineConfig;
 use crate::auto_tool::{AutoToolOutcome, UiWaitParts, resume_ui_wait};
-use crate::dedup::AdoptKey;
+use crate::dedup::{AdoptKey, ToolKey};
 use crate::persist::{RestoredChat, ResumableUiCall};
 use crate::plan::CompiledWorkflow;
 use crate::shard::Shard;
@@ -92,8 +92,9 @@ impl ChatSession {
                 let agent = self.current_agent.clone();
                 let mut tool_ctx = self.tool_ctx(&agent);
                 tool_ctx.turn_idempotency_key = Arc::from(turn_key_text.as_str());
-                let key = format!("{}:{}", self.id.chat_id, turn_key_text);
-                self.shard.dedup.do_send(AdoptKey(key));
+                self.shard
+                    .dedup
+                    .do_send(AdoptKey(ToolKey::of_turn(&tool_ctx)));
                 // The wait is registered with the correlator now, before this session handles
                 // anything else: any later listing of pending calls already sees it.
                 let parts = UiWaitParts {

@@ -10,8 +10,10 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use actix::prelude::*;
+use actix_web::dev::Payload;
 use actix_web::http::StatusCode;
-use actix_web::{HttpRequest, HttpResponse, ResponseError, web};
+use actix_web::{FromRequest, HttpRequest, HttpResponse, ResponseError, web};
+use futures::future::{LocalBoxFuture, Ready, ready};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 use tessera_engine::session::{
@@ -87,9 +89,47 @@ fn unavailable() -> ApiError {
     )
 }
 
-/// The authenticated caller of `req`.
-pub fn caller(state: &AppState, req: &HttpRequest) -> Result<Caller, ApiError> {
-    state.auth.caller(req).map_err(caller_error)
+/// The authenticated caller of a request: every `/api/v1` handler that takes one checks the
+/// credential before anything else (see `auth.rs`).
+impl FromRequest for Caller {
+    type Error = ApiError;
+    type Future = Ready<Result<Self, ApiError>>;
+
+    fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
+        ready(app_state(req).and_then(|state| state.auth.caller(req).map_err(caller_error)))
+    }
+}
+
+/// The shared state the server was started with.
+fn app_state(req: &HttpRequest) -> Result<web::Data<AppState>, ApiError> {
+    req.app_data::<web::Data<AppState>>()
+        .cloned()
+        .ok_or_else(unavailable)
+}
+
+/// The chat named by the route's `{id}`, owned by the authenticated caller; a chat of anyone
+/// else is 404, exactly like one that does not exist.
+pub struct OwnedChat {
+    pub caller: Caller,
+    pub chat: ChatHandle,
+}
+
+impl FromRequest for OwnedChat {
+    type Error = ApiError;
+    type Future = LocalBoxFuture<'static, Result<Self, ApiError>>;
+
+    fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
+        let found = app_state(req).and_then(|state| {
+            let caller = state.auth.caller(req).map_err(caller_error)?;
+            let chat_id = req.match_info().get("id").unwrap_or_default().to_owned();
+            Ok((state, caller, chat_id))
+        });
+        Box::pin(async move {
+            let (state, caller, chat_id) = found?;
+            let chat = owned_chat(&state, &caller, &chat_id).await?;
+            Ok(OwnedChat { caller, chat })
+        })
+    }
 }
 
 /// The REST error of a refused credential.
@@ -114,7 +154,7 @@ fn caller_error(e: AuthError) -> ApiError {
 }
 
 /// The caller's chat `chat_id`, or 404.
-pub async fn owned_chat(
+async fn owned_chat(
     state: &AppState,
     caller: &Caller,
     chat_id: &str,
@@ -183,11 +223,7 @@ async fn metrics(state: web::Data<AppState>) -> HttpResponse {
         .body(state.metrics.render())
 }
 
-async fn list_workflows(
-    state: web::Data<AppState>,
-    req: HttpRequest,
-) -> Result<HttpResponse, ApiError> {
-    caller(&state, &req)?;
+async fn list_workflows(_: Caller, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     Ok(HttpResponse::Ok().json(json!({"workflows": &*state.workflows})))
 }
 
@@ -200,11 +236,10 @@ struct CreateChat {
 }
 
 async fn create_chat(
+    caller: Caller,
     state: web::Data<AppState>,
-    req: HttpRequest,
     body: web::Json<CreateChat>,
 ) -> Result<HttpResponse, ApiError> {
-    let caller = caller(&state, &req)?;
     let body = body.into_inner();
     let handle = start_chat(&state, &caller, body.workflow, body.context).await?;
     let chat_id = handle.identity.chat_id.to_string();
@@ -264,11 +299,10 @@ async fn start_chat(
 /// includes every chat ever created, also those finished before a restart (which are not
 /// held in memory); `status` is as of the last flush of each chat.
 async fn list_chats(
+    caller: Caller,
     state: web::Data<AppState>,
-    req: HttpRequest,
     paging: web::Query<Paging>,
 ) -> Result<HttpResponse, ApiError> {
-    let caller = caller(&state, &req)?;
     let limit = paging.limit.clamp(1, 500);
     let offset = u32::try_from(paging.offset).unwrap_or(u32::MAX);
     let chats = state
@@ -307,13 +341,7 @@ async fn snapshot(chat: &ChatHandle) -> Result<ChatSnapshot, ApiError> {
     chat.addr.send(GetSnapshot).await.map_err(|_| unavailable())
 }
 
-async fn get_chat(
-    state: web::Data<AppState>,
-    req: HttpRequest,
-    path: web::Path<String>,
-) -> Result<HttpResponse, ApiError> {
-    let caller = caller(&state, &req)?;
-    let chat = owned_chat(&state, &caller, &path).await?;
+async fn get_chat(OwnedChat { chat, .. }: OwnedChat) -> Result<HttpResponse, ApiError> {
     let snap = snapshot(&chat).await?;
     Ok(HttpResponse::Ok().json(json!({
         "chat_id": &*snap.chat_id,
@@ -341,13 +369,9 @@ fn default_limit() -> usize {
 }
 
 async fn get_messages(
-    state: web::Data<AppState>,
-    req: HttpRequest,
-    path: web::Path<String>,
+    OwnedChat { chat, .. }: OwnedChat,
     paging: web::Query<Paging>,
 ) -> Result<HttpResponse, ApiError> {
-    let caller = caller(&state, &req)?;
-    let chat = owned_chat(&state, &caller, &path).await?;
     let snap = snapshot(&chat).await?;
     let limit = paging.limit.clamp(1, 500);
     let total = snap.transcript.len();
@@ -362,13 +386,7 @@ async fn get_messages(
         .json(json!({"messages": page, "offset": paging.offset, "limit": limit, "total": total})))
 }
 
-async fn cancel_chat(
-    state: web::Data<AppState>,
-    req: HttpRequest,
-    path: web::Path<String>,
-) -> Result<HttpResponse, ApiError> {
-    let caller = caller(&state, &req)?;
-    let chat = owned_chat(&state, &caller, &path).await?;
+async fn cancel_chat(OwnedChat { chat, .. }: OwnedChat) -> Result<HttpResponse, ApiError> {
     chat.addr.send(CancelRun).await.map_err(|_| unavailable())?;
     Ok(HttpResponse::Accepted().json(json!({"status": "cancelling"})))
 }
@@ -382,13 +400,9 @@ fn parse_body(kind: &str, body: Value) -> Result<tessera_protocol::ClientMessage
 }
 
 async fn post_input(
-    state: web::Data<AppState>,
-    req: HttpRequest,
-    path: web::Path<String>,
+    OwnedChat { chat, .. }: OwnedChat,
     body: web::Json<Value>,
 ) -> Result<HttpResponse, ApiError> {
-    let caller = caller(&state, &req)?;
-    let chat = owned_chat(&state, &caller, &path).await?;
     let message = parse_body("chat.user_message", body.into_inner())?;
     let tessera_protocol::ClientMessage::UserMessage {
         content,
@@ -412,13 +426,9 @@ async fn post_input(
 }
 
 async fn post_tool_response(
-    state: web::Data<AppState>,
-    req: HttpRequest,
-    path: web::Path<String>,
+    OwnedChat { chat, .. }: OwnedChat,
     body: web::Json<Value>,
 ) -> Result<HttpResponse, ApiError> {
-    let caller = caller(&state, &req)?;
-    let chat = owned_chat(&state, &caller, &path).await?;
     let tessera_protocol::ClientMessage::ToolResponse(frame) =
         parse_body("chat.tool_response", body.into_inner())?
     else {
@@ -439,13 +449,11 @@ async fn post_tool_response(
 }
 
 async fn download_file(
+    OwnedChat { caller, chat }: OwnedChat,
     state: web::Data<AppState>,
-    req: HttpRequest,
     path: web::Path<(String, String)>,
 ) -> Result<HttpResponse, ApiError> {
-    let caller = caller(&state, &req)?;
-    let (chat_id, file) = path.into_inner();
-    let chat = owned_chat(&state, &caller, &chat_id).await?;
+    let (_, file) = path.into_inner();
     let found = state
         .artifacts
         .get(&caller.tenant, &caller.user, &chat.identity.chat_id, &file)
@@ -518,11 +526,10 @@ struct TicketRequest {
 /// Issues a short-lived, single-use ticket for opening one chat's WebSocket, so a browser
 /// never puts a long-lived credential in a URL.
 async fn ws_ticket(
+    caller: Caller,
     state: web::Data<AppState>,
-    req: HttpRequest,
     body: web::Json<TicketRequest>,
 ) -> Result<HttpResponse, ApiError> {
-    let caller = caller(&state, &req)?;
     let chat = owned_chat(&state, &caller, &body.chat_id).await?;
     let (ticket, ttl) = state
         .auth
@@ -541,11 +548,10 @@ struct RunRequest {
 /// Runs a workflow without UI tools for one message and returns its answer
 /// (`structured_tool_loop.md`'s `/chat` endpoint).
 async fn run_workflow(
+    caller: Caller,
     state: web::Data<AppState>,
-    req: HttpRequest,
     body: web::Json<RunRequest>,
 ) -> Result<HttpResponse, ApiError> {
-    let caller = caller(&state, &req)?;
     let body = body.into_inner();
     let chat = start_chat(&state, &caller, body.workflow, Map::new()).await?;
     let (done, result) = oneshot::channel();

@@ -408,25 +408,36 @@ impl ChatSession {
 
     fn invoke_auto_tool(&mut self, tool_ctx: ToolContext, data: Value, ctx: &mut Context<Self>) {
         self.status = ChatStatus::AwaitingTool;
-        let turn = self.turn;
         let request = self.shard.auto_tools.send(InvokeAutoTool {
             workflow: self.wf.clone(),
             tool_ctx,
             structured_data: data,
             publish: ctx.address().recipient(),
         });
-        ctx.spawn(
-            request
-                .into_actor(self)
-                .map(move |outcome, act, ctx| match outcome {
-                    Ok(outcome) => act.on_auto_tool(turn, outcome, ctx),
-                    Err(_) => act.on_auto_tool(
-                        turn,
-                        AutoToolOutcome::Invalid("the auto-tool handler stopped".into()),
-                        ctx,
-                    ),
-                }),
+        self.await_auto_tool(
+            async move {
+                request.await.unwrap_or_else(|_| {
+                    AutoToolOutcome::Invalid("the auto-tool handler stopped".into())
+                })
+            },
+            ctx,
         );
+    }
+
+    /// Waits for an auto tool's outcome (fresh, or resumed after a restart) and hands it to
+    /// [`ChatSession::on_auto_tool`] by message, not mapped in this context: the tool's
+    /// `chat.tool_response` is a `Publish` ahead of it in this mailbox, and must be logged
+    /// before whatever the outcome leads to.
+    fn await_auto_tool(
+        &mut self,
+        outcome: impl Future<Output = AutoToolOutcome> + 'static,
+        ctx: &mut Context<Self>,
+    ) {
+        let (turn, addr) = (self.turn, ctx.address());
+        actix::spawn(async move {
+            let outcome = outcome.await;
+            addr.do_send(AutoToolDone { turn, outcome });
+        });
     }
 
     fn on_auto_tool(&mut self, turn: u32, outcome: AutoToolOutcome, ctx: &mut Context<Self>) {
@@ -641,6 +652,22 @@ impl Handler<FlushDone> for ChatSession {
             }
             Some(NextFlush::Idle) | None => {}
         }
+    }
+}
+
+/// An auto tool's outcome (see [`ChatSession::await_auto_tool`]).
+#[derive(Message)]
+#[rtype(result = "()")]
+struct AutoToolDone {
+    turn: u32,
+    outcome: AutoToolOutcome,
+}
+
+impl Handler<AutoToolDone> for ChatSession {
+    type Result = ();
+
+    fn handle(&mut self, done: AutoToolDone, ctx: &mut Self::Context) {
+        self.on_auto_tool(done.turn, done.outcome, ctx);
     }
 }
 

@@ -9,7 +9,7 @@ use tessera_protocol::{ErrorCode, ServerEvent};
 
 use super::{ChatSession, ChatStatus};
 use crate::EngineConfig;
-use crate::auto_tool::{AutoToolOutcome, UiWaitParts, resume_ui_wait};
+use crate::auto_tool::{UiWaitParts, resume_ui_wait};
 use crate::dedup::{AdoptKey, ToolKey};
 use crate::persist::{RestoredChat, ResumableUiCall};
 use crate::plan::CompiledWorkflow;
@@ -104,14 +104,7 @@ impl ChatSession {
                     default_timeout: self.config.ui_timeout,
                 };
                 let wait = resume_ui_wait(&self.wf, tool_ctx, call, parts);
-                // Reported by message, not mapped in this context: the wait's
-                // `chat.tool_response` is a `Publish` already in this mailbox, and must be
-                // logged before whatever the outcome leads to.
-                let (turn, addr) = (self.turn, ctx.address());
-                actix::spawn(async move {
-                    let outcome = wait.await;
-                    addr.do_send(ResumedToolDone { turn, outcome });
-                });
+                self.await_auto_tool(wait, ctx);
             }
             ChatStatus::Running => {
                 // Re-run the interrupted turn under the same turn key: tools it had claimed
@@ -122,21 +115,5 @@ impl ChatSession {
             }
             ChatStatus::AwaitingUser | ChatStatus::Completed(_) => {}
         }
-    }
-}
-
-/// A UI wait resumed after a restart ended.
-#[derive(Message)]
-#[rtype(result = "()")]
-struct ResumedToolDone {
-    turn: u32,
-    outcome: AutoToolOutcome,
-}
-
-impl Handler<ResumedToolDone> for ChatSession {
-    type Result = ();
-
-    fn handle(&mut self, done: ResumedToolDone, ctx: &mut Self::Context) {
-        self.on_auto_tool(done.turn, done.outcome, ctx);
     }
 }

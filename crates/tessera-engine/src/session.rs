@@ -1,13 +1,13 @@
 //! `ChatSession`: one actor per chat. It owns the transcript, context variables, current
-//! agent, turn counter and event log; assigns every event its `seq`; and decides what happens
-//! after each turn (derived variables, `ui_response` triggers, handoffs, `max_turns`).
-
-use std::sync::Arc;
+//! agent, turn counter and event log; assigns every event its `seq`; and applies what follows
+//! each turn. This file is the actor's state, the messages it receives and its handlers; what
+//! follows a turn is decided by the pure functions of `session/routing.rs`, and rebuilding a
+//! chat after a restart lives in `session/restore.rs`.
 
 mod restore;
 mod routing;
 
-use routing::Route;
+use std::sync::Arc;
 
 use actix::prelude::*;
 use serde_json::{Map, Value};
@@ -29,6 +29,7 @@ use crate::shard::Shard;
 pub use crate::status::{ChatIdentity, ChatStatus};
 use crate::turn::{TurnFailure, TurnLimits, TurnOutput};
 use crate::{EngineConfig, EngineError, plan::CompiledWorkflow};
+use routing::Route;
 
 /// An event, serialized once, on its way to a subscriber.
 #[derive(Message, Clone)]

@@ -6,6 +6,10 @@
 //! - [`DedupCache`](dedup::DedupCache) makes every tool run at most once per turn.
 //! - [`UiCorrelator`](correlator::UiCorrelator) owns the browser round trips.
 //!
+//! [`persist`] is the one boundary between engine values and store rows. Files import each
+//! other in one direction: helpers reach a chat only through `Recipient`s of the messages
+//! they own ([`events::Publish`], [`runner::TurnFinished`]).
+//!
 //! State lives in the actor that owns it: no locks around engine state.
 
 pub mod auto_tool;

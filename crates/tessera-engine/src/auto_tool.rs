@@ -266,7 +266,7 @@ async fn run_ui_tool(
 }
 
 /// Picks up, after a restart, a UI call whose turn key was claimed before the process died:
-/// the same wait as a fresh call's (see [`wait_for_ui`]), without announcing the call again
+/// the same wait as a fresh call's (`wait_for_ui`), without announcing the call again
 /// (its `chat.tool_call` is in the chat's log). Resolves the binding of `tool_ctx`'s agent.
 pub fn resume_ui_wait(
     workflow: &CompiledWorkflow,

@@ -309,3 +309,36 @@ async fn failed_flushes_are_retried_and_lose_nothing() {
     assert_eq!(contents.last(), Some(&"done"), "{contents:?}");
     assert!(messages.len() >= snapshot.transcript.len());
 }
+
+#[actix::test]
+async fn a_ui_call_that_timed_out_leaves_the_stored_pending_list() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let store = store_at(dir.path()).await;
+    let config = EngineConfig {
+        ui_timeout: Some(std::time::Duration::from_millis(200)),
+        ..EngineConfig::default()
+    };
+    let h = harness_with_hooks(config, hooks(&store), default_plan_script);
+    let mut c = new_chat(&h).await;
+    c.until("chat.input_request").await;
+    assert!(c.chat.addr.send(say("next")).await.is_ok());
+    let response = c.until("chat.tool_response").await;
+    assert_eq!(response["data"]["payload"]["code"], "ui_timeout");
+    let chat_id = c.chat.identity.chat_id.to_string();
+    // The store is written behind the session: wait (bounded) for it to catch up.
+    let mut caught_up = false;
+    for _ in 0..500 {
+        let snapshot = c.chat.addr.send(GetSnapshot).await;
+        let Ok(snapshot) = snapshot else {
+            panic!("session gone")
+        };
+        if snapshot.persisted_seq == Some(snapshot.last_seq) {
+            caught_up = true;
+            break;
+        }
+        actix::clock::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(caught_up, "the store never caught up with the chat's log");
+    let pending = store.pending_ui(&chat_id).await.unwrap_or_default();
+    assert!(pending.is_empty(), "still pending: {pending:?}");
+}

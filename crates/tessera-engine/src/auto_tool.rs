@@ -17,8 +17,7 @@ use tessera_tools::{Tool, ToolContext, ToolErrorResult};
 
 use crate::correlator::{AwaitUiResponse, UiCorrelator, UiOutcome};
 use crate::dedup::{ClaimKey, ClaimOutcome, CompleteKey, DedupCache, ToolKey};
-use crate::events::Publish;
-use crate::events::{ToolCallInfo, tool_call_event, tool_response_event};
+use crate::events::{Publish, ToolCallInfo, tool_call_event, tool_response_event};
 use crate::plan::CompiledWorkflow;
 
 /// Everything needed to auto-invoke one agent's UI tool, resolved once per workflow.

@@ -379,3 +379,19 @@ fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
         }
     }
 }
+
+#[tokio::test]
+async fn unlisted_workflows_are_not_offered_but_start_by_name() {
+    let server = TestServer::start(ServerOptions::default()).await;
+    let (status, body) = server.get("/api/v1/workflows", "alice").await;
+    assert_eq!(status, 200, "{body}");
+    let names: Vec<&str> = body["workflows"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|w| w["name"].as_str())
+        .collect();
+    assert_eq!(names, ["Generator", "TextToolkit", "TodoAssistant"]);
+    // LoadTest says `"listed": false`; the load generator still starts it by name.
+    server.create_chat("LoadTest", "alice").await;
+}

@@ -186,6 +186,7 @@ pub fn load_workflow(dir: &Path) -> Result<Workflow, ManifestErrors> {
         human_in_the_loop: header.human_in_the_loop,
         initial_message: header.initial_message,
         startup_mode: header.startup_mode,
+        listed: header.listed,
         agents: pa.agents,
         tools: tools.tools,
         models: so.models,
@@ -331,6 +332,7 @@ struct Header {
     human_in_the_loop: bool,
     initial_message: Option<String>,
     startup_mode: StartupMode,
+    listed: bool,
 }
 
 fn parse_header(v: &Value, agents: Option<&BTreeSet<String>>, d: &mut Diag) -> Option<Header> {
@@ -345,6 +347,7 @@ fn parse_header(v: &Value, agents: Option<&BTreeSet<String>>, d: &mut Diag) -> O
             "human_in_the_loop",
             "initial_message",
             "startup_mode",
+            "listed",
         ],
         d,
     );
@@ -373,6 +376,7 @@ fn parse_header(v: &Value, agents: Option<&BTreeSet<String>>, d: &mut Diag) -> O
     }
     let human = o.req_bool("human_in_the_loop", d);
     let initial_message = o.opt_str("initial_message", d);
+    let listed = o.opt_bool("listed", true, d);
     let startup_mode = match o.req_str("startup_mode", d) {
         Some("UserDriven") => Some(StartupMode::UserDriven),
         Some("AgentDriven") => Some(StartupMode::AgentDriven),
@@ -395,5 +399,6 @@ fn parse_header(v: &Value, agents: Option<&BTreeSet<String>>, d: &mut Diag) -> O
         human_in_the_loop: human?,
         initial_message: initial_message.map(str::to_owned),
         startup_mode: startup_mode?,
+        listed,
     })
 }

@@ -39,6 +39,9 @@ pub struct Workflow {
     pub initial_message: Option<String>,
     /// Who speaks first.
     pub startup_mode: StartupMode,
+    /// Offered in `GET /workflows` (the client's picker); `"listed": false` hides a workflow
+    /// that is started only by name (e.g. a benchmark workload).
+    pub listed: bool,
     /// Agents in file order.
     pub agents: IndexMap<String, Agent>,
     /// Tools in file order.

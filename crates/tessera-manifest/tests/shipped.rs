@@ -35,6 +35,14 @@ fn all_shipped_workflows_load() {
 }
 
 #[test]
+fn only_the_benchmark_workload_is_unlisted() {
+    for (name, result) in load_workflows(&workflows_root()) {
+        let listed = result.map(|w| w.listed).unwrap_or_default();
+        assert_eq!(listed, name != "LoadTest", "{name}");
+    }
+}
+
+#[test]
 fn generator_is_wired_as_the_spec_describes() {
     let w = load("Generator");
     assert_eq!(w.startup_mode, StartupMode::AgentDriven);

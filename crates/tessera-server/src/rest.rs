@@ -224,7 +224,13 @@ async fn metrics(state: web::Data<AppState>) -> HttpResponse {
 }
 
 async fn list_workflows(_: Caller, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
-    Ok(HttpResponse::Ok().json(json!({"workflows": &*state.workflows})))
+    // Unlisted workflows (`"listed": false`) can still be started by name.
+    let listed: Vec<&Value> = state
+        .workflows
+        .iter()
+        .filter(|w| w["listed"] != false)
+        .collect();
+    Ok(HttpResponse::Ok().json(json!({ "workflows": listed })))
 }
 
 #[derive(Deserialize)]

@@ -114,6 +114,7 @@ fn workflow_summary(workflow: &Workflow, demo: bool) -> Value {
         "agents": workflow.agents.keys().collect::<Vec<_>>(),
         "ui_components": workflow.tools.iter().filter_map(|t| t.ui.as_ref().map(|u| u.component.clone())).collect::<Vec<_>>(),
         "demo": demo,
+        "listed": workflow.listed,
     })
 }
 

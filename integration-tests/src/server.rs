@@ -25,6 +25,8 @@ pub struct ServerOptions {
     pub workflows_dir: Option<PathBuf>,
     /// Reuse this data dir (for restart tests).
     pub data_dir: Option<PathBuf>,
+    /// A `tessera.toml` to pass with `--config` (e.g. tenants and JWT settings).
+    pub config_toml: Option<String>,
 }
 
 impl TestServer {
@@ -52,6 +54,11 @@ impl TestServer {
             .kill_on_drop(true);
         for (k, v) in &options.env {
             command.env(k, v);
+        }
+        if let Some(toml) = &options.config_toml {
+            let path = data_dir.path().join("tessera.toml");
+            std::fs::write(&path, toml).unwrap_or_else(|e| panic!("write config: {e}"));
+            command.arg("--config").arg(&path);
         }
         let mut child = command
             .spawn()

@@ -392,6 +392,11 @@ async fn generator_runs_to_the_download() {
     assert_eq!(key_answer[1]["data"]["data"]["apiKey"], KEY);
     assert_eq!(key_answer[2]["data"]["status"], "success");
     assert_no_duplicates(&b).await;
+    b.wait_until(
+        "the sidebar says the chat is done",
+        "const a = document.querySelector('#history-list .history-item[aria-current=page]'); return a && a.dataset.status === 'completed' && a.querySelector('.history-status').textContent === 'Done';",
+    )
+    .await;
     b.screenshot("desktop-5-complete").await;
     b.close().await;
 }

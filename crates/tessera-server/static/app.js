@@ -392,6 +392,7 @@ function runComplete(reason) {
 function setStatus(status, agent) {
   state.status = status;
   if (agent) state.agent = agent;
+  if (state.chat) ui.setHistoryStatus(state.chat.chat_id, status);
   const name = ui.humanize(state.agent || 'The agent');
   ui.setActivity(status === 'running' ? `${name} is working…` : null);
   ui.setRunning(status === 'running' || status === 'awaiting_tool');
@@ -508,6 +509,8 @@ async function refreshHistory() {
   try {
     const body = await api(`/chats?limit=${HISTORY_LIMIT}`);
     ui.showHistory(Array.isArray(body?.chats) ? body.chats : [], openFromHistory);
+    // The store may lag the socket by a moment: the open chat shows what the socket said.
+    if (state.chat && state.connected) ui.setHistoryStatus(state.chat.chat_id, state.status);
   } catch (err) {
     if (err.status === 401) return signInAgain();
     ui.showHistory(err, openFromHistory);

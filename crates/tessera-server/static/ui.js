@@ -175,6 +175,14 @@ export function showHistory(chats, onOpen) {
   markCurrentChat(currentChatId);
 }
 
+/** Keeps the open chat's entry in step with what the socket says, between list refreshes. */
+export function setHistoryStatus(chatId, status) {
+  const link = [...$('history-list').querySelectorAll('a')].find((a) => a.dataset.chatId === chatId);
+  if (!link || !STATUS_TEXT[status]) return;
+  link.dataset.status = status;
+  link.querySelector('.history-status').textContent = STATUS_TEXT[status];
+}
+
 function markCurrentChat(chatId) {
   currentChatId = chatId;
   for (const link of $('history-list').querySelectorAll('a')) {

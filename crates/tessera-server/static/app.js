@@ -57,7 +57,7 @@ const state = {
   agent: '',
   sending: false,
   host: null,
-  connecting: false,
+  connecting: null, // the chat whose socket URL is being fetched
   lastUserText: null, // what to send again on "Try again"
   pendingRetry: null, // a retry waiting for the chat to accept input
 };
@@ -152,20 +152,20 @@ async function connect() {
   clearTimeout(state.retryTimer);
   state.retryTimer = null;
   const chat = state.chat;
-  if (!chat || state.socket || state.connecting) return;
+  if (!chat || state.socket || state.connecting === chat) return;
   ui.setConnection(state.attempt ? 'reconnecting' : 'connecting');
-  state.connecting = true;
+  state.connecting = chat; // the chat whose socket URL is being fetched
   let url;
   try {
     url = await socketUrl(chat);
   } catch (err) {
-    state.connecting = false;
+    if (state.connecting === chat) state.connecting = null;
     if (chat !== state.chat) return;
     if (err.status === 401) return signInAgain();
     if (err.status === 404) return chatGone();
     return scheduleReconnect(true);
   }
-  state.connecting = false;
+  if (state.connecting === chat) state.connecting = null;
   if (chat !== state.chat || state.socket) return; // another chat was opened meanwhile
   const socket = new WebSocket(url);
   state.socket = socket;
@@ -445,7 +445,7 @@ function openChat(chat, saved) {
   state.agent = '';
   state.lastUserText = null;
   state.pendingRetry = null;
-  state.connecting = false;
+  state.connecting = null;
   state.host = new UiToolHost({ workflow: chat.workflow, send });
   ui.showChat(chat);
   if (saved) {

@@ -240,7 +240,6 @@ export function showChat(chat) {
   $('new-chat').hidden = false;
   $('log').replaceChildren();
   rows.clear();
-  notes.clear();
   tools.clear();
   usage.byRow = new WeakMap();
   usage.pending = new Map();
@@ -296,9 +295,8 @@ export function append(node) {
   return node;
 }
 
-/** Message rows by message_id, and notes by key, for in-place updates. */
+/** Message rows by message_id, for in-place updates. */
 const rows = new Map();
-const notes = new Map();
 
 function findMessage(messageId) {
   return rows.get(messageId) ?? null;
@@ -361,10 +359,8 @@ export function appendDelta({ message_id: id, agent, delta }) {
 }
 
 /** A small line between messages: kind = handoff | cancelled | info. */
-export function note(kind, text, key) {
-  const row = el('li', { class: `note note-${kind}` }, el('span', { text }));
-  if (key) notes.set(key, row);
-  return append(row);
+export function note(kind, text) {
+  return append(el('li', { class: `note note-${kind}` }, el('span', { text })));
 }
 
 /**
@@ -392,12 +388,6 @@ export function errorNote({ title, detail, onRetry, retryLabel }) {
 /** Disables every retry button (a new message or turn supersedes them). */
 export function retireRetries() {
   for (const button of log().querySelectorAll('[data-action=retry]')) button.remove();
-}
-
-/** Removes the note added under `key`, if any. */
-export function removeNote(key) {
-  notes.get(key)?.remove();
-  notes.delete(key);
 }
 
 // ---- agent tool activity ---------------------------------------------------------------------

@@ -1371,6 +1371,13 @@ async fn dark_mode_follows_the_system() {
         }
         b.assert_accessible(&format!("dark mode ({name})")).await;
         b.screenshot(&format!("{name}-dark-chat")).await;
+        if name == "desktop" {
+            b.click("New chat", "#new-chat").await;
+            generator_to_action_plan(&b).await;
+            b.assert_accessible("the ActionPlan overlay in dark mode")
+                .await;
+            b.screenshot("desktop-dark-action-plan").await;
+        }
         b.close().await;
     }
     let (status, icon) = server.get_bytes("/static/favicon.svg", "dev-user").await;

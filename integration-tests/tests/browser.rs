@@ -615,11 +615,7 @@ async fn workflows_without_components_get_the_generic_renderer() {
         return;
     };
     // The shipped workflows minus Generator's ui/ folder.
-    let workflows = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    copy_dir(
-        &integration_tests::workspace_root().join("workflows"),
-        workflows.path(),
-    );
+    let workflows = shipped_workflows_copy();
     std::fs::remove_dir_all(workflows.path().join("Generator/ui"))
         .unwrap_or_else(|e| panic!("{e}"));
     let server = TestServer::start(ServerOptions {
@@ -669,6 +665,16 @@ async fn workflows_without_components_get_the_generic_renderer() {
     )
     .await;
     b.close().await;
+}
+
+/// A temporary copy of the shipped workflows, to change for one test.
+fn shipped_workflows_copy() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    copy_dir(
+        &integration_tests::workspace_root().join("workflows"),
+        dir.path(),
+    );
+    dir
 }
 
 fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
@@ -879,11 +885,7 @@ async fn markdown_is_rendered_and_nothing_from_the_model_or_a_tool_executes() {
     let Some(bins) = browser::available() else {
         return;
     };
-    let workflows = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    copy_dir(
-        &integration_tests::workspace_root().join("workflows"),
-        workflows.path(),
-    );
+    let workflows = shipped_workflows_copy();
     let demo = json!({"agents": {"TodoAgent": {
         "when": [{"match": "(?i)^add (?P<title>.+)$", "replies": [
             {"tool_calls": [{"name": "add_task", "arguments": {"title": "{{match.title}}"}}]},

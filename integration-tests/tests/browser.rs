@@ -692,12 +692,7 @@ fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
 /// Opens the client and starts a chat of `workflow`; waits until the composer accepts input.
 async fn start(b: &Browser, workflow: &str) {
     b.open("/").await;
-    b.click(
-        &format!("the {workflow} workflow"),
-        &format!(r#"#workflow-list button[data-workflow="{workflow}"]"#),
-    )
-    .await;
-    wait_for_input(b).await;
+    start_from_picker(b, workflow).await;
 }
 
 async fn wait_for_input(b: &Browser) {
@@ -1264,12 +1259,7 @@ async fn sign_in_with_an_api_key_then_with_a_jwt() {
         "the form forgets the key"
     );
     b.eval(WS_URL_SPY, vec![]).await;
-    b.click(
-        "the TodoAssistant workflow",
-        r#"#workflow-list button[data-workflow="TodoAssistant"]"#,
-    )
-    .await;
-    wait_for_input(&b).await;
+    start_from_picker(&b, "TodoAssistant").await;
     assert_eq!(
         say(&b, "add Buy milk").await,
         "Added \"Buy milk\" to your list."

@@ -224,6 +224,49 @@ pub fn load_workflows(root: &Path) -> Vec<(String, Result<Workflow, ManifestErro
         .collect()
 }
 
+/// Why a workflows directory yields no workflows at all.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WorkflowDirError {
+    /// Nothing at that path.
+    #[error("{0} does not exist")]
+    NotFound(PathBuf),
+    /// A file (or something unreadable) rather than a folder.
+    #[error("{0} is not a directory")]
+    NotADirectory(PathBuf),
+    /// A folder, but neither a workflow folder nor a folder of them.
+    #[error(
+        "no workflows found in {0}: expected a workflow folder (with workflow.json) or a folder of workflow folders"
+    )]
+    NoWorkflows(PathBuf),
+}
+
+/// What `serve`, `validate` and `test` all accept as a workflows directory: a workflow folder
+/// itself (holding `workflow.json`) or a folder of workflow folders. Every workflow found is
+/// loaded, valid or not, so callers can report every invalid one.
+pub fn load_workflow_dir(
+    dir: &Path,
+) -> Result<Vec<(String, Result<Workflow, ManifestErrors>)>, WorkflowDirError> {
+    match std::fs::metadata(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(WorkflowDirError::NotFound(dir.to_path_buf()));
+        }
+        Ok(m) if m.is_dir() => {}
+        _ => return Err(WorkflowDirError::NotADirectory(dir.to_path_buf())),
+    }
+    if dir.join("workflow.json").is_file() {
+        let name = dir.file_name().map_or_else(
+            || dir.display().to_string(),
+            |n| n.to_string_lossy().into_owned(),
+        );
+        return Ok(vec![(name, load_workflow(dir))]);
+    }
+    let found = load_workflows(dir);
+    if found.is_empty() {
+        return Err(WorkflowDirError::NoWorkflows(dir.to_path_buf()));
+    }
+    Ok(found)
+}
+
 /// The outcome of reading one manifest file.
 enum Doc {
     /// Parsed, with its text (for key order).

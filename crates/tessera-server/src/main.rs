@@ -40,8 +40,12 @@ struct Cli {
 enum Command {
     /// Check workflow manifests and print a summary or every error (exit code 1 on any error).
     Validate {
-        /// Workflow folders, or folders containing workflow folders (default: `workflows`).
+        /// Workflow folders, or folders containing workflow folders (default: the configured
+        /// `workflows_dir`, as `serve` would load it).
         dirs: Vec<PathBuf>,
+        /// A TOML config file; `TESSERA_*` environment variables override it.
+        #[arg(long, env = "TESSERA_CONFIG")]
+        config: Option<PathBuf>,
     },
     /// Serve chats over HTTP and WebSocket (the web client is at `/`).
     Serve {
@@ -51,6 +55,9 @@ enum Command {
         /// Listen address, e.g. 127.0.0.1:8080 (port 0 picks a free port).
         #[arg(long)]
         bind: Option<std::net::SocketAddr>,
+        /// A workflow folder or a folder of workflow folders (overrides the configuration).
+        #[arg(long)]
+        workflows_dir: Option<PathBuf>,
         /// Log format.
         #[arg(long, value_enum, default_value_t = LogFormat::Text)]
         log_format: LogFormat,
@@ -81,18 +88,21 @@ fn init_logs(format: LogFormat) {
 fn serve(
     config: Option<PathBuf>,
     bind: Option<std::net::SocketAddr>,
+    workflows_dir: Option<PathBuf>,
     log_format: LogFormat,
 ) -> ExitCode {
     init_logs(log_format);
-    let result =
-        ServerConfig::load(config.as_deref(), |k| std::env::var(k).ok()).and_then(|mut c| {
-            if let Some(bind) = bind {
-                c.bind = bind;
-            }
-            let listener = tessera_server::bind(c.bind)
-                .with_context(|| format!("cannot listen on {}", c.bind))?;
-            actix::System::new().block_on(tessera_server::run(listener, c, shutdown_signal()))
-        });
+    let result = load_config(config.as_deref()).and_then(|mut c| {
+        if let Some(bind) = bind {
+            c.bind = bind;
+        }
+        if let Some(dir) = workflows_dir {
+            c.workflows_dir = dir;
+        }
+        let listener =
+            tessera_server::bind(c.bind).with_context(|| format!("cannot listen on {}", c.bind))?;
+        actix::System::new().block_on(tessera_server::run(listener, c, shutdown_signal()))
+    });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -102,16 +112,32 @@ fn serve(
     }
 }
 
+/// The one configuration every subcommand reads: the file, then `TESSERA_*` overrides.
+fn load_config(path: Option<&std::path::Path>) -> anyhow::Result<ServerConfig> {
+    ServerConfig::load(path, |k| std::env::var(k).ok())
+}
+
+fn validate(dirs: &[PathBuf], config: Option<&std::path::Path>) -> ExitCode {
+    match load_config(config) {
+        Ok(c) => validate::run(dirs, &c.workflows_dir),
+        Err(e) => {
+            eprintln!("tessera validate: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn main() -> ExitCode {
     tune_allocator();
     let cli = Cli::parse();
     match cli.command {
-        Command::Validate { dirs } => validate::run(&dirs),
+        Command::Validate { dirs, config } => validate(&dirs, config.as_deref()),
         Command::Serve {
             config,
             bind,
+            workflows_dir,
             log_format,
-        } => serve(config, bind, log_format),
+        } => serve(config, bind, workflows_dir, log_format),
     }
 }
 

@@ -89,18 +89,26 @@ fn models_for(
     Ok(out)
 }
 
+/// Loads every workflow in `dir`; refuses to start when any is invalid, listing every invalid
+/// one with all its errors and the command that validates them.
 fn load_workflows(dir: &Path) -> anyhow::Result<Vec<Workflow>> {
     let mut loaded = Vec::new();
-    for (name, result) in tessera_manifest::load_workflows(dir) {
+    let mut invalid = Vec::new();
+    for (name, result) in tessera_manifest::load_workflow_dir(dir)? {
         match result {
             Ok(workflow) => loaded.push(workflow),
-            Err(errors) => {
-                anyhow::bail!("workflow {name} is invalid (run `tessera validate`):\n{errors}")
-            }
+            Err(errors) => invalid.push(format!("workflow {name} is invalid:\n{errors}")),
         }
     }
-    if loaded.is_empty() {
-        anyhow::bail!("no workflows found in {}", dir.display());
+    if !invalid.is_empty() {
+        anyhow::bail!(
+            "{} of {} workflows in {} are invalid (check them with `{}`):\n{}",
+            invalid.len(),
+            invalid.len() + loaded.len(),
+            dir.display(),
+            crate::validate::validate_command(dir),
+            invalid.join("\n")
+        );
     }
     Ok(loaded)
 }

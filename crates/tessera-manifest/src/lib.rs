@@ -39,7 +39,9 @@ pub use context::{DerivedVariable, UiResponseTrigger, VarSource, VarType, Variab
 pub use error::{ManifestError, ManifestErrors};
 pub use expr::{Expr, ExprError};
 pub use handoffs::{HandoffKind, HandoffRule, HandoffTarget};
-pub use load::{WorkflowDirError, load_workflow, load_workflow_dir, load_workflows};
+pub use load::{
+    LoadedWorkflow, WorkflowDirError, load_workflow, load_workflow_dir, load_workflows,
+};
 pub use models::CompiledModel;
 pub use tools::{DisplayMode, ToolDef, ToolImpl, ToolType, UiSpec};
 pub use workflow::{StartupMode, Workflow};

@@ -201,7 +201,7 @@ pub fn load_workflow(dir: &Path) -> Result<Workflow, ManifestErrors> {
 
 /// Loads every workflow under `root` (each subfolder holding a `workflow.json`), sorted by
 /// folder name, so one bad workflow does not hide the others.
-pub fn load_workflows(root: &Path) -> Vec<(String, Result<Workflow, ManifestErrors>)> {
+pub fn load_workflows(root: &Path) -> Vec<LoadedWorkflow> {
     let mut dirs: Vec<(String, PathBuf)> = match std::fs::read_dir(root) {
         Ok(entries) => entries
             .filter_map(Result::ok)
@@ -224,6 +224,9 @@ pub fn load_workflows(root: &Path) -> Vec<(String, Result<Workflow, ManifestErro
         .collect()
 }
 
+/// One workflow folder's name and what loading it gave.
+pub type LoadedWorkflow = (String, Result<Workflow, ManifestErrors>);
+
 /// Why a workflows directory yields no workflows at all.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum WorkflowDirError {
@@ -243,9 +246,7 @@ pub enum WorkflowDirError {
 /// What `serve`, `validate` and `test` all accept as a workflows directory: a workflow folder
 /// itself (holding `workflow.json`) or a folder of workflow folders. Every workflow found is
 /// loaded, valid or not, so callers can report every invalid one.
-pub fn load_workflow_dir(
-    dir: &Path,
-) -> Result<Vec<(String, Result<Workflow, ManifestErrors>)>, WorkflowDirError> {
+pub fn load_workflow_dir(dir: &Path) -> Result<Vec<LoadedWorkflow>, WorkflowDirError> {
     match std::fs::metadata(dir) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             return Err(WorkflowDirError::NotFound(dir.to_path_buf()));

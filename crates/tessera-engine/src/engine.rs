@@ -65,6 +65,38 @@ impl Engine {
         config: EngineConfig,
         hooks: EngineHooks,
     ) -> Result<Self, EngineError> {
+        let count = if config.arbiters == 0 {
+            std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+        } else {
+            config.arbiters
+        };
+        let arbiters: Vec<Arbiter> = (0..count).map(|_| Arbiter::new()).collect();
+        let handles = arbiters.iter().map(Arbiter::handle).collect();
+        Self::start_on(workflows, builtins, config, hooks, arbiters, handles)
+    }
+
+    /// Like [`Engine::start`], but every chat and helper actor runs on the calling thread's
+    /// arbiter (`config.arbiters` is ignored). `tessera test` runs the engine this way inside a
+    /// current-thread runtime whose clock is paused, so UI and tool timeouts pass in virtual
+    /// time. Must be called inside an actix `System`.
+    pub fn start_on_current_arbiter(
+        workflows: Vec<(Workflow, Arc<dyn ChatModel>)>,
+        builtins: &BuiltinRegistry,
+        config: EngineConfig,
+        hooks: EngineHooks,
+    ) -> Result<Self, EngineError> {
+        let handles = vec![Arbiter::current()];
+        Self::start_on(workflows, builtins, config, hooks, Vec::new(), handles)
+    }
+
+    fn start_on(
+        workflows: Vec<(Workflow, Arc<dyn ChatModel>)>,
+        builtins: &BuiltinRegistry,
+        config: EngineConfig,
+        hooks: EngineHooks,
+        arbiters: Vec<Arbiter>,
+        handles: Vec<ArbiterHandle>,
+    ) -> Result<Self, EngineError> {
         // Built only when a workflow has an HTTP tool: the client loads the TLS stack and the
         // root certificates (about 2 MiB of memory), which built-in tools never use.
         let needs_http = workflows.iter().any(|(workflow, _)| {
@@ -94,15 +126,9 @@ impl Engine {
             )?;
             compiled.insert(name, Arc::new(wf));
         }
-        let count = if config.arbiters == 0 {
-            std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
-        } else {
-            config.arbiters
-        };
-        let arbiters: Vec<Arbiter> = (0..count).map(|_| Arbiter::new()).collect();
-        let shards = arbiters
-            .iter()
-            .map(|a| Shard::start(a.handle(), &config, &hooks))
+        let shards = handles
+            .into_iter()
+            .map(|a| Shard::start(a, &config, &hooks))
             .collect();
         Ok(Self {
             inner: Arc::new(EngineInner {

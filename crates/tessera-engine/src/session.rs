@@ -115,6 +115,12 @@ pub struct TranscriptEntry {
 #[rtype(result = "ChatSnapshot")]
 pub struct GetSnapshot;
 
+/// Ask for every context variable, hidden ones included (for `tessera test`, which checks
+/// the final values; clients see only [`ChatSnapshot::visible_context`]).
+#[derive(Message)]
+#[rtype(result = "Map<String, Value>")]
+pub struct GetContext;
+
 struct Subscriber {
     id: u64,
     recipient: Recipient<Deliver>,
@@ -913,5 +919,13 @@ impl Handler<GetSnapshot> for ChatSession {
                 transcript,
             }
         }))
+    }
+}
+
+impl Handler<GetContext> for ChatSession {
+    type Result = MessageResult<GetContext>;
+
+    fn handle(&mut self, _: GetContext, _ctx: &mut Self::Context) -> Self::Result {
+        MessageResult(self.context.clone())
     }
 }

@@ -1,6 +1,8 @@
 //! The `tessera` binary: parses the command line and dispatches to the `tessera_server`
 //! library (`validate`, or `run` on a bound listener until SIGTERM / Ctrl-C).
 
+mod workflow_tests;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -43,6 +45,19 @@ enum Command {
         /// Workflow folders, or folders containing workflow folders (default: the configured
         /// `workflows_dir`, as `serve` would load it).
         dirs: Vec<PathBuf>,
+        /// A TOML config file; `TESSERA_*` environment variables override it.
+        #[arg(long, env = "TESSERA_CONFIG")]
+        config: Option<PathBuf>,
+    },
+    /// Run the workflows' test files (`<workflow>/tests/*.json`) against the real engine with
+    /// their scripted model replies (exit code 1 on any failure).
+    Test {
+        /// Workflow folders, or folders containing workflow folders (default: the configured
+        /// `workflows_dir`).
+        dirs: Vec<PathBuf>,
+        /// Rewrite each test's expectations from this run (review the diff before committing).
+        #[arg(long)]
+        update: bool,
         /// A TOML config file; `TESSERA_*` environment variables override it.
         #[arg(long, env = "TESSERA_CONFIG")]
         config: Option<PathBuf>,
@@ -132,6 +147,17 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Validate { dirs, config } => validate(&dirs, config.as_deref()),
+        Command::Test {
+            dirs,
+            update,
+            config,
+        } => match load_config(config.as_deref()) {
+            Ok(c) => workflow_tests::run(&dirs, &c.workflows_dir, update),
+            Err(e) => {
+                eprintln!("tessera test: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Serve {
             config,
             bind,

@@ -1,6 +1,7 @@
 //! The `tessera` binary: parses the command line and dispatches to the `tessera_server`
 //! library (`validate`, or `run` on a bound listener until SIGTERM / Ctrl-C).
 
+mod record;
 mod workflow_tests;
 
 use std::path::PathBuf;
@@ -59,6 +60,19 @@ enum Command {
         #[arg(long)]
         update: bool,
         /// A TOML config file; `TESSERA_*` environment variables override it.
+        #[arg(long, env = "TESSERA_CONFIG")]
+        config: Option<PathBuf>,
+    },
+    /// Write a test file from a stored chat (model replies, user steps and what happened), so
+    /// the conversation replays with `tessera test`. Secrets are never written.
+    Record {
+        /// The chat's id (as in `GET /api/v1/chats`).
+        chat_id: String,
+        /// Output file (default: `<workflow>/tests/recorded_<chat id>.json`).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// A TOML config file; `TESSERA_*` environment variables override it (the store is
+        /// `data_dir/tessera.db`).
         #[arg(long, env = "TESSERA_CONFIG")]
         config: Option<PathBuf>,
     },
@@ -155,6 +169,17 @@ fn main() -> ExitCode {
             Ok(c) => workflow_tests::run(&dirs, &c.workflows_dir, update),
             Err(e) => {
                 eprintln!("tessera test: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Record {
+            chat_id,
+            out,
+            config,
+        } => match load_config(config.as_deref()) {
+            Ok(c) => record::run(&c, &chat_id, out),
+            Err(e) => {
+                eprintln!("tessera record: {e:#}");
                 ExitCode::FAILURE
             }
         },

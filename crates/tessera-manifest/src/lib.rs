@@ -40,7 +40,8 @@ pub use error::{ManifestError, ManifestErrors};
 pub use expr::{Expr, ExprError};
 pub use handoffs::{HandoffKind, HandoffRule, HandoffTarget};
 pub use load::{
-    LoadedWorkflow, WorkflowDirError, load_workflow, load_workflow_dir, load_workflows,
+    LoadedWorkflow, MANIFEST_FILES, WorkflowDirError, load_workflow, load_workflow_dir,
+    load_workflows,
 };
 pub use models::CompiledModel;
 pub use tools::{DisplayMode, ToolDef, ToolImpl, ToolType, UiSpec};

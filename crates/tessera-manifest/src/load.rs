@@ -32,6 +32,15 @@ pub fn load_workflow(dir: &Path) -> Result<Workflow, ManifestErrors> {
     let ctx_doc = read_json(dir, "context_variables.json", false, &mut d);
     let handoffs_doc = read_json(dir, "handoffs.json", false, &mut d);
     let demo_doc = read_json(dir, "demo.json", false, &mut d);
+    let version = content_version(&[
+        &wf_doc,
+        &agents_doc,
+        &so_doc,
+        &tools_doc,
+        &ctx_doc,
+        &handoffs_doc,
+        &demo_doc,
+    ]);
 
     // agents.json
     let parsed_agents = match &agents_doc {
@@ -196,7 +205,45 @@ pub fn load_workflow(dir: &Path) -> Result<Workflow, ManifestErrors> {
         ui_response_triggers: ctx.triggers,
         handoffs: handoff_rules,
         dir: dir.to_path_buf(),
+        version,
     })
+}
+
+/// The files a workflow version consists of, in the order [`load_workflow`] reads them.
+pub const MANIFEST_FILES: &[&str] = &[
+    "workflow.json",
+    "agents.json",
+    "structured_outputs.json",
+    "tools.json",
+    "context_variables.json",
+    "handoffs.json",
+    "demo.json",
+];
+
+/// 16 hex digits of FNV-1a (64-bit) over the manifest files' text, in [`MANIFEST_FILES`]
+/// order, each absent file marked as such. Stable across builds and platforms (unlike std's
+/// hasher), so a restart computes the same version for the same files. Not a security hash:
+/// it only tells versions of one workflow apart.
+fn content_version(docs: &[&Doc]) -> String {
+    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0100_0000_01b3;
+    let mut hash = OFFSET;
+    let mut feed = |bytes: &[u8]| {
+        for b in bytes {
+            hash ^= u64::from(*b);
+            hash = hash.wrapping_mul(PRIME);
+        }
+    };
+    for doc in docs {
+        match doc {
+            Doc::Ok(_, text) => {
+                feed(&(text.len() as u64).to_le_bytes());
+                feed(text.as_bytes());
+            }
+            Doc::Absent | Doc::Broken => feed(&u64::MAX.to_le_bytes()),
+        }
+    }
+    format!("{hash:016x}")
 }
 
 /// Loads every workflow under `root` (each subfolder holding a `workflow.json`), sorted by

@@ -60,6 +60,9 @@ pub struct Workflow {
     pub handoffs: Vec<HandoffRule>,
     /// Folder the workflow was loaded from (for demo.json and other assets).
     pub dir: PathBuf,
+    /// Content version of the manifest files (16 hex digits): chats remember the version
+    /// they started with, so a reloaded workflow does not change a running chat.
+    pub version: String,
 }
 
 impl Workflow {

@@ -176,3 +176,29 @@ fn workflow_is_shareable_across_threads() {
     fn assert_send_sync<T: Send + Sync>() {}
     assert_send_sync::<Workflow>();
 }
+
+#[test]
+fn the_version_follows_the_manifest_content() {
+    let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let copy = tmp.path().join("LoadTest");
+    std::fs::create_dir_all(&copy).unwrap_or_else(|e| panic!("{e}"));
+    let source = workflows_root().join("LoadTest");
+    for file in tessera_manifest::MANIFEST_FILES {
+        if source.join(file).is_file() {
+            std::fs::copy(source.join(file), copy.join(file)).unwrap_or_else(|e| panic!("{e}"));
+        }
+    }
+    let original = load("LoadTest");
+    let copied = load_workflow(&copy).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(original.version.len(), 16);
+    assert_eq!(copied.version, original.version, "same files, same version");
+    let demo = copy.join("demo.json");
+    let text = std::fs::read_to_string(&demo).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(&demo, text.replace("Echoed your message.", "Echoed (v2)."))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let changed = load_workflow(&copy).unwrap_or_else(|e| panic!("{e}"));
+    assert_ne!(
+        changed.version, original.version,
+        "a changed demo.json is a new version"
+    );
+}

@@ -8,6 +8,7 @@ pub mod config;
 mod limits;
 mod metrics;
 mod registry;
+mod reload;
 mod rest;
 mod serve;
 pub mod validate;

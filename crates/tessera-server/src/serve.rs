@@ -15,7 +15,6 @@ use serde_json::{Value, json};
 use tessera_engine::{Engine, EngineConfig, EngineHooks};
 use tessera_llm::ChatModel;
 use tessera_llm::openai::{OpenAiClient, OpenAiConfig};
-use tessera_llm::scripted::ScriptedModel;
 use tessera_manifest::Workflow;
 use tessera_protocol::ServerEvent;
 use tessera_store::{ChatStore, SqliteStore};
@@ -25,6 +24,7 @@ use crate::auth::Authenticator;
 use crate::config::{Limits, ServerConfig};
 use crate::metrics::Metrics;
 use crate::registry::ChatRegistry;
+use crate::reload::{self, ModelSource};
 
 /// Shared state of every HTTP handler.
 pub struct AppState {
@@ -49,11 +49,8 @@ pub struct AppState {
     pub workflows_dir: std::path::PathBuf,
 }
 
-/// Chooses the model of each workflow.
-fn models_for(
-    config: &ServerConfig,
-    workflows: Vec<Workflow>,
-) -> anyhow::Result<Vec<(Workflow, Arc<dyn ChatModel>)>> {
+/// Chooses where the chats' models come from: the configured endpoint, else the demo scripts.
+fn model_source(config: &ServerConfig) -> anyhow::Result<ModelSource> {
     let mut openai = OpenAiConfig::from_env();
     let endpoint_configured =
         std::env::var_os("OPENAI_API_KEY").is_some() || config.llm.base_url.is_some();
@@ -71,22 +68,12 @@ fn models_for(
             model = client.label(),
             "using the OpenAI-compatible endpoint"
         );
-        return Ok(workflows.into_iter().map(|w| (w, client.clone())).collect());
+        return Ok(ModelSource::Endpoint(client));
     }
     tracing::warn!(
         "no OPENAI_API_KEY / OPENAI_BASE_URL: chats use the offline scripted DEMO model"
     );
-    let mut out = Vec::new();
-    for workflow in workflows {
-        let demo = workflow.dir.join("demo.json");
-        match ScriptedModel::from_file(&demo) {
-            Ok(model) => out.push((workflow, Arc::new(model) as Arc<dyn ChatModel>)),
-            Err(e) => {
-                tracing::warn!(workflow = %workflow.name, error = %e, "no usable demo.json; workflow not served in demo mode")
-            }
-        }
-    }
-    Ok(out)
+    Ok(ModelSource::Demo)
 }
 
 /// Loads every workflow in `dir`; refuses to start when any is invalid, listing every invalid
@@ -166,13 +153,21 @@ pub async fn run(
         }
     };
     let workflows = load_workflows(&config.workflows_dir)?;
-    let with_models = models_for(&config, workflows)?;
+    std::fs::create_dir_all(&config.data_dir)
+        .with_context(|| format!("cannot create the data dir {}", config.data_dir.display()))?;
+    // Each served version is pinned in the data dir first (see `reload`), so chats stored
+    // with it get it back after a restart even if the live folder has changed.
+    let workflows = workflows
+        .iter()
+        .map(|w| reload::pin_version(&config.data_dir, w))
+        .collect::<anyhow::Result<Vec<Workflow>>>()?;
+    let older = reload::older_versions(&config.data_dir, &workflows);
+    let models = model_source(&config)?;
+    let with_models = reload::with_models(&models, workflows);
     let summaries: Vec<Value> = with_models
         .iter()
         .map(|(w, m)| workflow_summary(w, m.is_demo()))
         .collect();
-    std::fs::create_dir_all(&config.data_dir)
-        .with_context(|| format!("cannot create the data dir {}", config.data_dir.display()))?;
     let db_path = config.data_dir.join("tessera.db");
     let store = Arc::new(
         SqliteStore::open(&db_path)
@@ -201,6 +196,25 @@ pub async fn run(
     };
     let engine = Engine::start(with_models, &builtins, engine_config, hooks)
         .map_err(|e| anyhow::anyhow!("{e}"))?;
+    // Older versions that stored chats may have started with, before those chats are rebuilt.
+    let older = reload::with_models(&models, older);
+    if !older.is_empty() {
+        tracing::info!(
+            versions = older.len(),
+            "older workflow versions loaded for stored chats"
+        );
+        engine
+            .install(older, false)
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+    }
+    #[cfg(unix)]
+    actix_rt::spawn(reload::on_sighup(
+        engine.clone(),
+        config.workflows_dir.clone(),
+        config.data_dir.clone(),
+        models.clone(),
+    ));
     let registry = ChatRegistry::default().start();
     let restored = engine
         .rehydrate()

@@ -13,15 +13,16 @@ pub(crate) fn create(conn: &Connection, record: &ChatRecord) -> Result<(), Store
     let state = ChatState::initial(record.created_at_ms);
     let context = serde_json::to_string(&state.context)?;
     conn.prepare_cached(
-        "INSERT INTO chats (chat_id, tenant, user_id, workflow, created_at_ms, status, \
-         current_agent, turn, consecutive, context, updated_at_ms) \
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "INSERT INTO chats (chat_id, tenant, user_id, workflow, workflow_version, \
+         created_at_ms, status, current_agent, turn, consecutive, context, updated_at_ms) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
     )?
     .execute(params![
         record.chat_id,
         record.tenant,
         record.user_id,
         record.workflow,
+        record.workflow_version,
         record.created_at_ms,
         state.status,
         state.current_agent,
@@ -40,7 +41,7 @@ pub(crate) async fn load(
     chat_id: String,
 ) -> Result<Option<StoredChat>, StoreError> {
     let row = sqlx::query(
-        "SELECT chat_id, tenant, user_id, workflow, created_at_ms, status, current_agent, \
+        "SELECT chat_id, tenant, user_id, workflow, workflow_version, created_at_ms, status, current_agent, \
          turn, consecutive, context, updated_at_ms FROM chats WHERE chat_id = ?",
     )
     .bind(&chat_id)
@@ -58,7 +59,7 @@ pub(crate) async fn list(
     offset: u32,
 ) -> Result<Vec<StoredChat>, StoreError> {
     let rows = sqlx::query(
-        "SELECT chat_id, tenant, user_id, workflow, created_at_ms, status, current_agent, \
+        "SELECT chat_id, tenant, user_id, workflow, workflow_version, created_at_ms, status, current_agent, \
          turn, consecutive, context, updated_at_ms FROM chats \
          WHERE tenant = ? AND user_id = ? \
          ORDER BY created_at_ms DESC, rowid DESC LIMIT ? OFFSET ?",
@@ -75,7 +76,7 @@ pub(crate) async fn list(
 /// Every chat not completed, oldest first.
 pub(crate) async fn list_open(pool: SqlitePool) -> Result<Vec<StoredChat>, StoreError> {
     let rows = sqlx::query(
-        "SELECT chat_id, tenant, user_id, workflow, created_at_ms, status, current_agent, \
+        "SELECT chat_id, tenant, user_id, workflow, workflow_version, created_at_ms, status, current_agent, \
          turn, consecutive, context, updated_at_ms FROM chats \
          WHERE status <> ? ORDER BY created_at_ms, rowid",
     )
@@ -121,6 +122,7 @@ fn decode(row: &SqliteRow) -> Result<StoredChat, StoreError> {
             tenant: row.try_get("tenant")?,
             user_id: row.try_get("user_id")?,
             workflow: row.try_get("workflow")?,
+            workflow_version: row.try_get("workflow_version")?,
             created_at_ms: row.try_get("created_at_ms")?,
         },
     })

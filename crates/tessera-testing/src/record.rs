@@ -197,8 +197,8 @@ fn model_from(messages: &[StoredMessage]) -> Value {
     json!({ "agents": agents })
 }
 
-/// The user's actions, read from the event log.
-fn steps_from(workflow: &Workflow, events: &[(String, Value)]) -> Vec<Step> {
+/// The user's actions, read from the event log (`chat.*` events with their `data`).
+pub fn steps_from(workflow: &Workflow, events: &[(String, Value)]) -> Vec<Step> {
     let mut steps = Vec::new();
     // Tool of the UI call waiting for an answer, and whether a cancel already ended it.
     let mut waiting: Option<String> = None;

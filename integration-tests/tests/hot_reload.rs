@@ -7,22 +7,11 @@ use std::path::Path;
 use std::time::Duration;
 
 use integration_tests::server::{ServerOptions, TestServer};
-use integration_tests::workspace_root;
 use integration_tests::wsclient::WsClient;
+use integration_tests::{copy_dir, workspace_root};
 
 const V1_REPLY: &str = "Echoed your message.";
 const V2_REPLY: &str = "Echoed by version two.";
-
-fn copy_files(from: &Path, to: &Path) {
-    fs::create_dir_all(to).unwrap_or_else(|e| panic!("{e}"));
-    for entry in fs::read_dir(from).unwrap_or_else(|e| panic!("{e}")) {
-        let path = entry.unwrap_or_else(|e| panic!("{e}")).path();
-        if path.is_file() {
-            fs::copy(&path, to.join(path.file_name().unwrap_or_default()))
-                .unwrap_or_else(|e| panic!("{e}"));
-        }
-    }
-}
 
 fn sighup(server: &TestServer) {
     let pid = server.pid().unwrap_or_else(|| panic!("server has no pid"));
@@ -73,7 +62,7 @@ async fn sighup_reloads_valid_changes_for_new_chats_only_and_refuses_invalid_one
     let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let root = tmp.path().join("workflows");
     let live = root.join("LoadTest");
-    copy_files(&workspace_root().join("workflows/LoadTest"), &live);
+    copy_dir(&workspace_root().join("workflows/LoadTest"), &live);
     let data = tmp.path().join("data");
     let log = tmp.path().join("server.log");
     let options = ServerOptions {

@@ -2,12 +2,11 @@
 //! from the real server's store, gives a test file without the key that replays green.
 
 use std::fs;
-use std::path::Path;
 use std::process::Command;
 
 use integration_tests::server::{ServerOptions, TestServer};
 use integration_tests::wsclient::WsClient;
-use integration_tests::{tessera_bin, workspace_root};
+use integration_tests::{copy_dir, tessera_bin, workspace_root};
 use serde_json::{Value, json};
 
 const SECRET: &str = "sk-RECORD-CANARY-91f3a2b4c5d6";
@@ -15,17 +14,6 @@ const SECRET: &str = "sk-RECORD-CANARY-91f3a2b4c5d6";
 fn answer(call: &Value, data: Value) -> Value {
     json!({"type": "chat.tool_response", "data": {
         "corr": call["data"]["corr"], "status": "success", "action": "submit", "data": data}})
-}
-
-fn copy_files(from: &Path, to: &Path) {
-    fs::create_dir_all(to).unwrap_or_else(|e| panic!("{e}"));
-    for entry in fs::read_dir(from).unwrap_or_else(|e| panic!("{e}")) {
-        let path = entry.unwrap_or_else(|e| panic!("{e}")).path();
-        if path.is_file() {
-            fs::copy(&path, to.join(path.file_name().unwrap_or_default()))
-                .unwrap_or_else(|e| panic!("{e}"));
-        }
-    }
 }
 
 #[tokio::test]
@@ -53,7 +41,7 @@ async fn a_recorded_chat_with_a_secret_replays_without_it() {
 
     let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let workflow = tmp.path().join("Generator");
-    copy_files(&workspace_root().join("workflows/Generator"), &workflow);
+    copy_dir(&workspace_root().join("workflows/Generator"), &workflow);
     let out = workflow.join("tests/recorded.json");
     let recorded = Command::new(tessera_bin())
         .args(["record", &chat, "--out"])

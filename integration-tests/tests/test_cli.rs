@@ -5,7 +5,7 @@ use std::fs;
 use std::path::Path;
 use std::process::{Command, Output};
 
-use integration_tests::{tessera_bin, workspace_root};
+use integration_tests::{copy_dir, tessera_bin, workspace_root};
 
 fn tessera_test(args: &[&Path]) -> Output {
     Command::new(tessera_bin())
@@ -31,15 +31,8 @@ fn shipped_workflow_tests_pass_and_a_broken_expectation_fails_with_a_diff() {
 
     let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let dir = tmp.path().join("TodoAssistant");
-    fs::create_dir_all(dir.join("tests")).unwrap_or_else(|e| panic!("{e}"));
     let source = workspace_root().join("workflows/TodoAssistant");
-    for entry in fs::read_dir(&source).unwrap_or_else(|e| panic!("{e}")) {
-        let path = entry.unwrap_or_else(|e| panic!("{e}")).path();
-        if path.is_file() {
-            fs::copy(&path, dir.join(path.file_name().unwrap_or_default()))
-                .unwrap_or_else(|e| panic!("{e}"));
-        }
-    }
+    copy_dir(&source, &dir);
     let test = fs::read_to_string(source.join("tests/add_then_list.json"))
         .unwrap_or_else(|e| panic!("{e}"));
     // Change the first expectation that names the task (not the model's script).

@@ -4,7 +4,7 @@ use std::fs;
 use std::path::Path;
 use std::process::{Command, Output};
 
-use integration_tests::{tessera_bin, workspace_root};
+use integration_tests::{copy_dir, tessera_bin, workspace_root};
 
 fn validate(args: &[&Path]) -> Output {
     Command::new(tessera_bin())
@@ -13,19 +13,6 @@ fn validate(args: &[&Path]) -> Output {
         .current_dir(workspace_root())
         .output()
         .unwrap_or_else(|e| panic!("cannot run tessera: {e}"))
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    fs::create_dir_all(to).unwrap_or_else(|e| panic!("{e}"));
-    for entry in fs::read_dir(from).unwrap_or_else(|e| panic!("{e}")) {
-        let entry = entry.unwrap_or_else(|e| panic!("{e}"));
-        let dest = to.join(entry.file_name());
-        if entry.path().is_dir() {
-            copy_dir(&entry.path(), &dest);
-        } else {
-            fs::copy(entry.path(), dest).unwrap_or_else(|e| panic!("{e}"));
-        }
-    }
 }
 
 #[test]

@@ -197,16 +197,18 @@ pub async fn run(
     let engine = Engine::start(with_models, &builtins, engine_config, hooks)
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     // Older versions that stored chats may have started with, before those chats are rebuilt.
-    let older = reload::with_models(&models, older);
-    if !older.is_empty() {
-        tracing::info!(
-            versions = older.len(),
-            "older workflow versions loaded for stored chats"
-        );
-        engine
-            .install(older, false)
-            .await
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
+    // One at a time: a version that no longer compiles (say, its built-in tool is gone) is
+    // skipped, and its chats run the current version.
+    for (workflow, model) in reload::with_models(&models, older) {
+        let (name, version) = (workflow.name.clone(), workflow.version.clone());
+        match engine.install(vec![(workflow, model)], false).await {
+            Ok(()) => {
+                tracing::info!(workflow = %name, version = %version, "older workflow version loaded for stored chats")
+            }
+            Err(e) => {
+                tracing::warn!(workflow = %name, version = %version, error = %e, "older workflow version does not compile; its chats run the current version")
+            }
+        }
     }
     #[cfg(unix)]
     actix_rt::spawn(reload::on_sighup(

@@ -139,3 +139,39 @@ async fn sighup_reloads_valid_changes_for_new_chats_only_and_refuses_invalid_one
     ws_fresh.close().await;
     assert!(server.terminate().await);
 }
+
+#[tokio::test]
+async fn with_a_watch_interval_a_saved_change_is_reloaded_without_a_signal() {
+    let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let root = tmp.path().join("workflows");
+    let live = root.join("LoadTest");
+    copy_dir(&workspace_root().join("workflows/LoadTest"), &live);
+    let log = tmp.path().join("server.log");
+    let server = TestServer::start(ServerOptions {
+        workflows_dir: Some(root),
+        stderr_file: Some(log.clone()),
+        env: vec![
+            ("RUST_LOG".into(), "info,actix_server=warn".into()),
+            ("TESSERA_WORKFLOWS_WATCH_S".into(), "0.1".into()),
+        ],
+        ..Default::default()
+    })
+    .await;
+    let before = server.create_chat("LoadTest", "alice").await;
+    let mut ws_before = open_chat(&server, &before).await;
+    assert_eq!(echo(&mut ws_before, "one").await, V1_REPLY);
+
+    let demo = live.join("demo.json");
+    let text = fs::read_to_string(&demo).unwrap_or_else(|e| panic!("{e}"));
+    fs::write(&demo, text.replace(V1_REPLY, V2_REPLY)).unwrap_or_else(|e| panic!("{e}"));
+    let logged = wait_for_log(&log, "workflow reload done", 1).await;
+    assert!(logged.contains("workflow files changed"), "{logged}");
+
+    let after = server.create_chat("LoadTest", "alice").await;
+    let mut ws_after = open_chat(&server, &after).await;
+    assert_eq!(echo(&mut ws_after, "one").await, V2_REPLY);
+    assert_eq!(echo(&mut ws_before, "two").await, V1_REPLY);
+    ws_before.close().await;
+    ws_after.close().await;
+    assert!(server.terminate().await);
+}

@@ -18,6 +18,9 @@ pub struct ServerConfig {
     pub data_dir: PathBuf,
     /// Folder of workflow folders.
     pub workflows_dir: PathBuf,
+    /// Check the workflows dir for changed files this often, in seconds, and reload them as
+    /// on SIGHUP; 0 (the default) leaves reloading to SIGHUP alone.
+    pub workflows_watch_s: f64,
     pub llm: LlmConfig,
     pub limits: Limits,
     /// Tenants and their API keys; empty (and no JWT) means dev mode (one tenant, no key).
@@ -182,6 +185,7 @@ impl Default for ServerConfig {
             bind: SocketAddr::from(([127, 0, 0, 1], 8080)),
             data_dir: PathBuf::from("data"),
             workflows_dir: PathBuf::from("workflows"),
+            workflows_watch_s: 0.0,
             llm: LlmConfig::default(),
             limits: Limits::default(),
             tenants: Vec::new(),
@@ -249,6 +253,11 @@ impl ServerConfig {
         }
         if let Some(v) = env("TESSERA_WORKFLOWS_DIR") {
             config.workflows_dir = PathBuf::from(v);
+        }
+        if let Some(v) = env("TESSERA_WORKFLOWS_WATCH_S") {
+            config.workflows_watch_s = v
+                .parse()
+                .with_context(|| format!("TESSERA_WORKFLOWS_WATCH_S={v:?} is not a number"))?;
         }
         if let Some(v) = env("TESSERA_DEMO") {
             config.llm.demo = matches!(v.as_str(), "1" | "true" | "yes");

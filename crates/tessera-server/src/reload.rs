@@ -5,7 +5,8 @@
 //! started with can be compiled again after a restart even when the live folder has changed
 //! since. On SIGHUP the workflows dir is loaded again: a valid changed workflow becomes the
 //! version new chats get (running chats keep theirs); an invalid one is refused with its
-//! errors logged, and its running version stays.
+//! errors logged, and its running version stays. With `workflows_watch_s` set, a change of
+//! any manifest file's size or modification time triggers the same reload.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -247,5 +248,50 @@ pub async fn on_sighup(
     while hangup.recv().await.is_some() {
         tracing::info!(dir = %workflows_dir.display(), "SIGHUP: reloading workflows");
         reload(&engine, &workflows_dir, &data_dir, &models).await;
+    }
+}
+
+/// Size and modification time of every manifest file under `dir` (a workflow folder or a
+/// folder of them): what the watch compares between two looks.
+fn fingerprint(dir: &Path) -> Vec<(PathBuf, u64, Option<std::time::SystemTime>)> {
+    let mut folders = vec![dir.to_path_buf()];
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        folders.extend(
+            entries
+                .filter_map(Result::ok)
+                .map(|e| e.path())
+                .filter(|p| p.is_dir()),
+        );
+    }
+    let mut out = Vec::new();
+    for folder in folders {
+        for file in MANIFEST_FILES {
+            let path = folder.join(file);
+            if let Ok(meta) = std::fs::metadata(&path) {
+                out.push((path, meta.len(), meta.modified().ok()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Reloads whenever a manifest file under `workflows_dir` changes, looking every `every`.
+pub async fn watch(
+    engine: Engine,
+    workflows_dir: PathBuf,
+    data_dir: PathBuf,
+    models: ModelSource,
+    every: std::time::Duration,
+) {
+    let mut last = fingerprint(&workflows_dir);
+    loop {
+        tokio::time::sleep(every).await;
+        let now = fingerprint(&workflows_dir);
+        if now != last {
+            last = now;
+            tracing::info!(dir = %workflows_dir.display(), "workflow files changed: reloading");
+            reload(&engine, &workflows_dir, &data_dir, &models).await;
+        }
     }
 }

@@ -210,6 +210,15 @@ pub async fn run(
             }
         }
     }
+    if config.workflows_watch_s > 0.0 {
+        actix_rt::spawn(reload::watch(
+            engine.clone(),
+            config.workflows_dir.clone(),
+            config.data_dir.clone(),
+            models.clone(),
+            Duration::from_secs_f64(config.workflows_watch_s.max(0.05)),
+        ));
+    }
     #[cfg(unix)]
     actix_rt::spawn(reload::on_sighup(
         engine.clone(),

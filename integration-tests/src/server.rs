@@ -140,6 +140,18 @@ impl TestServer {
         .await
     }
 
+    /// DELETE as `user`; returns (status, body).
+    pub async fn delete(&self, path: &str, user: &str) -> (u16, Value) {
+        read(
+            self.http
+                .delete(format!("{}{path}", self.base))
+                .header("x-user-id", user)
+                .send()
+                .await,
+        )
+        .await
+    }
+
     /// GET raw bytes as `user`.
     pub async fn get_bytes(&self, path: &str, user: &str) -> (u16, Vec<u8>) {
         match self

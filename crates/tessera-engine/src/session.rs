@@ -82,6 +82,12 @@ pub struct ToolAnswer {
 #[rtype(result = "()")]
 pub struct CancelRun;
 
+/// End the chat for good because it is being deleted: cancel the running turn and any UI wait,
+/// drop writes not yet flushed, and stop the actor. Nothing more is published or stored.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct StopChat;
+
 /// A read-only view of the chat, for REST.
 #[derive(Debug, Clone)]
 pub struct ChatSnapshot {
@@ -800,6 +806,22 @@ impl Handler<ToolAnswer> for ChatSession {
                 Err(_) => Err(EngineError::Unavailable),
             }
         })
+    }
+}
+
+impl Handler<StopChat> for ChatSession {
+    type Result = ();
+
+    fn handle(&mut self, _: StopChat, ctx: &mut Self::Context) {
+        if let Some(runner) = self.runner.take() {
+            runner.do_send(CancelTurn);
+        }
+        self.shard.correlator.do_send(CancelUiCalls {
+            chat_id: self.id.chat_id.clone(),
+        });
+        // Queued writes would only be refused: the store row is about to go.
+        self.persist = None;
+        ctx.stop();
     }
 }
 

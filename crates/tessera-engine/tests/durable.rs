@@ -238,6 +238,12 @@ impl ChatStore for FlakyStore {
     fn delete_secrets(&self, chat_id: &str) -> StoreFuture<bool> {
         self.inner.delete_secrets(chat_id)
     }
+    fn delete_chat(&self, chat_id: &str) -> StoreFuture<bool> {
+        self.inner.delete_chat(chat_id)
+    }
+    fn completed_chats_before(&self, before_ms: i64, limit: u32) -> StoreFuture<Vec<String>> {
+        self.inner.completed_chats_before(before_ms, limit)
+    }
 }
 
 #[actix::test]

@@ -31,6 +31,36 @@ pub struct ServerConfig {
     pub auth: AuthConfig,
     /// The key that encrypts the chats' secret vaults at rest.
     pub secrets: SecretsConfig,
+    /// How long finished chats are kept.
+    pub retention: RetentionConfig,
+}
+
+/// Purging of finished chats (transcript, events, vault, files, tool records).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RetentionConfig {
+    /// Completed chats not updated for this many days are deleted; 0 (the default) keeps
+    /// them forever. Fractions are allowed (0.5 = twelve hours).
+    pub completed_chat_days: f64,
+    /// How often the purge runs, in seconds.
+    pub sweep_interval_s: f64,
+}
+
+impl Default for RetentionConfig {
+    fn default() -> Self {
+        Self {
+            completed_chat_days: 0.0,
+            sweep_interval_s: 3600.0,
+        }
+    }
+}
+
+impl RetentionConfig {
+    /// The age after which a completed chat is purged (`None` = kept forever).
+    pub fn max_age(&self) -> Option<Duration> {
+        (self.completed_chat_days > 0.0)
+            .then(|| Duration::from_secs_f64(self.completed_chat_days * 86_400.0))
+    }
 }
 
 /// Authentication beyond tenant API keys. See `SECURITY.md`.
@@ -166,6 +196,9 @@ pub struct Limits {
     pub idle_timeout_s: u64,
     /// Agent tool time limit in seconds.
     pub tool_timeout_s: f64,
+    /// Bytes of generated files (downloads made by tools) one tenant may keep; a tool whose
+    /// file would go over fails with a quota error the model sees. 0 = no limit.
+    pub max_file_bytes_per_tenant: u64,
 }
 
 /// One tenant.
@@ -192,6 +225,7 @@ impl Default for ServerConfig {
             http_workers: 0,
             auth: AuthConfig::default(),
             secrets: SecretsConfig::default(),
+            retention: RetentionConfig::default(),
         }
     }
 }
@@ -220,6 +254,7 @@ impl Default for Limits {
             outbound_queue: 1024,
             idle_timeout_s: 60,
             tool_timeout_s: 12.0,
+            max_file_bytes_per_tenant: 1024 * 1024 * 1024,
         }
     }
 }
@@ -302,6 +337,19 @@ impl ServerConfig {
         }
         if let Some(v) = number("TESSERA_IDLE_TIMEOUT_S")? {
             config.limits.idle_timeout_s = v;
+        }
+        if let Some(v) = number("TESSERA_MAX_FILE_BYTES_PER_TENANT")? {
+            config.limits.max_file_bytes_per_tenant = v;
+        }
+        if let Some(v) = env("TESSERA_RETENTION_COMPLETED_CHAT_DAYS") {
+            config.retention.completed_chat_days = v.parse().with_context(|| {
+                format!("TESSERA_RETENTION_COMPLETED_CHAT_DAYS={v:?} is not a number")
+            })?;
+        }
+        if let Some(v) = env("TESSERA_RETENTION_SWEEP_INTERVAL_S") {
+            config.retention.sweep_interval_s = v.parse().with_context(|| {
+                format!("TESSERA_RETENTION_SWEEP_INTERVAL_S={v:?} is not a number")
+            })?;
         }
         if let Some(v) = env("TESSERA_SECRET_KEY") {
             config.secrets.key_hex = Some(v);

@@ -5,6 +5,7 @@
 
 mod auth;
 pub mod config;
+mod lifecycle;
 mod limits;
 mod metrics;
 mod registry;
@@ -15,5 +16,6 @@ pub mod validate;
 mod web_client;
 mod ws;
 
+pub use auth::sha256_hex;
 pub use config::ServerConfig;
 pub use serve::{bind, run};

@@ -1,6 +1,7 @@
 //! The `tessera` binary: parses the command line and dispatches to the `tessera_server`
 //! library (`validate`, or `run` on a bound listener until SIGTERM / Ctrl-C).
 
+mod keys;
 mod record;
 mod workflow_tests;
 
@@ -76,6 +77,14 @@ enum Command {
         #[arg(long, env = "TESSERA_CONFIG")]
         config: Option<PathBuf>,
     },
+    /// Print the SHA-256 of an API key, the value for `tenants[].api_key_sha256`.
+    HashKey {
+        /// The key; without it the key is read from stdin (keeps it out of shell history).
+        key: Option<String>,
+    },
+    /// Print a new random vault key (32 bytes as hex), the value for `secrets.key_hex` /
+    /// `TESSERA_SECRET_KEY`.
+    GenSecretKey,
     /// Serve chats over HTTP and WebSocket (the web client is at `/`).
     Serve {
         /// A TOML config file; `TESSERA_*` environment variables override it.
@@ -183,6 +192,8 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Command::HashKey { key } => keys::hash_key(key),
+        Command::GenSecretKey => keys::gen_secret_key(),
         Command::Serve {
             config,
             bind,

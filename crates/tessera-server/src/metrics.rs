@@ -11,6 +11,8 @@ use tessera_protocol::ServerEvent;
 pub struct Metrics {
     pub chats_open: AtomicI64,
     pub chats_created: AtomicU64,
+    /// Chats deleted by their owner or purged by retention.
+    pub chats_deleted: AtomicU64,
     pub ws_connections: AtomicI64,
     pub ws_frames_in: AtomicU64,
     pub ws_errors: AtomicU64,
@@ -91,6 +93,12 @@ impl Metrics {
             "Chats created.",
             "counter",
             load(&self.chats_created),
+        );
+        gauge(
+            "tessera_chats_deleted_total",
+            "Chats deleted by their owner or purged by retention.",
+            "counter",
+            load(&self.chats_deleted),
         );
         gauge(
             "tessera_ws_connections",

@@ -22,6 +22,11 @@ pub struct FindChat {
     pub user: Arc<str>,
 }
 
+/// Drop a chat (deleted or purged); returns its handle if it was registered.
+#[derive(Message)]
+#[rtype(result = "Option<ChatHandle>")]
+pub struct ForgetChat(pub String);
+
 /// Every chat of one tenant (for the open-chat quota).
 #[derive(Message)]
 #[rtype(result = "Vec<ChatHandle>")]
@@ -50,6 +55,13 @@ impl Handler<FindChat> for ChatRegistry {
         let handle = self.chats.get(msg.chat_id.as_str())?;
         (handle.identity.tenant == msg.tenant && handle.identity.user == msg.user)
             .then(|| handle.clone())
+    }
+}
+
+impl Handler<ForgetChat> for ChatRegistry {
+    type Result = Option<ChatHandle>;
+    fn handle(&mut self, ForgetChat(chat_id): ForgetChat, _: &mut Self::Context) -> Self::Result {
+        self.chats.remove(chat_id.as_str())
     }
 }
 

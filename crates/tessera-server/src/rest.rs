@@ -192,6 +192,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
                 .route("/chats", web::post().to(create_chat))
                 .route("/chats", web::get().to(list_chats))
                 .route("/chats/{id}", web::get().to(get_chat))
+                .route("/chats/{id}", web::delete().to(delete_chat))
                 .route("/chats/{id}/messages", web::get().to(get_messages))
                 .route("/chats/{id}/cancel", web::post().to(cancel_chat))
                 .route("/chats/{id}/input", web::post().to(post_input))
@@ -390,6 +391,36 @@ async fn get_messages(
         .collect();
     Ok(HttpResponse::Ok()
         .json(json!({"messages": page, "offset": paging.offset, "limit": limit, "total": total})))
+}
+
+/// Deletes the caller's chat and everything kept for it (see `lifecycle`); 404 for a chat
+/// of anyone else.
+async fn delete_chat(
+    caller: Caller,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    let chat_id = path.into_inner();
+    let deleted = crate::lifecycle::delete_owned_chat(
+        &state.chats,
+        &state.registry,
+        &state.metrics,
+        &caller,
+        &chat_id,
+    )
+    .await
+    .map_err(|error| {
+        tracing::error!(chat_id = %chat_id, tenant = %caller.tenant, %error, "deleting a chat failed");
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "store_unavailable",
+            "the chat cannot be deleted right now; nothing was deleted",
+        )
+    })?;
+    if !deleted {
+        return Err(ApiError::not_found());
+    }
+    Ok(HttpResponse::NoContent().finish())
 }
 
 async fn cancel_chat(OwnedChat { chat, .. }: OwnedChat) -> Result<HttpResponse, ApiError> {

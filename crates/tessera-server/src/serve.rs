@@ -172,7 +172,8 @@ pub async fn run(
     let store = Arc::new(
         SqliteStore::open(&db_path)
             .await
-            .with_context(|| format!("cannot open {}", db_path.display()))?,
+            .with_context(|| format!("cannot open {}", db_path.display()))?
+            .with_tenant_file_quota(config.limits.max_file_bytes_per_tenant),
     );
     let artifacts: Arc<dyn ArtifactStore> = store.clone();
     let services = ToolServices {
@@ -243,6 +244,15 @@ pub async fn run(
     );
     for handle in restored {
         registry.do_send(crate::registry::RegisterChat(handle));
+    }
+    if let Some(max_age) = config.retention.max_age() {
+        actix_rt::spawn(crate::lifecycle::retention_loop(
+            store.clone(),
+            registry.clone(),
+            metrics.clone(),
+            max_age,
+            Duration::from_secs_f64(config.retention.sweep_interval_s.max(0.05)),
+        ));
     }
     let shutting_down = Arc::new(AtomicBool::new(false));
     let connections = crate::ws::ConnectionHub::default().start();

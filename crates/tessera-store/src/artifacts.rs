@@ -15,6 +15,28 @@ use tessera_tools::{ArtifactRef, StoredArtifact};
 use crate::StoreError;
 use crate::convert::{now_ms, sql_to_u64};
 
+/// Refuses a new file of `len` bytes that would take `tenant` over `max` bytes in all.
+pub(crate) fn check_quota(
+    conn: &Connection,
+    tenant: &str,
+    len: usize,
+    max: u64,
+) -> Result<(), StoreError> {
+    let used: i64 = conn
+        .prepare_cached("SELECT COALESCE(SUM(size), 0) FROM artifacts WHERE tenant = ?")?
+        .query_row([tenant], |row| row.get(0))?;
+    let used = u64::try_from(used).unwrap_or(0);
+    let len = u64::try_from(len).unwrap_or(u64::MAX);
+    if used.saturating_add(len) > max {
+        return Err(StoreError::QuotaExceeded(format!(
+            "this file ({len} bytes) would take the tenant's generated files to {} bytes, over \
+             its quota of {max} bytes; delete old chats to free space",
+            used.saturating_add(len)
+        )));
+    }
+    Ok(())
+}
+
 /// Store a file under a new id.
 pub(crate) fn put(
     conn: &Connection,

@@ -86,6 +86,26 @@ pub(crate) async fn list_open(pool: SqlitePool) -> Result<Vec<StoredChat>, Store
     rows.iter().map(decode).collect()
 }
 
+/// Ids of completed chats last updated before `before_ms`, oldest first (retention).
+pub(crate) async fn completed_before(
+    pool: SqlitePool,
+    before_ms: i64,
+    limit: u32,
+) -> Result<Vec<String>, StoreError> {
+    let rows = sqlx::query(
+        "SELECT chat_id FROM chats WHERE status = ? AND updated_at_ms < ? \
+         ORDER BY updated_at_ms, rowid LIMIT ?",
+    )
+    .bind(STATUS_COMPLETED)
+    .bind(before_ms)
+    .bind(i64::from(limit))
+    .fetch_all(&pool)
+    .await?;
+    rows.iter()
+        .map(|row| row.try_get("chat_id").map_err(StoreError::from))
+        .collect()
+}
+
 /// Delete a chat; rows of the child tables go by `ON DELETE CASCADE`, artifacts explicitly.
 pub(crate) fn delete(conn: &Connection, chat_id: &str) -> Result<bool, StoreError> {
     conn.prepare_cached("DELETE FROM artifacts WHERE chat_id = ?")?

@@ -26,6 +26,9 @@ pub enum StoreError {
     /// A caller-supplied value cannot be stored (for example a u64 above i64::MAX).
     #[error("invalid input: {0}")]
     InvalidInput(String),
+    /// A write would take a tenant over its storage quota; nothing was written.
+    #[error("quota exceeded: {0}")]
+    QuotaExceeded(String),
     /// The store was closed; nothing was written.
     #[error("the store is closed")]
     Closed,
@@ -44,6 +47,7 @@ impl StoreError {
             StoreError::NotFound(_) => "chat_not_found",
             StoreError::Corrupt(_) => "store_corrupt",
             StoreError::InvalidInput(_) => "store_invalid_input",
+            StoreError::QuotaExceeded(_) => "quota_exceeded",
             StoreError::Closed => "store_closed",
             StoreError::Setup(_) => "store_setup",
         }

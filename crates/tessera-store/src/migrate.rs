@@ -46,7 +46,9 @@ pub(crate) async fn run(pool: &SqlitePool) -> Result<(), StoreError> {
         .try_get("v")?;
     if current > LATEST_VERSION {
         return Err(StoreError::Setup(format!(
-            "database schema version {current} is newer than this build supports ({LATEST_VERSION})"
+            "database schema version {current} is newer than this build supports \
+             ({LATEST_VERSION}): it was written by a newer Tessera; upgrade this binary or \
+             restore a backup taken before the upgrade (migrations only go forward)"
         )));
     }
     for &(version, name, sql) in MIGRATIONS {

@@ -44,6 +44,8 @@ const MAX_CONNECTIONS: u32 = 8;
 pub struct SqliteStore {
     pool: SqlitePool,
     writer: Writer,
+    /// Most bytes of generated files (artifacts) one tenant may keep; `None` = no limit.
+    tenant_file_quota: Option<u64>,
     /// Set for [`SqliteStore::in_memory`]: removes the throwaway file with the last clone.
     _scratch: Option<Arc<ScratchFile>>,
 }
@@ -73,8 +75,17 @@ impl SqliteStore {
         Ok(Self {
             pool,
             writer,
+            tenant_file_quota: None,
             _scratch: None,
         })
+    }
+
+    /// Caps the bytes of generated files each tenant may keep (0 = no limit): a file that
+    /// would go over is refused with [`StoreError::QuotaExceeded`], checked and stored in one
+    /// writer step so concurrent files cannot overshoot together.
+    pub fn with_tenant_file_quota(mut self, max_bytes: u64) -> Self {
+        self.tenant_file_quota = (max_bytes > 0).then_some(max_bytes);
+        self
     }
 
     /// A private throwaway database, for tests and throwaway runs: a fresh file in the
@@ -161,6 +172,15 @@ impl ChatStore for SqliteStore {
 
     fn list_open_chats(&self) -> StoreFuture<Vec<StoredChat>> {
         Box::pin(chats::list_open(self.pool.clone()))
+    }
+
+    fn delete_chat(&self, chat_id: &str) -> StoreFuture<bool> {
+        let chat_id = chat_id.to_owned();
+        Box::pin(self.writer.call(move |conn| chats::delete(conn, &chat_id)))
+    }
+
+    fn completed_chats_before(&self, before_ms: i64, limit: u32) -> StoreFuture<Vec<String>> {
+        Box::pin(chats::completed_before(self.pool.clone(), before_ms, limit))
     }
 
     fn all_messages(&self, chat_id: &str) -> StoreFuture<Vec<StoredMessage>> {
@@ -295,12 +315,6 @@ impl SqliteStore {
         )
     }
 
-    /// Delete the chat and everything hanging off it; `true` when it existed.
-    pub fn delete_chat(&self, chat_id: &str) -> StoreFuture<bool> {
-        let chat_id = chat_id.to_owned();
-        Box::pin(self.writer.call(move |conn| chats::delete(conn, &chat_id)))
-    }
-
     /// Record the result of a claimed invocation (the engine records none: see
     /// [`ChatStore::complete_tool`]). Not claimed, or already completed: [`StoreError::Conflict`].
     pub fn complete_tool_with_result(
@@ -395,9 +409,13 @@ impl ArtifactStore for SqliteStore {
     ) -> BoxFuture<'a, Result<ArtifactRef, tessera_tools::StoreError>> {
         let (tenant, user) = (tenant.to_owned(), user.to_owned());
         let (chat_id, file_name) = (chat_id.to_owned(), file_name.to_owned());
-        let stored = self
-            .writer
-            .call(move |conn| artifacts::put(conn, &tenant, &user, &chat_id, &file_name, &bytes));
+        let quota = self.tenant_file_quota;
+        let stored = self.writer.call(move |conn| {
+            if let Some(max) = quota {
+                artifacts::check_quota(conn, &tenant, bytes.len(), max)?;
+            }
+            artifacts::put(conn, &tenant, &user, &chat_id, &file_name, &bytes)
+        });
         Box::pin(async move { Ok(stored.await?) })
     }
 

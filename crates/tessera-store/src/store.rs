@@ -85,4 +85,12 @@ pub trait ChatStore: Send + Sync + 'static {
 
     /// Forget the chat's sealed secret vault; `true` when one existed.
     fn delete_secrets(&self, chat_id: &str) -> StoreFuture<bool>;
+
+    /// Delete the chat and everything kept for it (transcript, events, pending UI calls, tool
+    /// records, vault, artifacts); `true` when it existed.
+    fn delete_chat(&self, chat_id: &str) -> StoreFuture<bool>;
+
+    /// Ids of up to `limit` completed chats last updated before `before_ms` (Unix ms), oldest
+    /// first: what the retention task purges.
+    fn completed_chats_before(&self, before_ms: i64, limit: u32) -> StoreFuture<Vec<String>>;
 }

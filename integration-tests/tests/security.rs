@@ -1529,3 +1529,213 @@ async fn hostile_frames_never_take_the_server_down() {
     assert!(text.to_string().contains("CANARY-after-fuzz"));
     check.until("chat.input_request").await;
 }
+
+// ---------------------------------------------------------------------------------------------
+// Frames an attacker announces but never finishes (raw TCP: a client library would not send them)
+
+/// The reading half of a WebSocket opened on a raw TCP socket (see [`RawWs::open`]).
+struct RawWs {
+    reader: tokio::net::tcp::OwnedReadHalf,
+    /// Bytes read but not yet parsed into frames.
+    buf: Vec<u8>,
+}
+
+impl RawWs {
+    /// Opens a WebSocket on a raw TCP socket, for frames no client library would send;
+    /// returns the reading half and the raw writing half.
+    async fn open(
+        srv: &Srv,
+        chat: &str,
+        who: &[(&str, String)],
+    ) -> (RawWs, tokio::net::tcp::OwnedWriteHalf) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let host = srv.base.trim_start_matches("http://").to_owned();
+        let tcp = TcpStream::connect(&host)
+            .await
+            .unwrap_or_else(|e| panic!("connect: {e}"));
+        let (mut reader, mut writer) = tcp.into_split();
+        let mut request = format!(
+            "GET /api/v1/chats/{chat}/ws HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\n\
+             Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
+             Sec-WebSocket-Version: 13\r\n"
+        );
+        for (k, v) in who {
+            request.push_str(&format!("{k}: {v}\r\n"));
+        }
+        request.push_str("\r\n");
+        writer
+            .write_all(request.as_bytes())
+            .await
+            .unwrap_or_else(|e| panic!("handshake: {e}"));
+        let mut buf = Vec::new();
+        let end = tokio::time::timeout(WAIT, async {
+            loop {
+                if let Some(at) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                    return at + 4;
+                }
+                let mut chunk = [0u8; 4096];
+                match reader.read(&mut chunk).await {
+                    Ok(0) | Err(_) => panic!("the server closed during the handshake"),
+                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                }
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("no handshake answer"));
+        let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+        assert!(head.starts_with("HTTP/1.1 101"), "upgrade refused: {head}");
+        buf.drain(..end);
+        (RawWs { reader, buf }, writer)
+    }
+
+    /// The next frame from the server: (opcode, payload); `None` once the connection ended.
+    async fn next_frame(&mut self) -> Option<(u8, Vec<u8>)> {
+        use tokio::io::AsyncReadExt;
+        loop {
+            if let Some((opcode, payload, used)) = parse_server_frame(&self.buf) {
+                self.buf.drain(..used);
+                return Some((opcode, payload));
+            }
+            let mut chunk = [0u8; 16 * 1024];
+            match self.reader.read(&mut chunk).await {
+                Ok(0) | Err(_) => return None,
+                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+    }
+
+    /// Reads frames until a close frame: its code; `None` when the connection ended without one.
+    async fn close_code(&mut self) -> Option<u16> {
+        while let Some((opcode, payload)) = self.next_frame().await {
+            if opcode == 0x8 {
+                return payload.get(..2).map(|c| u16::from_be_bytes([c[0], c[1]]));
+            }
+        }
+        None
+    }
+}
+
+/// An unmasked server frame at the start of `buf`: (opcode, payload, bytes used).
+fn parse_server_frame(buf: &[u8]) -> Option<(u8, Vec<u8>, usize)> {
+    let (&b0, &b1) = (buf.first()?, buf.get(1)?);
+    let (len, at) = match b1 & 0x7f {
+        126 => (
+            usize::from(u16::from_be_bytes([*buf.get(2)?, *buf.get(3)?])),
+            4,
+        ),
+        127 => {
+            let bytes: [u8; 8] = buf.get(2..10)?.try_into().ok()?;
+            (usize::try_from(u64::from_be_bytes(bytes)).ok()?, 10)
+        }
+        n => (usize::from(n), 2),
+    };
+    let payload = buf.get(at..at + len)?.to_vec();
+    Some((b0 & 0x0f, payload, at + len))
+}
+
+/// A masked client frame header announcing `len` payload bytes (mask key all zero, so the
+/// payload goes out as is).
+fn client_frame_header(opcode: u8, len: u64) -> Vec<u8> {
+    let mut header = vec![0x80 | opcode, 0x80 | 127];
+    header.extend_from_slice(&len.to_be_bytes());
+    header.extend_from_slice(&[0, 0, 0, 0]);
+    header
+}
+
+/// The resident memory of process `pid` in KiB (`VmRSS` of `/proc/PID/status`).
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no VmRSS for pid {pid}"))
+}
+
+#[tokio::test]
+async fn a_frame_announced_huge_is_refused_with_1009_before_its_payload_is_buffered() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use tokio::io::AsyncWriteExt;
+    // Several attackers at once, each announcing 1 GiB and streaming up to 64 MiB of it.
+    const CONNECTIONS: usize = 4;
+    const ANNOUNCED: u64 = 1 << 30;
+    const SEND_CAP: usize = 64 << 20;
+    let srv = Srv::start(Opts::default()).await; // max_frame_bytes 64 KiB: hard limit 256 KiB
+    let pid = srv.child.id().unwrap_or_else(|| panic!("no server pid"));
+    let who = vec![("x-user-id", "bigframe".to_owned())];
+    let chat = srv.create_chat("TodoAssistant", &who).await;
+    let baseline = rss_kib(pid);
+
+    let mut attacks = Vec::new();
+    for _ in 0..CONNECTIONS {
+        let (mut reader, mut writer) = RawWs::open(&srv, &chat, &who).await;
+        let sent = Arc::new(AtomicUsize::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (sent_w, stop_w) = (sent.clone(), stop.clone());
+        let writing = tokio::spawn(async move {
+            if writer
+                .write_all(&client_frame_header(0x1, ANNOUNCED))
+                .await
+                .is_err()
+            {
+                return;
+            }
+            let chunk = vec![b'a'; 64 * 1024];
+            while !stop_w.load(Ordering::Relaxed) && sent_w.load(Ordering::Relaxed) < SEND_CAP {
+                if writer.write_all(&chunk).await.is_err() {
+                    return;
+                }
+                sent_w.fetch_add(chunk.len(), Ordering::Relaxed);
+            }
+        });
+        let reading = tokio::spawn(async move {
+            let code = tokio::time::timeout(Duration::from_secs(20), reader.close_code())
+                .await
+                .ok()
+                .flatten();
+            let sent_at_close = sent.load(Ordering::Relaxed);
+            stop.store(true, Ordering::Relaxed);
+            (code, sent_at_close)
+        });
+        attacks.push((reading, writing));
+    }
+    // Peak server memory while the attacks run.
+    let mut peak = baseline;
+    let mut outcomes = Vec::new();
+    for (mut reading, writing) in attacks {
+        let outcome = loop {
+            tokio::select! {
+                done = &mut reading => break done.unwrap_or((None, 0)),
+                _ = tokio::time::sleep(Duration::from_millis(20)) => peak = peak.max(rss_kib(pid)),
+            }
+        };
+        writing.abort();
+        outcomes.push(outcome);
+    }
+    peak = peak.max(rss_kib(pid));
+    for (code, sent_at_close) in &outcomes {
+        assert_eq!(
+            *code,
+            Some(1009),
+            "an announced-huge frame must close with 1009 early ({sent_at_close} bytes sent)"
+        );
+        // The server read 256 KiB (the hard limit); the rest is in the kernel's socket
+        // buffers (up to tens of MiB on loopback), never in the server's memory.
+        assert!(
+            *sent_at_close < SEND_CAP / 2,
+            "the close came only after {sent_at_close} bytes"
+        );
+    }
+    let grown_mib = peak.saturating_sub(baseline) / 1024;
+    println!(
+        "bytes sent before each 1009: {:?}; server RSS {baseline} KiB -> peak {peak} KiB",
+        outcomes.iter().map(|o| o.1).collect::<Vec<_>>()
+    );
+    assert!(
+        grown_mib < 32,
+        "server RSS grew by {grown_mib} MiB ({baseline} KiB -> {peak} KiB) under {CONNECTIONS} attacks"
+    );
+    // The server is fine.
+    let mut check = ws(&srv.ws_url(&chat), &who).await;
+    check.until("chat.resume_boundary").await;
+}

@@ -5,6 +5,7 @@
 
 mod auth;
 pub mod config;
+mod frame_guard;
 mod limits;
 mod metrics;
 mod registry;

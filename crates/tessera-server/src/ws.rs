@@ -32,6 +32,7 @@ use tessera_protocol::{
 };
 
 use crate::config::Limits;
+use crate::frame_guard::{FrameGuard, GuardVerdict, Violation};
 use crate::limits::TenantRateLimiter;
 use crate::metrics::Metrics;
 
@@ -234,6 +235,8 @@ pub struct WsConnection {
     hub_id: Option<u64>,
     queue: SharedQueue,
     outbox: Option<Addr<Outbox>>,
+    /// Set when the inbound [`FrameGuard`] ended the stream.
+    guard: GuardVerdict,
 }
 
 impl WsConnection {
@@ -256,6 +259,7 @@ impl WsConnection {
             hub_id: None,
             queue: SharedQueue::default(),
             outbox: None,
+            guard: GuardVerdict::default(),
         }
     }
 
@@ -553,6 +557,10 @@ impl StreamHandler<Result<ws::Message, ws::ProtocolError>> for WsConnection {
                 }));
                 ctx.stop();
             }
+            Err(_) if self.guard.violation() == Some(Violation::TooLarge) => {
+                tracing::warn!(chat_id = %self.chat.identity.chat_id, "closing a websocket whose frame announces more than the hard limit");
+                self.close_with(ctx, ws::CloseCode::Size, "frame too large");
+            }
             Err(err) => {
                 tracing::debug!(chat_id = %self.chat.identity.chat_id, error = %err, "websocket protocol error");
                 ctx.close(Some(ws::CloseReason {
@@ -566,9 +574,9 @@ impl StreamHandler<Result<ws::Message, ws::ProtocolError>> for WsConnection {
 }
 
 /// Upgrades `req` to a WebSocket bound to `chat`. Frames larger than 4× the text limit break
-/// the protocol and close the socket with 1009; smaller oversize frames get `chat.error`.
-/// The `tessera.v1` subprotocol is echoed when offered (never a `bearer.` entry), and no
-/// extension is negotiated.
+/// the protocol and close the socket with 1009 as soon as their header announces it (the
+/// [`FrameGuard`]); smaller oversize frames get `chat.error`. The `tessera.v1` subprotocol is
+/// echoed when offered (never a `bearer.` entry), and no extension is negotiated.
 pub fn upgrade(
     req: &HttpRequest,
     stream: web::Payload,
@@ -577,7 +585,9 @@ pub fn upgrade(
     shared: ConnectionShared,
 ) -> Result<HttpResponse, actix_web::Error> {
     let codec_limit = shared.limits.max_frame_bytes.saturating_mul(4);
-    ws::WsResponseBuilder::new(WsConnection::new(chat, after_seq, shared), req, stream)
+    let connection = WsConnection::new(chat, after_seq, shared);
+    let guarded = FrameGuard::new(stream, codec_limit, connection.guard.clone());
+    ws::WsResponseBuilder::new(connection, req, guarded)
         .frame_size(codec_limit)
         .protocols(&[crate::auth::WS_PROTOCOL])
         .start()

@@ -1739,3 +1739,101 @@ async fn a_frame_announced_huge_is_refused_with_1009_before_its_payload_is_buffe
     let mut check = ws(&srv.ws_url(&chat), &who).await;
     check.until("chat.resume_boundary").await;
 }
+
+// ---------------------------------------------------------------------------------------------
+// REST inputs spend the same budgets
+
+/// POSTs `body` to `path` as `who`: (status, `Retry-After` header).
+async fn post_with_retry_after(
+    srv: &Srv,
+    path: &str,
+    who: &[(&str, String)],
+    body: Value,
+) -> (u16, Option<u64>) {
+    let mut request = srv.http.post(format!("{}{path}", srv.base)).json(&body);
+    for (k, v) in who {
+        request = request.header(*k, v);
+    }
+    let response = request
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("request failed: {e}"));
+    let retry_after = response
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok());
+    (response.status().as_u16(), retry_after)
+}
+
+#[tokio::test]
+async fn rest_inputs_spend_a_per_caller_budget_and_the_tenant_budget_then_get_429() {
+    let srv = Srv::start(Opts {
+        toml: tenants_toml(""),
+        env: vec![
+            ("TESSERA_REST_INPUTS_PER_MINUTE".into(), "4".into()),
+            ("TESSERA_MESSAGES_PER_MINUTE_PER_TENANT".into(), "6".into()),
+        ],
+        ..Opts::default()
+    })
+    .await;
+    let alice = key(KEY_A, "alice");
+    let chat = srv.create_chat("TodoAssistant", &alice).await;
+    let input = format!("/api/v1/chats/{chat}/input");
+    // Alice's own budget: 4 inputs pass the limiter (each may still be refused by the chat
+    // with 409 while a turn runs), the fifth is refused with 429 and a Retry-After.
+    for i in 0..4 {
+        let (status, _) = post_with_retry_after(
+            &srv,
+            &input,
+            &alice,
+            json!({"content": format!("task {i}")}),
+        )
+        .await;
+        assert!(matches!(status, 202 | 409), "input {i}: {status}");
+    }
+    let (status, retry_after) =
+        post_with_retry_after(&srv, &input, &alice, json!({"content": "one too many"})).await;
+    assert_eq!(status, 429, "the fifth input of a caller in a minute");
+    assert!(
+        retry_after.is_some_and(|s| (1..=60).contains(&s)),
+        "Retry-After: {retry_after:?}"
+    );
+    let (status, retry_after) = post_with_retry_after(
+        &srv,
+        "/api/v1/run",
+        &alice,
+        json!({"workflow": "TodoAssistant", "message": "x"}),
+    )
+    .await;
+    assert_eq!(status, 429, "/run spends the same budget");
+    assert!(retry_after.is_some());
+
+    // The tenant's budget (6 a minute) is now spent by Alice: Carol of the same tenant is
+    // refused too, on REST and on a WebSocket, while tenant B is not.
+    let carol = key(KEY_A, "carol");
+    let carol_chat = srv.create_chat("TodoAssistant", &carol).await;
+    let (status, _) = post_with_retry_after(
+        &srv,
+        &format!("/api/v1/chats/{carol_chat}/input"),
+        &carol,
+        json!({"content": "hello"}),
+    )
+    .await;
+    assert_eq!(status, 429, "the tenant budget is shared by its callers");
+    let mut socket = ws(&srv.ws_url(&carol_chat), &carol).await;
+    socket.until("chat.resume_boundary").await;
+    socket.send(json!({"type": "chat.ping"})).await;
+    let limited = socket.until("chat.error").await;
+    assert_eq!(limited["data"]["code"], "rate_limited");
+    let bob = key(KEY_B, "bob");
+    let bob_chat = srv.create_chat("TodoAssistant", &bob).await;
+    let (status, _) = post_with_retry_after(
+        &srv,
+        &format!("/api/v1/chats/{bob_chat}/input"),
+        &bob,
+        json!({"content": "hello"}),
+    )
+    .await;
+    assert_eq!(status, 202, "tenant B has its own budget");
+}

@@ -155,6 +155,9 @@ pub struct Limits {
     pub messages_per_minute_per_tenant: u32,
     /// Frames refused as `rate_limited` in one minute before the socket is closed with 1008.
     pub rate_limit_strikes: u32,
+    /// REST inputs (`/chats/{id}/input`, `/tool-responses`, `/run`) per minute per caller;
+    /// each also spends the tenant's `messages_per_minute_per_tenant`. Over either: 429.
+    pub rest_inputs_per_minute: u32,
     /// Chats of one tenant that may be open (not completed) at once; 0 = no limit.
     pub max_open_chats_per_tenant: usize,
     /// Default wait for a UI tool answer, in seconds (0 waits until cancelled).
@@ -215,6 +218,7 @@ impl Default for Limits {
             messages_per_minute: 120,
             messages_per_minute_per_tenant: 1200,
             rate_limit_strikes: 10,
+            rest_inputs_per_minute: 60,
             max_open_chats_per_tenant: 1000,
             ui_timeout_s: 900.0,
             outbound_queue: 1024,
@@ -290,6 +294,9 @@ impl ServerConfig {
         };
         if let Some(v) = number("TESSERA_MESSAGES_PER_MINUTE_PER_TENANT")? {
             config.limits.messages_per_minute_per_tenant = u32::try_from(v).unwrap_or(u32::MAX);
+        }
+        if let Some(v) = number("TESSERA_REST_INPUTS_PER_MINUTE")? {
+            config.limits.rest_inputs_per_minute = u32::try_from(v).unwrap_or(u32::MAX);
         }
         if let Some(v) = number("TESSERA_RATE_LIMIT_STRIKES")? {
             config.limits.rate_limit_strikes = u32::try_from(v).unwrap_or(u32::MAX);

@@ -31,8 +31,10 @@ pub struct AppState {
     pub engine: Engine,
     pub registry: Addr<ChatRegistry>,
     pub auth: Authenticator,
-    /// Tenant-wide WebSocket message budget.
+    /// Tenant-wide message budget (WebSocket frames and REST inputs).
     pub tenant_limiter: Arc<crate::limits::TenantRateLimiter>,
+    /// Per-caller REST input budget.
+    pub rest_budget: crate::limits::RestInputBudget,
     /// Cap on each tenant's open chats.
     pub chat_quota: crate::limits::ChatQuota,
     pub metrics: Arc<Metrics>,
@@ -254,6 +256,7 @@ pub async fn run(
         tenant_limiter: Arc::new(crate::limits::TenantRateLimiter::new(
             config.limits.messages_per_minute_per_tenant,
         )),
+        rest_budget: crate::limits::RestInputBudget::new(config.limits.rest_inputs_per_minute),
         chat_quota: crate::limits::ChatQuota::default(),
         metrics,
         limits: Arc::new(config.limits.clone()),

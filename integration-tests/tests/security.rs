@@ -1837,3 +1837,148 @@ async fn rest_inputs_spend_a_per_caller_budget_and_the_tenant_budget_then_get_42
     .await;
     assert_eq!(status, 202, "tenant B has its own budget");
 }
+
+// ---------------------------------------------------------------------------------------------
+// A model that never stops talking
+
+/// What the never-ending mock model saw.
+#[derive(Default)]
+struct Trickle {
+    /// Request bodies, in arrival order.
+    bodies: Vec<Value>,
+    /// Streams the client hung up on.
+    dropped: usize,
+}
+
+/// An OpenAI-compatible endpoint over real HTTP that answers every chat completion with an SSE
+/// stream of one token a second, forever (until the client hangs up). Returns its base URL.
+async fn trickle_model(seen: Arc<Mutex<Trickle>>) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap_or_else(|e| panic!("bind: {e}"));
+    let addr = listener
+        .local_addr()
+        .unwrap_or_else(|e| panic!("addr: {e}"));
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                // The request: headers, then Content-Length bytes of JSON.
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 8192];
+                let (head_end, length) = loop {
+                    match socket.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                    if let Some(at) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                        let head = String::from_utf8_lossy(&buf[..at]).to_ascii_lowercase();
+                        let length = head
+                            .lines()
+                            .find_map(|l| l.strip_prefix("content-length:"))
+                            .and_then(|v| v.trim().parse::<usize>().ok())
+                            .unwrap_or(0);
+                        break (at + 4, length);
+                    }
+                };
+                while buf.len() < head_end + length {
+                    match socket.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+                let body = serde_json::from_slice(&buf[head_end..head_end + length])
+                    .unwrap_or(Value::Null);
+                seen.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .bodies
+                    .push(body);
+                let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
+                            transfer-encoding: chunked\r\n\r\n";
+                if socket.write_all(head.as_bytes()).await.is_err() {
+                    return;
+                }
+                loop {
+                    let event = format!(
+                        "data: {}\n\n",
+                        json!({"id": "c1", "object": "chat.completion.chunk", "model": "trickle",
+                               "choices": [{"index": 0, "delta": {"content": "tick "}, "finish_reason": null}]})
+                    );
+                    let frame = format!("{:x}\r\n{event}\r\n", event.len());
+                    if socket.write_all(frame.as_bytes()).await.is_err() {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                seen.lock().unwrap_or_else(|p| p.into_inner()).dropped += 1;
+            });
+        }
+    });
+    format!("http://{addr}/v1")
+}
+
+#[tokio::test]
+async fn a_model_that_streams_forever_is_cut_off_at_the_call_deadline_with_max_tokens_sent() {
+    let seen = Arc::new(Mutex::new(Trickle::default()));
+    let base_url = trickle_model(seen.clone()).await;
+    // TodoAgent gets its own deadline (2 s) and token cap, under a long server default.
+    let workflows = workflows_copy();
+    let path = workflows.path().join("TodoAssistant/agents.json");
+    let mut agents: Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap_or_default())
+            .unwrap_or_else(|e| panic!("{e}"));
+    agents["agents"]["TodoAgent"]["call_deadline_s"] = json!(2);
+    agents["agents"]["TodoAgent"]["max_tokens"] = json!(77);
+    std::fs::write(&path, agents.to_string()).unwrap_or_else(|e| panic!("{e}"));
+    let srv = Srv::start(Opts {
+        toml: "[llm]\ncall_deadline_s = 600\n".into(),
+        workflows: Some(workflows.path().to_path_buf()),
+        env: vec![
+            ("OPENAI_BASE_URL".into(), base_url),
+            ("OPENAI_API_KEY".into(), "test-key".into()),
+        ],
+        ..Opts::default()
+    })
+    .await;
+    let who = vec![("x-user-id", "trickle".to_owned())];
+    let chat = srv.create_chat("TodoAssistant", &who).await;
+    let mut socket = ws(&srv.ws_url(&chat), &who).await;
+    socket.until("chat.input_request").await;
+    let started = tokio::time::Instant::now();
+    socket.say("add a task").await;
+    // Tokens keep coming (each well within the per-chunk timeout), yet the call ends.
+    socket
+        .until_match("chat.text_delta", |e| e["data"]["delta"] == "tick ")
+        .await;
+    let error = socket.until("chat.error").await;
+    assert_eq!(error["data"]["code"], "llm_error", "{error}");
+    assert!(
+        error["data"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("2s") || m.contains("deadline")),
+        "{error}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "cut off at the 2 s deadline, not {:?}",
+        started.elapsed()
+    );
+    // The chat goes on: it waits for the user again.
+    socket.until("chat.input_request").await;
+    // The model call was cancelled (the server hung up on the stream) and asked for max_tokens.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while seen.lock().unwrap_or_else(|p| p.into_inner()).dropped == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the stream was never hung up on"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let bodies = std::mem::take(&mut seen.lock().unwrap_or_else(|p| p.into_inner()).bodies);
+    assert!(!bodies.is_empty());
+    for body in &bodies {
+        assert_eq!(body["max_tokens"], 77, "{body}");
+        assert_eq!(body["stream"], true);
+    }
+}

@@ -66,6 +66,10 @@ pub struct AgentPlan {
     pub structured_required: bool,
     pub auto_tool_mode: bool,
     pub max_consecutive_auto_reply: u32,
+    /// The agent's `max_tokens` (`None`: the engine default).
+    pub max_tokens: Option<u32>,
+    /// The agent's total deadline per model call (`None`: the engine default).
+    pub call_deadline: Option<Duration>,
 }
 
 impl AgentPlan {
@@ -218,6 +222,8 @@ fn plan_agent(
         structured_required: agent.structured_outputs_required,
         auto_tool_mode: agent.auto_tool_mode,
         max_consecutive_auto_reply: agent.max_consecutive_auto_reply,
+        max_tokens: agent.max_tokens,
+        call_deadline: agent.call_deadline_s.map(Duration::from_secs_f64),
     })
 }
 

@@ -85,7 +85,10 @@ impl AgentRunner {
         match step {
             Step::CallModel(request) => {
                 let sink = request.stream.then(|| self.delta_sink());
-                let call = self.parts.model.complete(request, sink);
+                let call = with_deadline(
+                    self.machine.model_call_deadline(),
+                    self.parts.model.complete(request, sink),
+                );
                 let started = std::time::Instant::now();
                 let handle = ctx.spawn(call.into_actor(self).map(move |result, act, ctx| {
                     let step = match result {
@@ -218,6 +221,18 @@ impl AgentRunner {
             latency_ms: u64::try_from(latency.as_millis()).unwrap_or(u64::MAX),
         }));
     }
+}
+
+/// `call`, cut off after `deadline` as a timeout: a model that streams a token a second
+/// forever never trips a per-chunk timeout, so the whole call needs a bound. Dropping the
+/// future drops its HTTP request.
+async fn with_deadline(
+    deadline: std::time::Duration,
+    call: impl Future<Output = Result<tessera_llm::ChatResponse, tessera_llm::LlmError>>,
+) -> Result<tessera_llm::ChatResponse, tessera_llm::LlmError> {
+    tokio::time::timeout(deadline, call)
+        .await
+        .unwrap_or(Err(tessera_llm::LlmError::Timeout(deadline)))
 }
 
 /// The id of the message a turn's final text is published under.

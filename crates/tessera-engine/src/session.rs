@@ -321,6 +321,8 @@ impl ChatSession {
             structured_output_corrections: self.config.structured_output_corrections,
             json_mode_corrections: self.config.json_mode_corrections,
             stream: self.config.stream && plan.output.is_none(),
+            max_tokens: self.config.max_tokens,
+            model_call_deadline: self.config.model_call_deadline,
         };
         let parts = RunnerParts {
             publish: ctx.address().recipient(),

@@ -138,8 +138,14 @@ pub struct LlmConfig {
     pub demo: bool,
     /// Stream tokens to clients.
     pub stream: bool,
-    /// Request timeout in seconds.
+    /// Timeout of one attempt in seconds: the whole answer of a plain call; the headers, then
+    /// each gap between two chunks, of a streamed one.
     pub timeout_s: f64,
+    /// Total seconds one model call may take, retries and the whole stream included; an
+    /// agent's `call_deadline_s` wins.
+    pub call_deadline_s: f64,
+    /// `max_tokens` sent with every model call; an agent's `max_tokens` wins.
+    pub max_tokens: u32,
 }
 
 /// Protective limits.
@@ -207,6 +213,8 @@ impl Default for LlmConfig {
             demo: false,
             stream: true,
             timeout_s: 60.0,
+            call_deadline_s: 300.0,
+            max_tokens: 4096,
         }
     }
 }
@@ -269,6 +277,16 @@ impl ServerConfig {
         if let Some(v) = env("TESSERA_STREAM") {
             config.llm.stream = matches!(v.as_str(), "1" | "true" | "yes");
         }
+        if let Some(v) = env("TESSERA_LLM_CALL_DEADLINE_S") {
+            config.llm.call_deadline_s = v
+                .parse()
+                .with_context(|| format!("TESSERA_LLM_CALL_DEADLINE_S={v:?} is not a number"))?;
+        }
+        if let Some(v) = env("TESSERA_LLM_MAX_TOKENS") {
+            config.llm.max_tokens = v
+                .parse()
+                .with_context(|| format!("TESSERA_LLM_MAX_TOKENS={v:?} is not a number"))?;
+        }
         if let Some(v) = env("TESSERA_UI_TIMEOUT_S") {
             config.limits.ui_timeout_s = v
                 .parse()
@@ -328,6 +346,14 @@ impl ServerConfig {
         }
         if let Some(v) = env("OPENAI_MODEL") {
             config.llm.model = Some(v);
+        }
+        if !(config.llm.call_deadline_s > 0.0 && config.llm.call_deadline_s <= 86_400.0) {
+            anyhow::bail!(
+                "llm.call_deadline_s must be a number of seconds from 0 to 86400 (exclusive of 0)"
+            );
+        }
+        if config.llm.max_tokens == 0 {
+            anyhow::bail!("llm.max_tokens must be at least 1");
         }
         Ok(config)
     }

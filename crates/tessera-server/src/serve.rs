@@ -186,6 +186,8 @@ pub async fn run(
         ui_timeout: config.limits.ui_timeout(),
         tool_timeout: Duration::from_secs_f64(config.limits.tool_timeout_s.max(0.1)),
         stream: config.llm.stream,
+        model_call_deadline: Duration::from_secs_f64(config.llm.call_deadline_s),
+        max_tokens: config.llm.max_tokens,
         vault_key: Some(Arc::new(tessera_engine::secrets::VaultKey::new(vault_key))),
         ..EngineConfig::default()
     };

@@ -1982,3 +1982,38 @@ async fn a_model_that_streams_forever_is_cut_off_at_the_call_deadline_with_max_t
         assert_eq!(body["stream"], true);
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Hidden coordination text
+
+#[tokio::test]
+async fn ui_hidden_text_never_reaches_a_client_not_even_as_a_streamed_delta() {
+    let srv = Srv::start(Opts::default()).await;
+    let who = vec![("x-user-id", "hidden".to_owned())];
+    let (chat, socket, _plan) = generator_at_action_plan(&srv, &who).await;
+    // InterviewAgent's second reply is the hidden trigger NEXT (Generator's demo script).
+    let check = |events: &[Value]| {
+        let hidden = events
+            .iter()
+            .find(|e| e["type"] == "chat.text" && e["data"]["ui_hidden"] == true)
+            .unwrap_or_else(|| panic!("no hidden chat.text"));
+        assert_eq!(hidden["data"]["content"], "NEXT");
+        let hidden_id = &hidden["data"]["message_id"];
+        let leaked: Vec<&Value> = events
+            .iter()
+            .filter(|e| e["type"] == "chat.text_delta")
+            .filter(|e| e["data"]["message_id"] == *hidden_id || e["data"]["delta"] == "NEXT")
+            .collect();
+        assert!(leaked.is_empty(), "hidden text streamed: {leaked:?}");
+        // Visible replies still stream.
+        assert!(
+            events.iter().any(|e| e["type"] == "chat.text_delta"),
+            "the greeting is streamed"
+        );
+    };
+    check(&socket.events);
+    // A client that resumes from the start is told the same.
+    let mut replay = ws(&format!("{}?last_seq=0", srv.ws_url(&chat)), &who).await;
+    replay.until("chat.resume_boundary").await;
+    check(&replay.events);
+}

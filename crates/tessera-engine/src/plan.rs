@@ -70,6 +70,9 @@ pub struct AgentPlan {
     pub max_tokens: Option<u32>,
     /// The agent's total deadline per model call (`None`: the engine default).
     pub call_deadline: Option<Duration>,
+    /// Triggers of `ui_hidden` derived variables watching this agent: replies that could
+    /// still become one are not streamed (see `hidden_text.rs`).
+    pub hidden_triggers: Arc<[String]>,
 }
 
 impl AgentPlan {
@@ -224,6 +227,12 @@ fn plan_agent(
         max_consecutive_auto_reply: agent.max_consecutive_auto_reply,
         max_tokens: agent.max_tokens,
         call_deadline: agent.call_deadline_s.map(Duration::from_secs_f64),
+        hidden_triggers: workflow
+            .derived
+            .iter()
+            .filter(|d| d.ui_hidden && d.source_agent == agent.name)
+            .map(|d| d.trigger_value.clone())
+            .collect(),
     })
 }
 

@@ -13,6 +13,7 @@ use tessera_tools::{ToolContext, ToolError};
 
 use crate::dedup::{ClaimKey, ClaimOutcome, CompleteKey, DedupCache, ToolKey};
 use crate::events::{Publish, ToolCallInfo, tool_call_event, tool_response_event};
+use crate::hidden_text::HiddenTextFilter;
 use crate::plan::AgentPlan;
 use crate::turn::{
     Step, ToolInvocation, ToolResult, TurnFailure, TurnLimits, TurnMachine, TurnOutput,
@@ -202,12 +203,15 @@ impl AgentRunner {
         let publish = self.parts.publish.clone();
         let agent = self.machine.plan().name.to_string();
         let message_id = message_id(&self.parts.tool_ctx.turn_idempotency_key);
+        let mut hidden = HiddenTextFilter::new(self.machine.plan().hidden_triggers.clone());
         Box::new(move |delta: &str| {
-            publish.do_send(Publish(ServerEvent::TextDelta {
-                message_id: message_id.clone(),
-                agent: agent.clone(),
-                delta: delta.to_owned(),
-            }));
+            if let Some(delta) = hidden.push(delta) {
+                publish.do_send(Publish(ServerEvent::TextDelta {
+                    message_id: message_id.clone(),
+                    agent: agent.clone(),
+                    delta,
+                }));
+            }
         })
     }
 

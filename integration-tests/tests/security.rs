@@ -2017,3 +2017,55 @@ async fn ui_hidden_text_never_reaches_a_client_not_even_as_a_streamed_delta() {
     replay.until("chat.resume_boundary").await;
     check(&replay.events);
 }
+
+// ---------------------------------------------------------------------------------------------
+// One server per data dir
+
+#[tokio::test]
+async fn a_second_server_on_the_same_data_dir_refuses_to_start() {
+    let first = Srv::start(Opts::default()).await;
+    let who = vec![("x-user-id", "lock".to_owned())];
+    first.create_chat("TodoAssistant", &who).await;
+    let config = first.dir.path().join("second.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "data_dir = {:?}\nworkflows_dir = {:?}\n",
+            first.data.display().to_string(),
+            workspace_root().join("workflows").display().to_string()
+        ),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let second = Command::new(tessera_bin())
+        .args(["serve", "--bind", "127.0.0.1:0", "--config"])
+        .arg(&config)
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("OPENAI_BASE_URL")
+        .env_remove("TESSERA_DATA_DIR")
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(WAIT, second)
+        .await
+        .unwrap_or_else(|_| panic!("the second server kept running on the same data dir"))
+        .unwrap_or_else(|e| panic!("cannot run tessera: {e}"));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "the second server must fail");
+    assert!(
+        stderr.contains("another tessera process") && stderr.contains("tessera.lock"),
+        "the refusal says why: {stderr}"
+    );
+    // The first server is unaffected; once it is gone the data dir is free again.
+    assert_eq!(first.text("/healthz").await.0, 200);
+    let data = first.data.clone();
+    let dir = first.kill().await;
+    let again = Srv::start(Opts {
+        data: Some(data),
+        ..Opts::default()
+    })
+    .await;
+    assert_eq!(again.text("/healthz").await.0, 200);
+    drop(dir);
+}

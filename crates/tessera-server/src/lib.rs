@@ -5,6 +5,7 @@
 
 mod auth;
 pub mod config;
+mod data_lock;
 mod frame_guard;
 mod limits;
 mod metrics;

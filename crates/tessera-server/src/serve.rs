@@ -157,6 +157,9 @@ pub async fn run(
     let workflows = load_workflows(&config.workflows_dir)?;
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("cannot create the data dir {}", config.data_dir.display()))?;
+    // Taken before anything is written to the data dir; held until `run` returns, i.e. for
+    // the server's lifetime.
+    let _data_lock = crate::data_lock::lock_data_dir(&config.data_dir)?;
     // Each served version is pinned in the data dir first (see `reload`), so chats stored
     // with it get it back after a restart even if the live folder has changed.
     let workflows = workflows

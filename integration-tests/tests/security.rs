@@ -2069,3 +2069,39 @@ async fn a_second_server_on_the_same_data_dir_refuses_to_start() {
     assert_eq!(again.text("/healthz").await.0, 200);
     drop(dir);
 }
+
+#[tokio::test]
+async fn binary_and_oversize_frames_spend_the_budget_and_a_flood_of_them_is_closed() {
+    let srv = Srv::start(Opts {
+        env: vec![
+            ("TESSERA_MESSAGES_PER_MINUTE".into(), "5".into()),
+            ("TESSERA_RATE_LIMIT_STRIKES".into(), "3".into()),
+        ],
+        ..Opts::default()
+    })
+    .await;
+    let who = vec![("x-user-id", "flooder".to_owned())];
+    let chat = srv.create_chat("TodoAssistant", &who).await;
+    // Binary frames (refused as malformed) and 100 KiB text frames (over the 64 KiB soft limit,
+    // under the 256 KiB hard one): each spends the budget like a good frame.
+    let floods = [
+        Message::binary(vec![0u8; 100]),
+        Message::text("x".repeat(100 * 1024)),
+    ];
+    for flood in floods {
+        let mut socket = ws(&srv.ws_url(&chat), &who).await;
+        socket.until("chat.resume_boundary").await;
+        for _ in 0..20 {
+            if !socket.try_send(flood.clone()).await {
+                break;
+            }
+        }
+        let (code, reason) = socket.until_closed().await;
+        let codes: Vec<&Value> = socket.events.iter().map(|e| &e["data"]["code"]).collect();
+        assert!(
+            codes.iter().any(|c| *c == "rate_limited"),
+            "refused once over budget: {codes:?}"
+        );
+        assert_eq!(code, Some(1008), "{reason}");
+    }
+}

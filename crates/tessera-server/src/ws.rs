@@ -237,6 +237,9 @@ pub struct WsConnection {
     outbox: Option<Addr<Outbox>>,
     /// Set when the inbound [`FrameGuard`] ended the stream.
     guard: GuardVerdict,
+    /// We pinged and no pong came back yet: that one pong is free (heartbeats of many idle
+    /// sockets must not eat the tenant's budget); any other pong is a frame like the rest.
+    pong_expected: bool,
 }
 
 impl WsConnection {
@@ -260,6 +263,7 @@ impl WsConnection {
             queue: SharedQueue::default(),
             outbox: None,
             guard: GuardVerdict::default(),
+            pong_expected: false,
         }
     }
 
@@ -354,30 +358,37 @@ impl WsConnection {
         ctx.stop();
     }
 
-    fn on_text(&mut self, text: &str, ctx: &mut ws::WebsocketContext<Self>) {
+    /// Spends one inbound frame — any frame, good or bad, so that frames refused for their
+    /// size or kind cannot flood for free — against the budgets. Over budget: `rate_limited`,
+    /// and after `rate_limit_strikes` refusals in a minute a 1008 close; false then.
+    fn admit_frame(&mut self, ctx: &mut ws::WebsocketContext<Self>) -> bool {
         self.metrics.ws_frames_in.fetch_add(1, Ordering::Relaxed);
-        if text.len() > self.limits.max_frame_bytes {
-            let err = tessera_protocol::FrameError::TooLarge {
-                size: text.len(),
-                limit: self.limits.max_frame_bytes,
-            };
-            self.send_error(ctx, err.code(), err.to_string(), true);
-            return;
+        if self.within_rate() {
+            return true;
         }
-        if !self.within_rate() {
-            self.strikes = self.strikes.saturating_add(1);
-            self.metrics.ws_rate_limited.fetch_add(1, Ordering::Relaxed);
-            if self.strikes >= self.limits.rate_limit_strikes.max(1) {
-                tracing::warn!(chat_id = %self.chat.identity.chat_id, "closing a websocket that keeps exceeding its rate limit");
-                self.close_with(ctx, ws::CloseCode::Policy, "rate limit exceeded");
-                return;
-            }
+        self.strikes = self.strikes.saturating_add(1);
+        self.metrics.ws_rate_limited.fetch_add(1, Ordering::Relaxed);
+        if self.strikes >= self.limits.rate_limit_strikes.max(1) {
+            tracing::warn!(chat_id = %self.chat.identity.chat_id, "closing a websocket that keeps exceeding its rate limit");
+            self.close_with(ctx, ws::CloseCode::Policy, "rate limit exceeded");
+        } else {
             self.send_error(
                 ctx,
                 ErrorCode::RateLimited,
                 "too many messages; slow down",
                 true,
             );
+        }
+        false
+    }
+
+    fn on_text(&mut self, text: &str, ctx: &mut ws::WebsocketContext<Self>) {
+        if text.len() > self.limits.max_frame_bytes {
+            let err = tessera_protocol::FrameError::TooLarge {
+                size: text.len(),
+                limit: self.limits.max_frame_bytes,
+            };
+            self.send_error(ctx, err.code(), err.to_string(), true);
             return;
         }
         let message = match parse_client_frame(text) {
@@ -467,6 +478,7 @@ impl Actor for WsConnection {
             if act.last_heard.elapsed() > idle {
                 act.close_with(ctx, ws::CloseCode::Away, "idle timeout");
             } else {
+                act.pong_expected = true;
                 ctx.ping(b"");
             }
         });
@@ -528,6 +540,14 @@ impl Handler<SlowConsumer> for WsConnection {
 impl StreamHandler<Result<ws::Message, ws::ProtocolError>> for WsConnection {
     fn handle(&mut self, item: Result<ws::Message, ws::ProtocolError>, ctx: &mut Self::Context) {
         self.last_heard = Instant::now();
+        let counted = match &item {
+            Ok(ws::Message::Close(_)) | Ok(ws::Message::Nop) | Err(_) => false,
+            Ok(ws::Message::Pong(_)) => !std::mem::take(&mut self.pong_expected),
+            Ok(_) => true,
+        };
+        if counted && !self.admit_frame(ctx) {
+            return;
+        }
         match item {
             Ok(ws::Message::Text(text)) => self.on_text(&text, ctx),
             Ok(ws::Message::Binary(_)) => self.send_error(

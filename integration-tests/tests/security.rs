@@ -2105,3 +2105,32 @@ async fn binary_and_oversize_frames_spend_the_budget_and_a_flood_of_them_is_clos
         assert_eq!(code, Some(1008), "{reason}");
     }
 }
+
+#[tokio::test]
+async fn a_jwt_not_valid_yet_is_refused() {
+    let srv = Srv::start(Opts {
+        toml: tenants_toml(""),
+        ..Opts::default()
+    })
+    .await;
+    let mut early = claims("tenant-a", "alice");
+    // Valid in ten minutes: far beyond the 30 s leeway.
+    early["nbf"] = json!(now_s() + 600);
+    let (status, body) = srv
+        .get("/api/v1/workflows", &bearer(&hs256(&early, JWT_SECRET.as_bytes())))
+        .await;
+    assert_eq!(status, 401, "nbf in the future: {body}");
+    // Within the leeway it passes, as does a token that became valid in the past.
+    let mut skewed = claims("tenant-a", "alice");
+    skewed["nbf"] = json!(now_s() + 5);
+    let (status, _) = srv
+        .get("/api/v1/workflows", &bearer(&hs256(&skewed, JWT_SECRET.as_bytes())))
+        .await;
+    assert_eq!(status, 200, "nbf within the leeway");
+    let mut valid = claims("tenant-a", "alice");
+    valid["nbf"] = json!(now_s() - 60);
+    let (status, _) = srv
+        .get("/api/v1/workflows", &bearer(&hs256(&valid, JWT_SECRET.as_bytes())))
+        .await;
+    assert_eq!(status, 200);
+}

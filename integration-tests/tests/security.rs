@@ -1491,7 +1491,7 @@ async fn hostile_frames_never_take_the_server_down() {
             let _ = socket.try_send(frame).await;
         }
     }
-    // Invalid UTF-8 in a text frame is a protocol error: the server closes that socket.
+    // Invalid UTF-8 in a text frame closes that socket (1007, see the test below).
     let raw = tokio_tungstenite::tungstenite::protocol::frame::Frame::message(
         vec![0xff, 0xfe, 0x80],
         tokio_tungstenite::tungstenite::protocol::frame::coding::OpCode::Data(
@@ -2117,20 +2117,47 @@ async fn a_jwt_not_valid_yet_is_refused() {
     // Valid in ten minutes: far beyond the 30 s leeway.
     early["nbf"] = json!(now_s() + 600);
     let (status, body) = srv
-        .get("/api/v1/workflows", &bearer(&hs256(&early, JWT_SECRET.as_bytes())))
+        .get(
+            "/api/v1/workflows",
+            &bearer(&hs256(&early, JWT_SECRET.as_bytes())),
+        )
         .await;
     assert_eq!(status, 401, "nbf in the future: {body}");
     // Within the leeway it passes, as does a token that became valid in the past.
     let mut skewed = claims("tenant-a", "alice");
     skewed["nbf"] = json!(now_s() + 5);
     let (status, _) = srv
-        .get("/api/v1/workflows", &bearer(&hs256(&skewed, JWT_SECRET.as_bytes())))
+        .get(
+            "/api/v1/workflows",
+            &bearer(&hs256(&skewed, JWT_SECRET.as_bytes())),
+        )
         .await;
     assert_eq!(status, 200, "nbf within the leeway");
     let mut valid = claims("tenant-a", "alice");
     valid["nbf"] = json!(now_s() - 60);
     let (status, _) = srv
-        .get("/api/v1/workflows", &bearer(&hs256(&valid, JWT_SECRET.as_bytes())))
+        .get(
+            "/api/v1/workflows",
+            &bearer(&hs256(&valid, JWT_SECRET.as_bytes())),
+        )
         .await;
     assert_eq!(status, 200);
+}
+
+#[tokio::test]
+async fn invalid_utf8_in_a_text_frame_closes_with_1007() {
+    use tokio_tungstenite::tungstenite::protocol::frame::Frame;
+    use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
+    let srv = Srv::start(Opts::default()).await;
+    let who = vec![("x-user-id", "utf8".to_owned())];
+    let chat = srv.create_chat("TodoAssistant", &who).await;
+    // A lone continuation byte, an overlong encoding, and a sequence cut off at the end.
+    for bad in [vec![0x80], vec![b'{', 0xc0, 0xaf, b'}'], vec![b'a', 0xe2, 0x82]] {
+        let mut socket = ws(&srv.ws_url(&chat), &who).await;
+        socket.until("chat.resume_boundary").await;
+        let frame = Frame::message(bad.clone(), OpCode::Data(Data::Text), true);
+        let _ = socket.try_send(Message::Frame(frame)).await;
+        let (code, reason) = socket.until_closed().await;
+        assert_eq!(code, Some(1007), "{bad:?}: {reason}");
+    }
 }

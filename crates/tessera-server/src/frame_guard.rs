@@ -6,6 +6,10 @@
 //! parses the frame headers on the byte stream itself and ends the stream the moment a frame
 //! announces more than the hard limit, so a connection never buffers more than one frame of
 //! at most the hard limit (plus one read chunk) before that frame completes.
+//!
+//! It also checks that text messages are UTF-8 as their bytes arrive (fragmented ones across
+//! their frames), so invalid text closes with 1007 as RFC 6455 §8.1 asks; actix would only
+//! report it as a generic I/O error once the frame is complete.
 
 use std::io;
 use std::pin::Pin;
@@ -22,18 +26,22 @@ use futures::Stream;
 pub enum Violation {
     /// A frame announced more payload than the hard limit (close 1009).
     TooLarge,
+    /// A text message is not UTF-8 (close 1007).
+    InvalidUtf8,
 }
 
 impl Violation {
     fn code(self) -> u8 {
         match self {
             Self::TooLarge => 1,
+            Self::InvalidUtf8 => 2,
         }
     }
 
     fn from_code(code: u8) -> Option<Self> {
         match code {
             1 => Some(Self::TooLarge),
+            2 => Some(Self::InvalidUtf8),
             _ => None,
         }
     }
@@ -60,8 +68,16 @@ impl GuardVerdict {
 enum Scan {
     /// Reading a frame header (2 to 14 bytes).
     Header { bytes: [u8; 14], have: usize },
-    /// Skipping `remaining` payload bytes of the current frame.
-    Payload { remaining: u64 },
+    /// Passing `remaining` payload bytes of the current frame.
+    Payload {
+        remaining: u64,
+        /// Bytes of a text message: unmasked with `mask` from `offset` and checked.
+        text: bool,
+        mask: [u8; 4],
+        offset: usize,
+        /// The frame ends its message (FIN).
+        last: bool,
+    },
 }
 
 impl Scan {
@@ -102,6 +118,12 @@ fn announced_len(header: &[u8]) -> u64 {
 struct Scanner {
     hard_limit: u64,
     scan: Scan,
+    /// A fragmented text message is open (its continuation frames are text).
+    in_text_message: bool,
+    /// The end of a UTF-8 sequence cut by a chunk or frame boundary (at most 3 bytes).
+    utf8_tail: Vec<u8>,
+    /// Unmasked text bytes being checked (reused).
+    scratch: Vec<u8>,
 }
 
 impl Scanner {
@@ -109,7 +131,79 @@ impl Scanner {
         Self {
             hard_limit: u64::try_from(hard_limit).unwrap_or(u64::MAX),
             scan: Scan::header(),
+            in_text_message: false,
+            utf8_tail: Vec::new(),
+            scratch: Vec::new(),
         }
+    }
+
+    /// What a complete `header` starts: the state for its payload.
+    fn start_frame(&mut self, header: &[u8]) -> Result<Scan, Violation> {
+        let length = announced_len(header);
+        if length > self.hard_limit {
+            return Err(Violation::TooLarge);
+        }
+        let fin = header[0] & 0x80 != 0;
+        let text = match header[0] & 0x0f {
+            0x1 => {
+                self.utf8_tail.clear();
+                self.in_text_message = !fin;
+                true
+            }
+            0x0 => {
+                let text = self.in_text_message;
+                self.in_text_message &= !fin;
+                text
+            }
+            // Control frames may come between fragments; binary is never checked.
+            _ => false,
+        };
+        let mut mask = [0u8; 4];
+        if header[1] & 0x80 != 0 {
+            mask.copy_from_slice(&header[header.len() - 4..]);
+        }
+        if length == 0 {
+            self.end_frame(text, fin)?;
+            return Ok(Scan::header());
+        }
+        Ok(Scan::Payload {
+            remaining: length,
+            text,
+            mask,
+            offset: 0,
+            last: fin,
+        })
+    }
+
+    /// Checks the next `bytes` of a text message (masked with `mask` from `offset`).
+    fn check_text(&mut self, bytes: &[u8], mask: [u8; 4], offset: usize) -> Result<(), Violation> {
+        self.scratch.clear();
+        self.scratch.extend_from_slice(&self.utf8_tail);
+        self.scratch.extend(
+            bytes
+                .iter()
+                .enumerate()
+                .map(|(i, b)| b ^ mask[(offset + i) % 4]),
+        );
+        self.utf8_tail.clear();
+        match std::str::from_utf8(&self.scratch) {
+            Ok(_) => Ok(()),
+            // Cut off at the end: the rest may come with the next bytes.
+            Err(e) if e.error_len().is_none() => {
+                self.utf8_tail
+                    .extend_from_slice(&self.scratch[e.valid_up_to()..]);
+                Ok(())
+            }
+            Err(_) => Err(Violation::InvalidUtf8),
+        }
+    }
+
+    /// A frame ended: a text message that ends with it must not end inside a sequence.
+    fn end_frame(&mut self, text: bool, last: bool) -> Result<(), Violation> {
+        if text && last && !self.utf8_tail.is_empty() {
+            return Err(Violation::InvalidUtf8);
+        }
+        Ok(())
     }
 
     /// Scans the next bytes of the stream.
@@ -129,23 +223,31 @@ impl Scanner {
                     if *have < 2 || *have < header_len([bytes[0], bytes[1]]) {
                         continue;
                     }
-                    let length = announced_len(&bytes[..*have]);
-                    if length > self.hard_limit {
-                        return Err(Violation::TooLarge);
-                    }
-                    self.scan = if length == 0 {
-                        Scan::header()
-                    } else {
-                        Scan::Payload { remaining: length }
-                    };
+                    let header = *bytes;
+                    let len = *have;
+                    self.scan = self.start_frame(&header[..len])?;
                 }
-                Scan::Payload { remaining } => {
+                Scan::Payload {
+                    remaining,
+                    text,
+                    mask,
+                    offset,
+                    last,
+                } => {
                     let take = usize::try_from(*remaining)
                         .unwrap_or(usize::MAX)
                         .min(chunk.len());
-                    chunk = &chunk[take..];
+                    let (bytes, rest) = chunk.split_at(take);
+                    chunk = rest;
                     *remaining -= take as u64;
-                    if *remaining == 0 {
+                    let (text, mask, at, last, done) =
+                        (*text, *mask, *offset, *last, *remaining == 0);
+                    *offset += take;
+                    if text {
+                        self.check_text(bytes, mask, at)?;
+                    }
+                    if done {
+                        self.end_frame(text, last)?;
                         self.scan = Scan::header();
                     }
                 }
@@ -239,6 +341,62 @@ mod tests {
             }
             assert!(matches!(scanner.scan, Scan::Header { have: 0, .. }));
         }
+    }
+
+    /// A masked client frame with `payload`, FIN set or not.
+    fn text_frame(opcode: u8, fin: bool, payload: &[u8]) -> Vec<u8> {
+        let mask = [0x37, 0xfa, 0x21, 0x3d];
+        let mut out = vec![
+            if fin { 0x80 } else { 0 } | opcode,
+            0x80 | payload.len() as u8,
+        ];
+        out.extend_from_slice(&mask);
+        out.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
+        out
+    }
+
+    fn scan_all(stream: &[u8], chunk_size: usize) -> Result<(), Violation> {
+        let mut scanner = Scanner::new(1 << 20);
+        stream
+            .chunks(chunk_size)
+            .try_for_each(|chunk| scanner.feed(chunk))
+    }
+
+    #[test]
+    fn text_must_be_utf8_across_chunks_and_fragments() {
+        let good = "héllo – 🙂 wörld".as_bytes();
+        let mut fragmented = text_frame(0x1, false, &good[..7]);
+        fragmented.extend(text_frame(0x9, true, b"ping"));
+        fragmented.extend(text_frame(0x0, false, &good[7..13]));
+        fragmented.extend(text_frame(0x0, true, &good[13..]));
+        fragmented.extend(text_frame(0x2, true, &[0xff, 0xfe]));
+        for chunk_size in [1, 2, 5, 64] {
+            assert_eq!(scan_all(&text_frame(0x1, true, good), chunk_size), Ok(()));
+            assert_eq!(
+                scan_all(&fragmented, chunk_size),
+                Ok(()),
+                "binary is not text"
+            );
+        }
+        let bad: [&[u8]; 4] = [
+            &[0x80],
+            &[b'{', 0xc0, 0xaf, b'}'],
+            &[b'a', 0xe2, 0x82],
+            &[0xed, 0xa0, 0x80],
+        ];
+        for payload in bad {
+            for chunk_size in [1, 3, 64] {
+                assert_eq!(
+                    scan_all(&text_frame(0x1, true, payload), chunk_size),
+                    Err(Violation::InvalidUtf8),
+                    "{payload:?} in chunks of {chunk_size}"
+                );
+            }
+        }
+        // A sequence cut at the end of a fragmented message.
+        let mut cut = text_frame(0x1, false, b"ok");
+        cut.extend(text_frame(0x0, true, &[0xe2, 0x82]));
+        assert_eq!(scan_all(&cut, 4), Err(Violation::InvalidUtf8));
     }
 
     #[test]

@@ -581,6 +581,10 @@ impl StreamHandler<Result<ws::Message, ws::ProtocolError>> for WsConnection {
                 tracing::warn!(chat_id = %self.chat.identity.chat_id, "closing a websocket whose frame announces more than the hard limit");
                 self.close_with(ctx, ws::CloseCode::Size, "frame too large");
             }
+            Err(_) if self.guard.violation() == Some(Violation::InvalidUtf8) => {
+                tracing::debug!(chat_id = %self.chat.identity.chat_id, "closing a websocket that sent text that is not UTF-8");
+                self.close_with(ctx, ws::CloseCode::Invalid, "text is not UTF-8");
+            }
             Err(err) => {
                 tracing::debug!(chat_id = %self.chat.identity.chat_id, error = %err, "websocket protocol error");
                 ctx.close(Some(ws::CloseReason {

@@ -2152,7 +2152,11 @@ async fn invalid_utf8_in_a_text_frame_closes_with_1007() {
     let who = vec![("x-user-id", "utf8".to_owned())];
     let chat = srv.create_chat("TodoAssistant", &who).await;
     // A lone continuation byte, an overlong encoding, and a sequence cut off at the end.
-    for bad in [vec![0x80], vec![b'{', 0xc0, 0xaf, b'}'], vec![b'a', 0xe2, 0x82]] {
+    for bad in [
+        vec![0x80],
+        vec![b'{', 0xc0, 0xaf, b'}'],
+        vec![b'a', 0xe2, 0x82],
+    ] {
         let mut socket = ws(&srv.ws_url(&chat), &who).await;
         socket.until("chat.resume_boundary").await;
         let frame = Frame::message(bad.clone(), OpCode::Data(Data::Text), true);
@@ -2160,4 +2164,62 @@ async fn invalid_utf8_in_a_text_frame_closes_with_1007() {
         let (code, reason) = socket.until_closed().await;
         assert_eq!(code, Some(1007), "{bad:?}: {reason}");
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Memory that only grows
+
+#[tokio::test]
+async fn completed_chats_leave_memory_and_are_rebuilt_from_the_store_on_demand() {
+    let srv = Srv::start(Opts::default()).await;
+    let who = vec![("x-user-id", "finisher".to_owned())];
+    let mut chats = Vec::new();
+    for i in 0..20 {
+        let (status, body) = srv
+            .post(
+                "/api/v1/chats",
+                &who,
+                json!({"workflow": "LoadTest", "context": {"finish_after_turn": true}}),
+            )
+            .await;
+        assert_eq!(status, 201, "{body}");
+        let chat = body["chat_id"].as_str().unwrap_or_default().to_owned();
+        let (status, body) = srv
+            .post(
+                &format!("/api/v1/chats/{chat}/input"),
+                &who,
+                json!({"content": format!("finish me {i}")}),
+            )
+            .await;
+        assert_eq!(status, 202, "{body}");
+        chats.push(chat);
+    }
+    // Every chat runs to its end, then leaves memory.
+    srv.until_metric("tessera_chats_in_memory", |n| n == 0)
+        .await;
+    // Its owner still reads it whole: rebuilt from the store on demand.
+    let (status, body) = srv.get(&format!("/api/v1/chats/{}", chats[0]), &who).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["status"], "completed");
+    let (_, messages) = srv
+        .get(&format!("/api/v1/chats/{}/messages", chats[0]), &who)
+        .await;
+    assert!(messages.to_string().contains("finish me 0"), "{messages}");
+    let mut replay = ws(&srv.ws_url(&chats[1]), &who).await;
+    replay
+        .until_match("chat.run_complete", |e| e["data"]["reason"] == "terminate")
+        .await;
+    replay.until("chat.resume_boundary").await;
+    // Anyone else still gets 404, exactly as before it left memory.
+    let (status, _) = srv
+        .get(
+            &format!("/api/v1/chats/{}", chats[2]),
+            &[("x-user-id", "mallory".to_owned())],
+        )
+        .await;
+    assert_eq!(status, 404);
+    // Once its reader is gone, the rebuilt chat leaves memory again.
+    drop(replay);
+    srv.until_metric("tessera_chats_in_memory", |n| n == 0)
+        .await;
 }

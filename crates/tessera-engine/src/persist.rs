@@ -73,6 +73,11 @@ impl WriteBehind {
     }
 
     /// True when writes wait for a flush.
+    /// Nothing queued and no flush running: the store holds everything.
+    pub fn is_idle(&self) -> bool {
+        !self.flushing && self.queued.is_empty()
+    }
+
     pub fn has_queued(&self) -> bool {
         !self.queued.is_empty()
     }

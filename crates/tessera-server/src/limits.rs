@@ -124,42 +124,65 @@ impl RestInputBudget {
 #[derive(Debug, Default)]
 pub struct ChatQuota {
     locks: Mutex<HashMap<Arc<str>, Arc<tokio::sync::Mutex<()>>>>,
-    /// Chats known to have completed (terminal), so they are never asked again.
-    completed: Mutex<HashSet<Arc<str>>>,
+    /// Per tenant, its chats in memory known to have completed, so they are not asked again.
+    /// Only chats still in memory are kept (completed chats leave memory, and this set with
+    /// them), so it does not grow with every chat ever run.
+    completed: Mutex<HashMap<Arc<str>, HashSet<Arc<str>>>>,
 }
+
+/// Tenant locks kept before unused ones are dropped.
+const LOCKS_KEPT: usize = 1024;
 
 impl ChatQuota {
     /// The lock to hold while checking and creating a chat of `tenant`.
     pub fn tenant_lock(&self, tenant: &Arc<str>) -> Arc<tokio::sync::Mutex<()>> {
         let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+        if locks.len() >= LOCKS_KEPT {
+            // Held by nobody but this map: safe to drop (JWT tenants may be many).
+            locks.retain(|_, lock| Arc::strong_count(lock) > 1);
+        }
         locks.entry(tenant.clone()).or_default().clone()
     }
 
-    /// How many of `chats` are open, counting at most up to `limit` (asks only chats not
-    /// yet known to be completed, and only when the plain count reaches the limit).
-    pub async fn open_count(&self, chats: Vec<ChatHandle>, limit: usize) -> usize {
+    /// How many of `chats` (the tenant's chats in memory) are open, counting at most up to
+    /// `limit` (asks only chats not yet known to be completed, and only when the plain count
+    /// reaches the limit).
+    pub async fn open_count(
+        &self,
+        tenant: &Arc<str>,
+        chats: Vec<ChatHandle>,
+        limit: usize,
+    ) -> usize {
         let unknown: Vec<ChatHandle> = {
-            let completed = self.completed.lock().unwrap_or_else(|p| p.into_inner());
-            chats
-                .into_iter()
+            let mut all = self.completed.lock().unwrap_or_else(|p| p.into_inner());
+            let completed = all.entry(tenant.clone()).or_default();
+            // Forget chats that left memory.
+            let live: HashSet<&Arc<str>> = chats.iter().map(|c| &c.identity.chat_id).collect();
+            completed.retain(|id| live.contains(id));
+            let unknown = chats
+                .iter()
                 .filter(|c| !completed.contains(&c.identity.chat_id))
-                .collect()
+                .cloned()
+                .collect();
+            if completed.is_empty() {
+                all.remove(tenant);
+            }
+            unknown
         };
         if unknown.len() < limit {
             return unknown.len();
         }
         let statuses = join_all(unknown.iter().map(|c| c.addr.send(GetSnapshot))).await;
         let mut open = 0;
-        let mut completed = self.completed.lock().unwrap_or_else(|p| p.into_inner());
+        let mut all = self.completed.lock().unwrap_or_else(|p| p.into_inner());
+        let completed = all.entry(tenant.clone()).or_default();
         for (chat, status) in unknown.iter().zip(statuses) {
             match status {
                 Ok(snap) if matches!(snap.status, ChatStatus::Completed(_)) => {
                     completed.insert(chat.identity.chat_id.clone());
                 }
-                // A stopped actor is not open either.
-                Err(_) => {
-                    completed.insert(chat.identity.chat_id.clone());
-                }
+                // A stopped actor is not open either (it is swept from the registry).
+                Err(_) => {}
                 Ok(_) => open += 1,
             }
         }

@@ -242,9 +242,17 @@ async fn readyz(state: web::Data<AppState>) -> HttpResponse {
 }
 
 async fn metrics(state: web::Data<AppState>) -> HttpResponse {
+    let mut text = state.metrics.render();
+    crate::metrics::write_metric(
+        &mut text,
+        "tessera_chats_in_memory",
+        "Chat sessions held in memory (completed ones leave and are rebuilt on demand).",
+        "gauge",
+        i64::try_from(state.engine.chats_in_memory()).unwrap_or(i64::MAX),
+    );
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4")
-        .body(state.metrics.render())
+        .body(text)
 }
 
 async fn list_workflows(_: Caller, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
@@ -296,7 +304,12 @@ async fn start_chat(
             .send(crate::registry::TenantChats(caller.tenant.clone()))
             .await
             .map_err(|_| unavailable())?;
-        if state.chat_quota.open_count(chats, limit).await >= limit {
+        if state
+            .chat_quota
+            .open_count(&caller.tenant, chats, limit)
+            .await
+            >= limit
+        {
             return Err(ApiError::new(
                 StatusCode::TOO_MANY_REQUESTS,
                 "too_many_chats",

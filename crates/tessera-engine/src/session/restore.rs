@@ -113,7 +113,8 @@ impl ChatSession {
                 self.turn = self.turn.saturating_sub(1);
                 self.start_turn(agent, ctx);
             }
-            ChatStatus::AwaitingUser | ChatStatus::Completed(_) => {}
+            ChatStatus::Completed(_) => self.schedule_retire(ctx),
+            ChatStatus::AwaitingUser => {}
         }
     }
 }

@@ -1766,6 +1766,17 @@ async fn post_with_retry_after(
     (response.status().as_u16(), retry_after)
 }
 
+/// POSTs a user message to `chat` over REST: (status, `Retry-After`).
+async fn post_input(
+    srv: &Srv,
+    chat: &str,
+    who: &[(&str, String)],
+    content: &str,
+) -> (u16, Option<u64>) {
+    let path = format!("/api/v1/chats/{chat}/input");
+    post_with_retry_after(srv, &path, who, json!({"content": content})).await
+}
+
 #[tokio::test]
 async fn rest_inputs_spend_a_per_caller_budget_and_the_tenant_budget_then_get_429() {
     let srv = Srv::start(Opts {
@@ -1779,21 +1790,13 @@ async fn rest_inputs_spend_a_per_caller_budget_and_the_tenant_budget_then_get_42
     .await;
     let alice = key(KEY_A, "alice");
     let chat = srv.create_chat("TodoAssistant", &alice).await;
-    let input = format!("/api/v1/chats/{chat}/input");
     // Alice's own budget: 4 inputs pass the limiter (each may still be refused by the chat
     // with 409 while a turn runs), the fifth is refused with 429 and a Retry-After.
     for i in 0..4 {
-        let (status, _) = post_with_retry_after(
-            &srv,
-            &input,
-            &alice,
-            json!({"content": format!("task {i}")}),
-        )
-        .await;
+        let (status, _) = post_input(&srv, &chat, &alice, &format!("task {i}")).await;
         assert!(matches!(status, 202 | 409), "input {i}: {status}");
     }
-    let (status, retry_after) =
-        post_with_retry_after(&srv, &input, &alice, json!({"content": "one too many"})).await;
+    let (status, retry_after) = post_input(&srv, &chat, &alice, "one too many").await;
     assert_eq!(status, 429, "the fifth input of a caller in a minute");
     assert!(
         retry_after.is_some_and(|s| (1..=60).contains(&s)),
@@ -1813,13 +1816,7 @@ async fn rest_inputs_spend_a_per_caller_budget_and_the_tenant_budget_then_get_42
     // refused too, on REST and on a WebSocket, while tenant B is not.
     let carol = key(KEY_A, "carol");
     let carol_chat = srv.create_chat("TodoAssistant", &carol).await;
-    let (status, _) = post_with_retry_after(
-        &srv,
-        &format!("/api/v1/chats/{carol_chat}/input"),
-        &carol,
-        json!({"content": "hello"}),
-    )
-    .await;
+    let (status, _) = post_input(&srv, &carol_chat, &carol, "hello").await;
     assert_eq!(status, 429, "the tenant budget is shared by its callers");
     let mut socket = ws(&srv.ws_url(&carol_chat), &carol).await;
     socket.until("chat.resume_boundary").await;
@@ -1828,13 +1825,7 @@ async fn rest_inputs_spend_a_per_caller_budget_and_the_tenant_budget_then_get_42
     assert_eq!(limited["data"]["code"], "rate_limited");
     let bob = key(KEY_B, "bob");
     let bob_chat = srv.create_chat("TodoAssistant", &bob).await;
-    let (status, _) = post_with_retry_after(
-        &srv,
-        &format!("/api/v1/chats/{bob_chat}/input"),
-        &bob,
-        json!({"content": "hello"}),
-    )
-    .await;
+    let (status, _) = post_input(&srv, &bob_chat, &bob, "hello").await;
     assert_eq!(status, 202, "tenant B has its own budget");
 }
 
@@ -2114,35 +2105,19 @@ async fn a_jwt_not_valid_yet_is_refused() {
         ..Opts::default()
     })
     .await;
-    let mut early = claims("tenant-a", "alice");
-    // Valid in ten minutes: far beyond the 30 s leeway.
-    early["nbf"] = json!(now_s() + 600);
-    let (status, body) = srv
-        .get(
-            "/api/v1/workflows",
-            &bearer(&hs256(&early, JWT_SECRET.as_bytes())),
-        )
-        .await;
-    assert_eq!(status, 401, "nbf in the future: {body}");
-    // Within the leeway it passes, as does a token that became valid in the past.
-    let mut skewed = claims("tenant-a", "alice");
-    skewed["nbf"] = json!(now_s() + 5);
-    let (status, _) = srv
-        .get(
-            "/api/v1/workflows",
-            &bearer(&hs256(&skewed, JWT_SECRET.as_bytes())),
-        )
-        .await;
-    assert_eq!(status, 200, "nbf within the leeway");
-    let mut valid = claims("tenant-a", "alice");
-    valid["nbf"] = json!(now_s() - 60);
-    let (status, _) = srv
-        .get(
-            "/api/v1/workflows",
-            &bearer(&hs256(&valid, JWT_SECRET.as_bytes())),
-        )
-        .await;
-    assert_eq!(status, 200);
+    // Ten minutes ahead is far beyond the 30 s leeway; 5 s ahead is within it; a token that
+    // became valid a minute ago is fine.
+    for (nbf_offset_s, expected) in [(600, 401), (5, 200), (-60, 200)] {
+        let mut token = claims("tenant-a", "alice");
+        token["nbf"] = json!(now_s() + nbf_offset_s);
+        let (status, body) = srv
+            .get(
+                "/api/v1/workflows",
+                &bearer(&hs256(&token, JWT_SECRET.as_bytes())),
+            )
+            .await;
+        assert_eq!(status, expected, "nbf now + {nbf_offset_s} s: {body}");
+    }
 }
 
 #[tokio::test]

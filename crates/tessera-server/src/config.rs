@@ -277,15 +277,11 @@ impl ServerConfig {
         if let Some(v) = env("TESSERA_STREAM") {
             config.llm.stream = matches!(v.as_str(), "1" | "true" | "yes");
         }
-        if let Some(v) = env("TESSERA_LLM_CALL_DEADLINE_S") {
-            config.llm.call_deadline_s = v
-                .parse()
-                .with_context(|| format!("TESSERA_LLM_CALL_DEADLINE_S={v:?} is not a number"))?;
+        if let Some(v) = parsed_var(&env, "TESSERA_LLM_CALL_DEADLINE_S")? {
+            config.llm.call_deadline_s = v;
         }
-        if let Some(v) = env("TESSERA_LLM_MAX_TOKENS") {
-            config.llm.max_tokens = v
-                .parse()
-                .with_context(|| format!("TESSERA_LLM_MAX_TOKENS={v:?} is not a number"))?;
+        if let Some(v) = parsed_var(&env, "TESSERA_LLM_MAX_TOKENS")? {
+            config.llm.max_tokens = v;
         }
         if let Some(v) = env("TESSERA_UI_TIMEOUT_S") {
             config.limits.ui_timeout_s = v
@@ -357,6 +353,19 @@ impl ServerConfig {
         }
         Ok(config)
     }
+}
+
+/// Variable `name` parsed as a number, if set.
+fn parsed_var<T: std::str::FromStr>(
+    env: &impl Fn(&str) -> Option<String>,
+    name: &str,
+) -> anyhow::Result<Option<T>> {
+    env(name)
+        .map(|v| {
+            v.parse()
+                .map_err(|_| anyhow::anyhow!("{name}={v:?} is not a number"))
+        })
+        .transpose()
 }
 
 #[cfg(test)]

@@ -73,6 +73,8 @@ pub struct AgentPlan {
     /// Triggers of `ui_hidden` derived variables watching this agent: replies that could
     /// still become one are not streamed (see `hidden_text.rs`).
     pub hidden_triggers: Arc<[String]>,
+    /// How many tool calls of one model message run at once.
+    pub max_parallel_tools: usize,
 }
 
 impl AgentPlan {
@@ -233,6 +235,9 @@ fn plan_agent(
             .filter(|d| d.ui_hidden && d.source_agent == agent.name)
             .map(|d| d.trigger_value.clone())
             .collect(),
+        max_parallel_tools: usize::try_from(agent.max_parallel_tools)
+            .unwrap_or(1)
+            .max(1),
     })
 }
 

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use actix::prelude::*;
-use futures::future::join_all;
+use futures::StreamExt;
 use serde_json::{Map, Value};
 use tessera_llm::{ChatModel, DeltaSink, Message};
 use tessera_protocol::{InteractionType, ServerEvent};
@@ -107,8 +107,14 @@ impl AgentRunner {
                 self.in_flight = Some(handle);
             }
             Step::RunTools(calls) => {
+                // The calls of one model message run concurrently, at most the agent's
+                // `max_parallel_tools` at a time; `buffered` yields results in call order.
+                let limit = self.machine.plan().max_parallel_tools;
                 let runs: Vec<_> = calls.into_iter().map(|call| self.run_tool(call)).collect();
-                let handle = ctx.spawn(join_all(runs).into_actor(self).map(|results, act, ctx| {
+                let batch = futures::stream::iter(runs)
+                    .buffered(limit)
+                    .collect::<Vec<_>>();
+                let handle = ctx.spawn(batch.into_actor(self).map(|results, act, ctx| {
                     let step = act.machine.on_tool_results(results);
                     act.drive(step, ctx);
                 }));
@@ -147,8 +153,10 @@ impl AgentRunner {
         let workflow = self.parts.workflow_name.clone();
         tool_ctx.turn_idempotency_key = Arc::from(call.invocation_key.as_str());
         let key = ToolKey::of_turn(&tool_ctx);
-        let claim = dedup.send(ClaimKey(key.clone()));
         async move {
+            // Claimed when this call starts, not when the batch is built: a call still
+            // waiting for a free slot at a crash was never started and is not "interrupted".
+            let claim = dedup.send(ClaimKey(key.clone()));
             let tool = &plan.tools[call.tool_index];
             let info = ToolCallInfo {
                 agent: &plan.name,

@@ -42,12 +42,19 @@ pub struct Agent {
     /// Seconds one model call may take in total (streamed or not, retries included); `None`
     /// uses the server default.
     pub call_deadline_s: Option<f64>,
+    /// How many tool calls of one model message run at once (`1..=MAX_PARALLEL_TOOLS`).
+    pub max_parallel_tools: u32,
 }
 
 /// Largest `max_tokens` an agent may ask for (beyond any model's output window).
 pub const MAX_TOKENS_LIMIT: u32 = 1_000_000;
 /// Longest `call_deadline_s` an agent may set: one hour.
 pub const CALL_DEADLINE_LIMIT_S: f64 = 3600.0;
+
+/// `max_parallel_tools` when an agent does not set it.
+pub const DEFAULT_PARALLEL_TOOLS: u32 = 4;
+/// The largest accepted `max_parallel_tools` (a model rarely returns more calls at once).
+pub const MAX_PARALLEL_TOOLS: u32 = 32;
 
 /// The parsed `agents.json`: valid agents in file order, plus every declared name.
 pub(crate) struct Agents {
@@ -70,6 +77,7 @@ const AGENT_KEYS: &[&str] = &[
     "description",
     "max_tokens",
     "call_deadline_s",
+    "max_parallel_tools",
 ];
 
 /// Parses `agents.json`; `order` is the key order of the `agents` object in the file.
@@ -192,6 +200,21 @@ fn parse_agent(
             format!("\"call_deadline_s\" must be at most {CALL_DEADLINE_LIMIT_S} seconds"),
         );
     }
+    let max_parallel_tools = match o.get("max_parallel_tools") {
+        None => DEFAULT_PARALLEL_TOOLS,
+        Some(v) => match v.as_u64().and_then(|n| u32::try_from(n).ok()) {
+            Some(n) if (1..=MAX_PARALLEL_TOOLS).contains(&n) => n,
+            _ => {
+                loc.key("max_parallel_tools").err(
+                    d,
+                    format!(
+                        "\"max_parallel_tools\" must be an integer from 1 to {MAX_PARALLEL_TOOLS}, found {v}"
+                    ),
+                );
+                DEFAULT_PARALLEL_TOOLS
+            }
+        },
+    };
     let vars = o.opt_str_list("context_variables", d);
     for (i, var) in &vars {
         var_refs.push((name.to_owned(), *i, (*var).to_owned()));
@@ -208,5 +231,6 @@ fn parse_agent(
         context_variables: vars.into_iter().map(|(_, v)| v.to_owned()).collect(),
         max_tokens,
         call_deadline_s,
+        max_parallel_tools,
     })
 }

@@ -10,6 +10,7 @@ mod metrics;
 mod registry;
 mod rest;
 mod serve;
+pub mod stores;
 pub mod validate;
 mod web_client;
 mod ws;

@@ -18,7 +18,7 @@ use tessera_llm::openai::{OpenAiClient, OpenAiConfig};
 use tessera_llm::scripted::ScriptedModel;
 use tessera_manifest::Workflow;
 use tessera_protocol::ServerEvent;
-use tessera_store::{ChatStore, SqliteStore};
+use tessera_store::ChatStore;
 use tessera_tools::{ArtifactStore, BuiltinRegistry, ToolServices};
 
 use crate::auth::Authenticator;
@@ -164,15 +164,11 @@ pub async fn run(
         .collect();
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("cannot create the data dir {}", config.data_dir.display()))?;
-    let db_path = config.data_dir.join("tessera.db");
-    let store = Arc::new(
-        SqliteStore::open(&db_path)
-            .await
-            .with_context(|| format!("cannot open {}", db_path.display()))?,
-    );
-    let artifacts: Arc<dyn ArtifactStore> = store.clone();
+    let stores = crate::stores::Stores::open(&config.store_location()?).await?;
+    let store = stores.chats();
+    let artifacts = stores.artifacts();
     let services = ToolServices {
-        tasks: store.clone(),
+        tasks: stores.tasks(),
         artifacts: artifacts.clone(),
     };
     let builtins = BuiltinRegistry::with_defaults(services);
@@ -188,7 +184,7 @@ pub async fn run(
     let hooks = EngineHooks {
         durable_dedup: None,
         observer: Some(Arc::new(move |event: &ServerEvent| observed.observe(event))),
-        store: Some(store.clone() as Arc<dyn ChatStore>),
+        store: Some(store.clone()),
     };
     let engine = Engine::start(with_models, &builtins, engine_config, hooks)
         .map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -273,7 +269,7 @@ pub async fn run(
     server.await.context("server failed")?;
     // Sockets are closed and HTTP has drained: let the store commit what the chats queued
     // before the process exits (a write still queued at exit would be lost as in a crash).
-    store.close().await;
+    stores.close().await;
     tracing::info!("store closed");
     Ok(())
 }

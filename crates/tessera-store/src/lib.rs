@@ -36,6 +36,8 @@ mod sqlite_error;
 mod sqlx_error;
 mod store;
 mod tasks;
+#[cfg(feature = "testing")]
+pub mod testing;
 mod tools;
 mod writer;
 

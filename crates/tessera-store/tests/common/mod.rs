@@ -7,25 +7,20 @@
 
 use std::ops::Deref;
 use std::path::PathBuf;
-use std::str::FromStr;
 use std::sync::Arc;
 
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use serde_json::{Value, json};
-use sqlx::Connection;
-use sqlx::postgres::{PgConnectOptions, PgConnection};
+use tessera_store::testing::PgTestSchema;
 use tessera_store::{
     ChatRecord, ChatState, ChatStore, ChatWriteBatch, PendingUiRecord, PgStore, SqliteStore,
     StoreError, StoredEvent, StoredMessage,
 };
 use tessera_tools::{ArtifactRef, ArtifactStore, StoredArtifact, Task, TaskFilter, TaskStore};
 
-/// The variable naming the PostgreSQL database tests may use.
-pub const DATABASE_ENV: &str = "TESSERA_TEST_DATABASE_URL";
-
 /// Runs each named `async fn(TestDb)` as a test on SQLite (always) and on PostgreSQL (when
-/// [`DATABASE_ENV`] is set: otherwise it prints that it is skipped, and fails under
+/// `TESSERA_TEST_DATABASE_URL` is set: otherwise it prints that it is skipped, and fails under
 /// `CI=true`). A second list, after `postgres_only:`, runs on PostgreSQL alone.
 macro_rules! conformance {
     ($($name:ident),* $(,)? ; postgres_only: $($pg_name:ident),* $(,)?) => {
@@ -64,13 +59,7 @@ pub enum TestDb {
         _dir: tempfile::TempDir,
         path: PathBuf,
     },
-    Postgres(Box<PgSchema>),
-}
-
-/// A schema of the test database, dropped (with everything in it) on drop.
-pub struct PgSchema {
-    base: PgConnectOptions,
-    pub name: String,
+    Postgres(Box<PgTestSchema>),
 }
 
 impl TestDb {
@@ -81,92 +70,11 @@ impl TestDb {
         TestDb::Sqlite { _dir: dir, path }
     }
 
-    /// A fresh schema, or `None` (with a message) when no database is configured; under
-    /// `CI=true` a missing database fails the test instead.
+    /// A fresh schema, or `None` when no database is configured (see `PgTestSchema`).
     pub async fn postgres(test: &str) -> Option<Self> {
-        let Some(url) = std::env::var(DATABASE_ENV).ok().filter(|u| !u.is_empty()) else {
-            assert!(
-                std::env::var("CI").as_deref() != Ok("true"),
-                "{DATABASE_ENV} is not set, and CI=true requires the PostgreSQL tests to run"
-            );
-            eprintln!("skipped {test} on PostgreSQL: {DATABASE_ENV} is not set");
-            return None;
-        };
-        let base = PgConnectOptions::from_str(&url).expect("valid TESSERA_TEST_DATABASE_URL");
-        let name = format!("t_{}", uuid::Uuid::new_v4().simple());
-        let mut admin = PgConnection::connect_with(&base)
+        PgTestSchema::create(test)
             .await
-            .expect("connect to TESSERA_TEST_DATABASE_URL");
-        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {name}")))
-            .execute(&mut admin)
-            .await
-            .expect("create the test schema");
-        let _ = admin.close().await;
-        Some(TestDb::Postgres(Box::new(PgSchema { base, name })))
-    }
-
-    pub fn is_postgres(&self) -> bool {
-        matches!(self, TestDb::Postgres(_))
-    }
-}
-
-impl PgSchema {
-    /// Connection options whose `search_path` is this schema (and whose application name
-    /// is the schema's, so a test can find its store's connections).
-    pub fn options(&self) -> PgConnectOptions {
-        self.base
-            .clone()
-            .application_name(&self.name)
-            .options([("search_path", &self.name)])
-    }
-
-    /// Terminates every server connection of the stores on this schema, as a PostgreSQL
-    /// restart would; returns how many there were.
-    pub async fn kill_connections(&self) -> usize {
-        let mut admin = PgConnection::connect_with(&self.base)
-            .await
-            .expect("connect");
-        let killed: Vec<bool> = sqlx::query_scalar(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
-        )
-        .bind(&self.name)
-        .fetch_all(&mut admin)
-        .await
-        .expect("terminate backends");
-        let _ = admin.close().await;
-        killed.into_iter().filter(|k| *k).count()
-    }
-
-    /// The store URL of this schema, for a server process (`store.url`).
-    pub fn url(&self, base_url: &str) -> String {
-        let sep = if base_url.contains('?') { '&' } else { '?' };
-        format!("{base_url}{sep}options=-c%20search_path%3D{}", self.name)
-    }
-}
-
-impl Drop for PgSchema {
-    fn drop(&mut self) {
-        let (base, name) = (self.base.clone(), self.name.clone());
-        // Drop may run inside the test's runtime, which must not block: a thread of its own.
-        let dropped = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime");
-            runtime.block_on(async move {
-                if let Ok(mut admin) = PgConnection::connect_with(&base).await {
-                    let sql = format!("DROP SCHEMA IF EXISTS {name} CASCADE");
-                    if let Err(e) = sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
-                        .execute(&mut admin)
-                        .await
-                    {
-                        eprintln!("could not drop test schema {name}: {e}");
-                    }
-                    let _ = admin.close().await;
-                }
-            });
-        });
-        let _ = dropped.join();
+            .map(|schema| TestDb::Postgres(Box::new(schema)))
     }
 }
 

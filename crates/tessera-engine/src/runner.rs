@@ -13,6 +13,7 @@ use tessera_tools::{ToolContext, ToolError};
 
 use crate::dedup::{ClaimKey, ClaimOutcome, CompleteKey, DedupCache, ToolKey};
 use crate::events::{Publish, ToolCallInfo, tool_call_event, tool_response_event};
+use crate::hidden_text::HiddenTextFilter;
 use crate::plan::AgentPlan;
 use crate::turn::{
     Step, ToolInvocation, ToolResult, TurnFailure, TurnLimits, TurnMachine, TurnOutput,
@@ -85,7 +86,10 @@ impl AgentRunner {
         match step {
             Step::CallModel(request) => {
                 let sink = request.stream.then(|| self.delta_sink());
-                let call = self.parts.model.complete(request, sink);
+                let call = with_deadline(
+                    self.machine.model_call_deadline(),
+                    self.parts.model.complete(request, sink),
+                );
                 let started = std::time::Instant::now();
                 let handle = ctx.spawn(call.into_actor(self).map(move |result, act, ctx| {
                     let step = match result {
@@ -199,12 +203,15 @@ impl AgentRunner {
         let publish = self.parts.publish.clone();
         let agent = self.machine.plan().name.to_string();
         let message_id = message_id(&self.parts.tool_ctx.turn_idempotency_key);
+        let mut hidden = HiddenTextFilter::new(self.machine.plan().hidden_triggers.clone());
         Box::new(move |delta: &str| {
-            publish.do_send(Publish(ServerEvent::TextDelta {
-                message_id: message_id.clone(),
-                agent: agent.clone(),
-                delta: delta.to_owned(),
-            }));
+            if let Some(delta) = hidden.push(delta) {
+                publish.do_send(Publish(ServerEvent::TextDelta {
+                    message_id: message_id.clone(),
+                    agent: agent.clone(),
+                    delta,
+                }));
+            }
         })
     }
 
@@ -218,6 +225,18 @@ impl AgentRunner {
             latency_ms: u64::try_from(latency.as_millis()).unwrap_or(u64::MAX),
         }));
     }
+}
+
+/// `call`, cut off after `deadline` as a timeout: a model that streams a token a second
+/// forever never trips a per-chunk timeout, so the whole call needs a bound. Dropping the
+/// future drops its HTTP request.
+async fn with_deadline(
+    deadline: std::time::Duration,
+    call: impl Future<Output = Result<tessera_llm::ChatResponse, tessera_llm::LlmError>>,
+) -> Result<tessera_llm::ChatResponse, tessera_llm::LlmError> {
+    tokio::time::timeout(deadline, call)
+        .await
+        .unwrap_or(Err(tessera_llm::LlmError::Timeout(deadline)))
 }
 
 /// The id of the message a turn's final text is published under.

@@ -5,9 +5,12 @@
 
 mod auth;
 pub mod config;
+mod data_lock;
+mod frame_guard;
 mod limits;
 mod metrics;
 mod registry;
+mod reload;
 mod rest;
 mod serve;
 pub mod stores;

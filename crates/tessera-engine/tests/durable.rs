@@ -80,7 +80,7 @@ async fn a_tool_started_before_a_crash_is_reported_interrupted_not_rerun() {
     let chat_id = c.chat.identity.chat_id.to_string();
     let key = format!("turn_{chat_id}_HelperAgent_1:s1:0");
     assert_eq!(
-        store.claim_tool(&chat_id, &key).await.ok(),
+        store.claim_tool(&chat_id, &key, None).await.ok(),
         Some(ToolClaim::Claimed)
     );
 
@@ -223,11 +223,11 @@ impl ChatStore for FlakyStore {
     fn pending_ui(&self, chat_id: &str) -> StoreFuture<Vec<PendingUiRecord>> {
         self.inner.pending_ui(chat_id)
     }
-    fn claim_tool(&self, chat_id: &str, key: &str) -> StoreFuture<ToolClaim> {
-        self.inner.claim_tool(chat_id, key)
+    fn claim_tool(&self, chat_id: &str, key: &str, epoch: Option<i64>) -> StoreFuture<ToolClaim> {
+        self.inner.claim_tool(chat_id, key, epoch)
     }
-    fn complete_tool(&self, chat_id: &str, key: &str) -> StoreFuture<()> {
-        self.inner.complete_tool(chat_id, key)
+    fn complete_tool(&self, chat_id: &str, key: &str, epoch: Option<i64>) -> StoreFuture<()> {
+        self.inner.complete_tool(chat_id, key, epoch)
     }
     fn put_secrets(&self, chat_id: &str, sealed: Vec<u8>) -> StoreFuture<()> {
         self.inner.put_secrets(chat_id, sealed)
@@ -410,7 +410,7 @@ async fn a_crash_mid_batch_neither_reruns_the_finished_call_nor_the_started_one(
     // Wait until "a" is durably completed while "b" is still running: the moment of the crash.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
-        let a = store.claim_tool(&chat_id, &key_a).await.ok();
+        let a = store.claim_tool(&chat_id, &key_a, None).await.ok();
         if matches!(a, Some(ToolClaim::AlreadyCompleted(_))) {
             break;
         }
@@ -421,7 +421,7 @@ async fn a_crash_mid_batch_neither_reruns_the_finished_call_nor_the_started_one(
         actix::clock::sleep(std::time::Duration::from_millis(10)).await;
     }
     assert_eq!(
-        store.claim_tool(&chat_id, &key_b).await.ok(),
+        store.claim_tool(&chat_id, &key_b, None).await.ok(),
         Some(ToolClaim::AlreadyStarted)
     );
     assert_eq!(

@@ -14,8 +14,10 @@ use serde::Deserialize;
 pub struct ServerConfig {
     /// Address to listen on.
     pub bind: SocketAddr,
-    /// Where the SQLite database and generated files live.
+    /// Where the SQLite database (unless `store.url` says otherwise) and generated files live.
     pub data_dir: PathBuf,
+    /// Which database keeps the chats.
+    pub store: StoreConfig,
     /// Folder of workflow folders.
     pub workflows_dir: PathBuf,
     /// Check the workflows dir for changed files this often, in seconds, and reload them as
@@ -31,6 +33,49 @@ pub struct ServerConfig {
     pub auth: AuthConfig,
     /// The key that encrypts the chats' secret vaults at rest.
     pub secrets: SecretsConfig,
+}
+
+/// The chat store: `url` is `sqlite://PATH` (embedded, one node; the default is
+/// `sqlite://<data_dir>/tessera.db`) or `postgres://user[:password]@host[:port]/database`
+/// (shared by several nodes).
+#[derive(Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StoreConfig {
+    /// `TESSERA_STORE_URL` overrides it.
+    pub url: Option<String>,
+}
+
+impl std::fmt::Debug for StoreConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreConfig")
+            .field("url", &self.url.as_deref().map(redact_url))
+            .finish()
+    }
+}
+
+/// Where the chats are stored, from `store.url`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreLocation {
+    /// A SQLite file.
+    Sqlite(PathBuf),
+    /// A PostgreSQL database; the URL as given (it may hold a password: log
+    /// [`redact_url`] of it, never the URL).
+    Postgres(String),
+}
+
+/// `url` with any password replaced by `***`, for logs and errors.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    match authority.rsplit_once('@') {
+        Some((user_info, host)) if user_info.contains(':') => {
+            let user = user_info.split(':').next().unwrap_or("");
+            format!("{scheme}://{user}:***@{host}{path}")
+        }
+        _ => url.to_owned(),
+    }
 }
 
 /// Authentication beyond tenant API keys. See `SECURITY.md`.
@@ -193,6 +238,7 @@ impl Default for ServerConfig {
         Self {
             bind: SocketAddr::from(([127, 0, 0, 1], 8080)),
             data_dir: PathBuf::from("data"),
+            store: StoreConfig::default(),
             workflows_dir: PathBuf::from("workflows"),
             workflows_watch_s: 0.0,
             llm: LlmConfig::default(),
@@ -244,6 +290,27 @@ impl Limits {
 }
 
 impl ServerConfig {
+    /// Where the chats are stored: `store.url`, or the SQLite file in `data_dir`.
+    pub fn store_location(&self) -> anyhow::Result<StoreLocation> {
+        let Some(url) = &self.store.url else {
+            return Ok(StoreLocation::Sqlite(self.data_dir.join("tessera.db")));
+        };
+        if let Some(path) = url.strip_prefix("sqlite://") {
+            anyhow::ensure!(
+                !path.is_empty(),
+                "store.url {url:?} names no file: use sqlite://PATH"
+            );
+            return Ok(StoreLocation::Sqlite(PathBuf::from(path)));
+        }
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            return Ok(StoreLocation::Postgres(url.clone()));
+        }
+        anyhow::bail!(
+            "store.url / TESSERA_STORE_URL {:?} must start with sqlite:// or postgres://",
+            redact_url(url)
+        )
+    }
+
     /// Reads `path` (if given) and applies `TESSERA_*` overrides from `env`.
     pub fn load(path: Option<&Path>, env: impl Fn(&str) -> Option<String>) -> anyhow::Result<Self> {
         let mut config = match path {
@@ -262,6 +329,9 @@ impl ServerConfig {
         }
         if let Some(v) = env("TESSERA_DATA_DIR") {
             config.data_dir = PathBuf::from(v);
+        }
+        if let Some(v) = env("TESSERA_STORE_URL") {
+            config.store.url = Some(v);
         }
         if let Some(v) = env("TESSERA_WORKFLOWS_DIR") {
             config.workflows_dir = PathBuf::from(v);
@@ -387,6 +457,48 @@ mod tests {
         assert_eq!(config.bind.port(), 9001);
         assert_eq!(config.limits.max_frame_bytes, 100);
         assert_eq!(config.limits.messages_per_minute, 120);
+        Ok(())
+    }
+
+    #[test]
+    fn store_url_selects_the_backend_and_never_shows_a_password() -> anyhow::Result<()> {
+        let none = |_: &str| None;
+        let default = ServerConfig::load(None, none)?;
+        assert_eq!(
+            default.store_location()?,
+            StoreLocation::Sqlite(PathBuf::from("data").join("tessera.db"))
+        );
+        let env = |url: &'static str| {
+            move |name: &str| (name == "TESSERA_STORE_URL").then(|| url.to_owned())
+        };
+        let sqlite = ServerConfig::load(None, env("sqlite:///var/lib/tessera/chats.db"))?;
+        assert_eq!(
+            sqlite.store_location()?,
+            StoreLocation::Sqlite(PathBuf::from("/var/lib/tessera/chats.db"))
+        );
+        let pg_url = "postgres://tessera:hunter2@db.internal:5432/tessera";
+        let pg = ServerConfig::load(None, env(pg_url))?;
+        assert_eq!(
+            pg.store_location()?,
+            StoreLocation::Postgres(pg_url.to_owned())
+        );
+        let shown = format!("{pg:?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(
+            shown.contains("postgres://tessera:***@db.internal:5432/tessera"),
+            "{shown}"
+        );
+        let bad = ServerConfig::load(None, env("mysql://root:hunter2@db/x"))?;
+        let err = bad.store_location().unwrap_err().to_string();
+        assert!(
+            err.contains("sqlite:// or postgres://") && !err.contains("hunter2"),
+            "{err}"
+        );
+        assert!(
+            ServerConfig::load(None, env("sqlite://"))?
+                .store_location()
+                .is_err()
+        );
         Ok(())
     }
 

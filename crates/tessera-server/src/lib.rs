@@ -13,6 +13,7 @@ mod registry;
 mod reload;
 mod rest;
 mod serve;
+pub mod stores;
 pub mod validate;
 mod web_client;
 mod ws;

@@ -17,7 +17,7 @@ use tessera_llm::ChatModel;
 use tessera_llm::openai::{OpenAiClient, OpenAiConfig};
 use tessera_manifest::Workflow;
 use tessera_protocol::ServerEvent;
-use tessera_store::{ChatStore, SqliteStore};
+use tessera_store::ChatStore;
 use tessera_tools::{ArtifactStore, BuiltinRegistry, ToolServices};
 
 use crate::auth::Authenticator;
@@ -173,15 +173,13 @@ pub async fn run(
         .iter()
         .map(|(w, m)| workflow_summary(w, m.is_demo()))
         .collect();
-    let db_path = config.data_dir.join("tessera.db");
-    let store = Arc::new(
-        SqliteStore::open(&db_path)
-            .await
-            .with_context(|| format!("cannot open {}", db_path.display()))?,
-    );
-    let artifacts: Arc<dyn ArtifactStore> = store.clone();
+    std::fs::create_dir_all(&config.data_dir)
+        .with_context(|| format!("cannot create the data dir {}", config.data_dir.display()))?;
+    let stores = crate::stores::Stores::open(&config.store_location()?).await?;
+    let store = stores.chats();
+    let artifacts = stores.artifacts();
     let services = ToolServices {
-        tasks: store.clone(),
+        tasks: stores.tasks(),
         artifacts: artifacts.clone(),
     };
     let builtins = BuiltinRegistry::with_defaults(services);
@@ -199,7 +197,7 @@ pub async fn run(
     let hooks = EngineHooks {
         durable_dedup: None,
         observer: Some(Arc::new(move |event: &ServerEvent| observed.observe(event))),
-        store: Some(store.clone() as Arc<dyn ChatStore>),
+        store: Some(store.clone()),
     };
     let engine = Engine::start(with_models, &builtins, engine_config, hooks)
         .map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -315,7 +313,7 @@ pub async fn run(
     server.await.context("server failed")?;
     // Sockets are closed and HTTP has drained: let the store commit what the chats queued
     // before the process exits (a write still queued at exit would be lost as in a crash).
-    store.close().await;
+    stores.close().await;
     tracing::info!("store closed");
     Ok(())
 }

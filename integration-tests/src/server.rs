@@ -5,6 +5,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::Value;
+use tessera_store::testing::PgTestSchema;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
@@ -30,6 +31,18 @@ pub struct ServerOptions {
     /// Append the server's log (stderr) to this file instead of the test's stderr, for tests
     /// that wait for a log line.
     pub stderr_file: Option<PathBuf>,
+}
+
+impl ServerOptions {
+    /// These options with the chat store on a PostgreSQL schema of the test's own
+    /// (`TESSERA_STORE_URL`); keep the schema alive while the server runs (it is dropped with
+    /// it). `None` when no test database is configured: the test prints that it is skipped
+    /// (and fails under `CI=true`).
+    pub async fn on_postgres(mut self, test: &str) -> Option<(Self, PgTestSchema)> {
+        let schema = PgTestSchema::create(test).await?;
+        self.env.push(("TESSERA_STORE_URL".into(), schema.url()));
+        Some((self, schema))
+    }
 }
 
 impl TestServer {

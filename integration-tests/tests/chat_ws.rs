@@ -59,7 +59,23 @@ async fn generator_at_action_plan(server: &TestServer, user: &str) -> (String, W
 
 #[tokio::test]
 async fn generator_runs_end_to_end_through_every_ui_tool() {
-    let server = TestServer::start(ServerOptions::default()).await;
+    generator_end_to_end(TestServer::start(ServerOptions::default()).await).await;
+}
+
+/// The same on a server whose store is PostgreSQL: chats, events, the UI calls, the sealed
+/// API key and the generated bundle (an artifact) all go through `PgStore`.
+#[tokio::test]
+async fn on_postgres_generator_runs_end_to_end_through_every_ui_tool() {
+    let Some((options, _schema)) = ServerOptions::default()
+        .on_postgres("generator_end_to_end")
+        .await
+    else {
+        return;
+    };
+    generator_end_to_end(TestServer::start(options).await).await;
+}
+
+async fn generator_end_to_end(server: TestServer) {
     let (chat, mut ws, plan) = generator_at_action_plan(&server, "alice").await;
     assert!(plan["data"]["payload"]["ActionPlan"]["workflow"]["phases"].is_array());
     ws.send(answer(

@@ -1,23 +1,61 @@
 //! Durability of the real server: SIGKILL while a chat waits on a UI tool, start again on the
 //! same data dir, and the chat is still there, the pending call answerable once, the event log
-//! continuous, and no tool has run twice.
+//! continuous, and no tool has run twice. The `on_postgres_` tests run the same on a server
+//! whose `store.url` is PostgreSQL.
 
 use std::time::Duration;
 
 use integration_tests::server::{ServerOptions, TestServer};
 use integration_tests::wsclient::WsClient;
 use serde_json::{Value, json};
+use tessera_store::testing::PgTestSchema;
 
 fn answer(corr: &str) -> Value {
     json!({"type": "chat.tool_response", "data": {"corr": corr, "status": "success", "action": "submit", "data": {}}})
 }
 
-#[tokio::test]
-async fn sigkill_during_a_ui_wait_then_restart_resumes_the_chat_exactly_once() {
+/// Options for a server that restarts on the same data: a data dir that outlives it, and,
+/// on PostgreSQL, the test's schema (kept alive by the returned guard).
+async fn restartable(
+    test: &str,
+    postgres: bool,
+) -> Option<(ServerOptions, tempfile::TempDir, Option<PgTestSchema>)> {
     let data = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let options = ServerOptions {
         data_dir: Some(data.path().to_path_buf()),
         ..Default::default()
+    };
+    if !postgres {
+        return Some((options, data, None));
+    }
+    let (options, schema) = options.on_postgres(test).await?;
+    Some((options, data, Some(schema)))
+}
+
+/// On PostgreSQL nothing may have gone to a SQLite file in the data dir.
+fn assert_no_sqlite_file(data: &tempfile::TempDir, schema: &Option<PgTestSchema>) {
+    if schema.is_some() {
+        assert!(
+            !data.path().join("tessera.db").exists(),
+            "store.url = postgres:// must not write the SQLite file"
+        );
+    }
+}
+
+#[tokio::test]
+async fn sigkill_during_a_ui_wait_then_restart_resumes_the_chat_exactly_once() {
+    sigkill_during_a_ui_wait(false).await;
+}
+
+#[tokio::test]
+async fn on_postgres_sigkill_during_a_ui_wait_then_restart_resumes_the_chat_exactly_once() {
+    sigkill_during_a_ui_wait(true).await;
+}
+
+async fn sigkill_during_a_ui_wait(postgres: bool) {
+    let Some((options, data, schema)) = restartable("sigkill_during_a_ui_wait", postgres).await
+    else {
+        return;
     };
     let server = TestServer::start(options.clone()).await;
     let chat = server.create_chat("Generator", "alice").await;
@@ -27,7 +65,7 @@ async fn sigkill_during_a_ui_wait_then_restart_resumes_the_chat_exactly_once() {
     let plan = ws.until_ui_call().await;
     let corr = plan["data"]["corr"].as_str().unwrap_or_default().to_owned();
     let seen = ws.last_seq;
-    // Writes go to SQLite behind the session; wait until the store holds the whole log
+    // Writes go to the store behind the session; wait until it holds the whole log
     // (the state is written in the same batch, after the events).
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
@@ -106,14 +144,24 @@ async fn sigkill_during_a_ui_wait_then_restart_resumes_the_chat_exactly_once() {
         (2, 1),
         "one auto-tool announcement + one UI call, one response"
     );
+    assert_no_sqlite_file(&data, &schema);
 }
 
 #[tokio::test]
 async fn a_completed_chat_stays_readable_after_a_restart() {
-    let data = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let options = ServerOptions {
-        data_dir: Some(data.path().to_path_buf()),
-        ..Default::default()
+    completed_chat_after_a_restart(false).await;
+}
+
+#[tokio::test]
+async fn on_postgres_a_completed_chat_stays_readable_after_a_restart() {
+    completed_chat_after_a_restart(true).await;
+}
+
+async fn completed_chat_after_a_restart(postgres: bool) {
+    let Some((options, data, schema)) =
+        restartable("completed_chat_after_a_restart", postgres).await
+    else {
+        return;
     };
     let server = TestServer::start(options.clone()).await;
     let chat = server.create_chat("Generator", "alice").await;
@@ -165,6 +213,7 @@ async fn a_completed_chat_stays_readable_after_a_restart() {
     );
     let (_, snap) = server.get(&format!("/api/v1/chats/{chat}"), "alice").await;
     assert_eq!(snap["status"], "completed");
+    assert_no_sqlite_file(&data, &schema);
 }
 
 #[tokio::test]

@@ -68,19 +68,34 @@ async fn turn(server: &TestServer, user: &str, message: &str) -> (Value, Vec<Val
     (result, events)
 }
 
-#[tokio::test]
-async fn two_users_never_see_each_others_tasks() {
-    let llm = mock_llm().await;
-    let options = ServerOptions {
+fn with_llm(llm: &MockServer) -> ServerOptions {
+    ServerOptions {
         env: vec![
             ("OPENAI_BASE_URL".into(), format!("{}/v1", llm.uri())),
             ("OPENAI_API_KEY".into(), "sk-test-not-a-secret".into()),
             ("TESSERA_STREAM".into(), "false".into()),
         ],
         ..Default::default()
-    };
-    let server = TestServer::start(options).await;
+    }
+}
 
+#[tokio::test]
+async fn two_users_never_see_each_others_tasks() {
+    let llm = mock_llm().await;
+    two_users(&llm, TestServer::start(with_llm(&llm)).await).await;
+}
+
+/// The same with the tasks (and chats, and tool claims) in PostgreSQL.
+#[tokio::test]
+async fn on_postgres_two_users_never_see_each_others_tasks() {
+    let llm = mock_llm().await;
+    let Some((options, _schema)) = with_llm(&llm).on_postgres("two_users").await else {
+        return;
+    };
+    two_users(&llm, TestServer::start(options).await).await;
+}
+
+async fn two_users(llm: &MockServer, server: TestServer) {
     let (added, _) = turn(&server, "alice", "please add milk").await;
     assert_eq!(added["data"]["tool_name"], "add_task");
     assert_eq!(added["data"]["success"], true);

@@ -109,9 +109,13 @@ impl Engine {
         let catalog = WorkflowCatalog::start_in_arbiter(&on, move |_| {
             WorkflowCatalog::with_current(compiled)
         });
+        let in_memory = Arc::new(AtomicUsize::new(0));
         let shards = handles
             .into_iter()
-            .map(|a| Shard::start(a, &config, &hooks))
+            .map(|a| Shard {
+                chats_in_memory: in_memory.clone(),
+                ..Shard::start(a, &config, &hooks)
+            })
             .collect();
         Ok(Self {
             inner: Arc::new(EngineInner {
@@ -284,6 +288,15 @@ impl Engine {
             handles.extend(self.start_restored(chat).await);
         }
         Ok(handles)
+    }
+
+    /// How many chat sessions are in memory (completed chats leave after a while and are
+    /// rebuilt from the store on demand).
+    pub fn chats_in_memory(&self) -> usize {
+        self.inner
+            .shards
+            .first()
+            .map_or(0, |s| s.chats_in_memory.load(Ordering::Relaxed))
     }
 
     /// The engine's configuration.

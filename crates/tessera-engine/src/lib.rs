@@ -21,6 +21,7 @@ pub mod engine;
 mod envelope;
 mod error;
 pub mod events;
+mod hidden_text;
 pub mod persist;
 pub mod plan;
 pub mod runner;

@@ -43,6 +43,9 @@ pub struct WriteBehind {
     in_flight_seq: u64,
     /// Highest event seq known to be in the store.
     persisted_seq: u64,
+    /// The chat's lease epoch when a cluster owns chats by lease; every flush carries it so
+    /// the store refuses it once another node took the chat over. `None` on a single node.
+    epoch: Option<i64>,
 }
 
 impl WriteBehind {
@@ -57,7 +60,13 @@ impl WriteBehind {
             retry_delay: FIRST_RETRY_DELAY,
             in_flight_seq: 0,
             persisted_seq: 0,
+            epoch: None,
         }
+    }
+
+    /// The lease epoch every later flush carries (fencing, see `tessera_store::LeaseStore`).
+    pub fn set_epoch(&mut self, epoch: Option<i64>) {
+        self.epoch = epoch;
     }
 
     /// Highest event seq the store is known to hold: clients and operators can tell how far
@@ -73,6 +82,11 @@ impl WriteBehind {
     }
 
     /// True when writes wait for a flush.
+    /// Nothing queued and no flush running: the store holds everything.
+    pub fn is_idle(&self) -> bool {
+        !self.flushing && self.queued.is_empty()
+    }
+
     pub fn has_queued(&self) -> bool {
         !self.queued.is_empty()
     }
@@ -128,7 +142,9 @@ impl WriteBehind {
             return None;
         }
         self.flushing = true;
-        let batch = Arc::new(std::mem::take(&mut self.queued));
+        let mut batch = std::mem::take(&mut self.queued);
+        batch.epoch = self.epoch;
+        let batch = Arc::new(batch);
         self.in_flight_seq = batch.events.last().map_or(self.persisted_seq, |e| e.seq);
         self.in_flight = Some(batch.clone());
         let store = self.store.clone();
@@ -141,7 +157,8 @@ impl WriteBehind {
                     FlushOutcome::Retry
                 }
                 Err(error) => {
-                    // A conflict or a deleted chat: the same batch would fail again.
+                    // A conflict, a deleted chat or a lost lease (fenced): the same batch
+                    // would fail again.
                     tracing::error!(chat_id = %chat_id, %error, "persisting chat failed; batch dropped");
                     FlushOutcome::Dropped
                 }
@@ -225,7 +242,7 @@ pub struct StoreDedup(pub Arc<dyn ChatStore>);
 
 impl DedupRecordStore for StoreDedup {
     fn claim(&self, key: &ToolKey) -> BoxFuture<'static, Result<ClaimOutcome, String>> {
-        let claim = self.0.claim_tool(&key.chat_id, &key.invocation);
+        let claim = self.0.claim_tool(&key.chat_id, &key.invocation, None);
         Box::pin(async move {
             match claim.await {
                 Ok(ToolClaim::Claimed) => Ok(ClaimOutcome::Claimed),
@@ -237,7 +254,7 @@ impl DedupRecordStore for StoreDedup {
     }
 
     fn complete(&self, key: &ToolKey) -> BoxFuture<'static, Result<(), String>> {
-        let done = self.0.complete_tool(&key.chat_id, &key.invocation);
+        let done = self.0.complete_tool(&key.chat_id, &key.invocation, None);
         Box::pin(async move { done.await.map_err(|e| e.to_string()) })
     }
 }

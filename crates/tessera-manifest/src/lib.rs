@@ -34,7 +34,7 @@ mod models;
 mod tools;
 mod workflow;
 
-pub use agents::{Agent, ToolCalling};
+pub use agents::{Agent, DEFAULT_PARALLEL_TOOLS, MAX_PARALLEL_TOOLS, ToolCalling};
 pub use context::{DerivedVariable, UiResponseTrigger, VarSource, VarType, VariableDef};
 pub use error::{ManifestError, ManifestErrors};
 pub use expr::{Expr, ExprError};

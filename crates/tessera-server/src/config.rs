@@ -14,8 +14,10 @@ use serde::Deserialize;
 pub struct ServerConfig {
     /// Address to listen on.
     pub bind: SocketAddr,
-    /// Where the SQLite database and generated files live.
+    /// Where the SQLite database (unless `store.url` says otherwise) and generated files live.
     pub data_dir: PathBuf,
+    /// Which database keeps the chats.
+    pub store: StoreConfig,
     /// Folder of workflow folders.
     pub workflows_dir: PathBuf,
     /// Check the workflows dir for changed files this often, in seconds, and reload them as
@@ -60,6 +62,49 @@ impl RetentionConfig {
     pub fn max_age(&self) -> Option<Duration> {
         (self.completed_chat_days > 0.0)
             .then(|| Duration::from_secs_f64(self.completed_chat_days * 86_400.0))
+    }
+}
+
+/// The chat store: `url` is `sqlite://PATH` (embedded, one node; the default is
+/// `sqlite://<data_dir>/tessera.db`) or `postgres://user[:password]@host[:port]/database`
+/// (shared by several nodes).
+#[derive(Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StoreConfig {
+    /// `TESSERA_STORE_URL` overrides it.
+    pub url: Option<String>,
+}
+
+impl std::fmt::Debug for StoreConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreConfig")
+            .field("url", &self.url.as_deref().map(redact_url))
+            .finish()
+    }
+}
+
+/// Where the chats are stored, from `store.url`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreLocation {
+    /// A SQLite file.
+    Sqlite(PathBuf),
+    /// A PostgreSQL database; the URL as given (it may hold a password: log
+    /// [`redact_url`] of it, never the URL).
+    Postgres(String),
+}
+
+/// `url` with any password replaced by `***`, for logs and errors.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    match authority.rsplit_once('@') {
+        Some((user_info, host)) if user_info.contains(':') => {
+            let user = user_info.split(':').next().unwrap_or("");
+            format!("{scheme}://{user}:***@{host}{path}")
+        }
+        _ => url.to_owned(),
     }
 }
 
@@ -168,8 +213,14 @@ pub struct LlmConfig {
     pub demo: bool,
     /// Stream tokens to clients.
     pub stream: bool,
-    /// Request timeout in seconds.
+    /// Timeout of one attempt in seconds: the whole answer of a plain call; the headers, then
+    /// each gap between two chunks, of a streamed one.
     pub timeout_s: f64,
+    /// Total seconds one model call may take, retries and the whole stream included; an
+    /// agent's `call_deadline_s` wins.
+    pub call_deadline_s: f64,
+    /// `max_tokens` sent with every model call; an agent's `max_tokens` wins.
+    pub max_tokens: u32,
 }
 
 /// Protective limits.
@@ -185,6 +236,9 @@ pub struct Limits {
     pub messages_per_minute_per_tenant: u32,
     /// Frames refused as `rate_limited` in one minute before the socket is closed with 1008.
     pub rate_limit_strikes: u32,
+    /// REST inputs (`/chats/{id}/input`, `/tool-responses`, `/run`) per minute per caller;
+    /// each also spends the tenant's `messages_per_minute_per_tenant`. Over either: 429.
+    pub rest_inputs_per_minute: u32,
     /// Chats of one tenant that may be open (not completed) at once; 0 = no limit.
     pub max_open_chats_per_tenant: usize,
     /// Default wait for a UI tool answer, in seconds (0 waits until cancelled).
@@ -217,6 +271,7 @@ impl Default for ServerConfig {
         Self {
             bind: SocketAddr::from(([127, 0, 0, 1], 8080)),
             data_dir: PathBuf::from("data"),
+            store: StoreConfig::default(),
             workflows_dir: PathBuf::from("workflows"),
             workflows_watch_s: 0.0,
             llm: LlmConfig::default(),
@@ -238,6 +293,8 @@ impl Default for LlmConfig {
             demo: false,
             stream: true,
             timeout_s: 60.0,
+            call_deadline_s: 300.0,
+            max_tokens: 4096,
         }
     }
 }
@@ -249,6 +306,7 @@ impl Default for Limits {
             messages_per_minute: 120,
             messages_per_minute_per_tenant: 1200,
             rate_limit_strikes: 10,
+            rest_inputs_per_minute: 60,
             max_open_chats_per_tenant: 1000,
             ui_timeout_s: 900.0,
             outbound_queue: 1024,
@@ -267,6 +325,27 @@ impl Limits {
 }
 
 impl ServerConfig {
+    /// Where the chats are stored: `store.url`, or the SQLite file in `data_dir`.
+    pub fn store_location(&self) -> anyhow::Result<StoreLocation> {
+        let Some(url) = &self.store.url else {
+            return Ok(StoreLocation::Sqlite(self.data_dir.join("tessera.db")));
+        };
+        if let Some(path) = url.strip_prefix("sqlite://") {
+            anyhow::ensure!(
+                !path.is_empty(),
+                "store.url {url:?} names no file: use sqlite://PATH"
+            );
+            return Ok(StoreLocation::Sqlite(PathBuf::from(path)));
+        }
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            return Ok(StoreLocation::Postgres(url.clone()));
+        }
+        anyhow::bail!(
+            "store.url / TESSERA_STORE_URL {:?} must start with sqlite:// or postgres://",
+            redact_url(url)
+        )
+    }
+
     /// Reads `path` (if given) and applies `TESSERA_*` overrides from `env`.
     pub fn load(path: Option<&Path>, env: impl Fn(&str) -> Option<String>) -> anyhow::Result<Self> {
         let mut config = match path {
@@ -286,6 +365,9 @@ impl ServerConfig {
         if let Some(v) = env("TESSERA_DATA_DIR") {
             config.data_dir = PathBuf::from(v);
         }
+        if let Some(v) = env("TESSERA_STORE_URL") {
+            config.store.url = Some(v);
+        }
         if let Some(v) = env("TESSERA_WORKFLOWS_DIR") {
             config.workflows_dir = PathBuf::from(v);
         }
@@ -299,6 +381,12 @@ impl ServerConfig {
         }
         if let Some(v) = env("TESSERA_STREAM") {
             config.llm.stream = matches!(v.as_str(), "1" | "true" | "yes");
+        }
+        if let Some(v) = parsed_var(&env, "TESSERA_LLM_CALL_DEADLINE_S")? {
+            config.llm.call_deadline_s = v;
+        }
+        if let Some(v) = parsed_var(&env, "TESSERA_LLM_MAX_TOKENS")? {
+            config.llm.max_tokens = v;
         }
         if let Some(v) = env("TESSERA_UI_TIMEOUT_S") {
             config.limits.ui_timeout_s = v
@@ -325,6 +413,9 @@ impl ServerConfig {
         };
         if let Some(v) = number("TESSERA_MESSAGES_PER_MINUTE_PER_TENANT")? {
             config.limits.messages_per_minute_per_tenant = u32::try_from(v).unwrap_or(u32::MAX);
+        }
+        if let Some(v) = number("TESSERA_REST_INPUTS_PER_MINUTE")? {
+            config.limits.rest_inputs_per_minute = u32::try_from(v).unwrap_or(u32::MAX);
         }
         if let Some(v) = number("TESSERA_RATE_LIMIT_STRIKES")? {
             config.limits.rate_limit_strikes = u32::try_from(v).unwrap_or(u32::MAX);
@@ -370,8 +461,29 @@ impl ServerConfig {
         if let Some(v) = env("OPENAI_MODEL") {
             config.llm.model = Some(v);
         }
+        if !(config.llm.call_deadline_s > 0.0 && config.llm.call_deadline_s <= 86_400.0) {
+            anyhow::bail!(
+                "llm.call_deadline_s must be a number of seconds from 0 to 86400 (exclusive of 0)"
+            );
+        }
+        if config.llm.max_tokens == 0 {
+            anyhow::bail!("llm.max_tokens must be at least 1");
+        }
         Ok(config)
     }
+}
+
+/// Variable `name` parsed as a number, if set.
+fn parsed_var<T: std::str::FromStr>(
+    env: &impl Fn(&str) -> Option<String>,
+    name: &str,
+) -> anyhow::Result<Option<T>> {
+    env(name)
+        .map(|v| {
+            v.parse()
+                .map_err(|_| anyhow::anyhow!("{name}={v:?} is not a number"))
+        })
+        .transpose()
 }
 
 #[cfg(test)]
@@ -393,6 +505,48 @@ mod tests {
         assert_eq!(config.bind.port(), 9001);
         assert_eq!(config.limits.max_frame_bytes, 100);
         assert_eq!(config.limits.messages_per_minute, 120);
+        Ok(())
+    }
+
+    #[test]
+    fn store_url_selects_the_backend_and_never_shows_a_password() -> anyhow::Result<()> {
+        let none = |_: &str| None;
+        let default = ServerConfig::load(None, none)?;
+        assert_eq!(
+            default.store_location()?,
+            StoreLocation::Sqlite(PathBuf::from("data").join("tessera.db"))
+        );
+        let env = |url: &'static str| {
+            move |name: &str| (name == "TESSERA_STORE_URL").then(|| url.to_owned())
+        };
+        let sqlite = ServerConfig::load(None, env("sqlite:///var/lib/tessera/chats.db"))?;
+        assert_eq!(
+            sqlite.store_location()?,
+            StoreLocation::Sqlite(PathBuf::from("/var/lib/tessera/chats.db"))
+        );
+        let pg_url = "postgres://tessera:hunter2@db.internal:5432/tessera";
+        let pg = ServerConfig::load(None, env(pg_url))?;
+        assert_eq!(
+            pg.store_location()?,
+            StoreLocation::Postgres(pg_url.to_owned())
+        );
+        let shown = format!("{pg:?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(
+            shown.contains("postgres://tessera:***@db.internal:5432/tessera"),
+            "{shown}"
+        );
+        let bad = ServerConfig::load(None, env("mysql://root:hunter2@db/x"))?;
+        let err = bad.store_location().unwrap_err().to_string();
+        assert!(
+            err.contains("sqlite:// or postgres://") && !err.contains("hunter2"),
+            "{err}"
+        );
+        assert!(
+            ServerConfig::load(None, env("sqlite://"))?
+                .store_location()
+                .is_err()
+        );
         Ok(())
     }
 

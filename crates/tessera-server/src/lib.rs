@@ -5,6 +5,8 @@
 
 mod auth;
 pub mod config;
+mod data_lock;
+mod frame_guard;
 mod lifecycle;
 mod limits;
 mod metrics;
@@ -12,6 +14,7 @@ mod registry;
 mod reload;
 mod rest;
 mod serve;
+pub mod stores;
 pub mod validate;
 mod web_client;
 mod ws;

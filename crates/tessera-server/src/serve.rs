@@ -17,7 +17,7 @@ use tessera_llm::ChatModel;
 use tessera_llm::openai::{OpenAiClient, OpenAiConfig};
 use tessera_manifest::Workflow;
 use tessera_protocol::ServerEvent;
-use tessera_store::{ChatStore, SqliteStore};
+use tessera_store::ChatStore;
 use tessera_tools::{ArtifactStore, BuiltinRegistry, ToolServices};
 
 use crate::auth::Authenticator;
@@ -31,8 +31,10 @@ pub struct AppState {
     pub engine: Engine,
     pub registry: Addr<ChatRegistry>,
     pub auth: Authenticator,
-    /// Tenant-wide WebSocket message budget.
+    /// Tenant-wide message budget (WebSocket frames and REST inputs).
     pub tenant_limiter: Arc<crate::limits::TenantRateLimiter>,
+    /// Per-caller REST input budget.
+    pub rest_budget: crate::limits::RestInputBudget,
     /// Cap on each tenant's open chats.
     pub chat_quota: crate::limits::ChatQuota,
     pub metrics: Arc<Metrics>,
@@ -155,6 +157,9 @@ pub async fn run(
     let workflows = load_workflows(&config.workflows_dir)?;
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("cannot create the data dir {}", config.data_dir.display()))?;
+    // Taken before anything is written to the data dir; held until `run` returns, i.e. for
+    // the server's lifetime.
+    let _data_lock = crate::data_lock::lock_data_dir(&config.data_dir)?;
     // Each served version is pinned in the data dir first (see `reload`), so chats stored
     // with it get it back after a restart even if the live folder has changed.
     let workflows = workflows
@@ -168,16 +173,17 @@ pub async fn run(
         .iter()
         .map(|(w, m)| workflow_summary(w, m.is_demo()))
         .collect();
-    let db_path = config.data_dir.join("tessera.db");
-    let store = Arc::new(
-        SqliteStore::open(&db_path)
-            .await
-            .with_context(|| format!("cannot open {}", db_path.display()))?
-            .with_tenant_file_quota(config.limits.max_file_bytes_per_tenant),
-    );
-    let artifacts: Arc<dyn ArtifactStore> = store.clone();
+    std::fs::create_dir_all(&config.data_dir)
+        .with_context(|| format!("cannot create the data dir {}", config.data_dir.display()))?;
+    let stores = crate::stores::Stores::open(
+        &config.store_location()?,
+        config.limits.max_file_bytes_per_tenant,
+    )
+    .await?;
+    let store = stores.chats();
+    let artifacts = stores.artifacts();
     let services = ToolServices {
-        tasks: store.clone(),
+        tasks: stores.tasks(),
         artifacts: artifacts.clone(),
     };
     let builtins = BuiltinRegistry::with_defaults(services);
@@ -185,6 +191,8 @@ pub async fn run(
         ui_timeout: config.limits.ui_timeout(),
         tool_timeout: Duration::from_secs_f64(config.limits.tool_timeout_s.max(0.1)),
         stream: config.llm.stream,
+        model_call_deadline: Duration::from_secs_f64(config.llm.call_deadline_s),
+        max_tokens: config.llm.max_tokens,
         vault_key: Some(Arc::new(tessera_engine::secrets::VaultKey::new(vault_key))),
         ..EngineConfig::default()
     };
@@ -193,7 +201,7 @@ pub async fn run(
     let hooks = EngineHooks {
         durable_dedup: None,
         observer: Some(Arc::new(move |event: &ServerEvent| observed.observe(event))),
-        store: Some(store.clone() as Arc<dyn ChatStore>),
+        store: Some(store.clone()),
     };
     let engine = Engine::start(with_models, &builtins, engine_config, hooks)
         .map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -264,6 +272,7 @@ pub async fn run(
         tenant_limiter: Arc::new(crate::limits::TenantRateLimiter::new(
             config.limits.messages_per_minute_per_tenant,
         )),
+        rest_budget: crate::limits::RestInputBudget::new(config.limits.rest_inputs_per_minute),
         chat_quota: crate::limits::ChatQuota::default(),
         metrics,
         limits: Arc::new(config.limits.clone()),
@@ -317,7 +326,7 @@ pub async fn run(
     server.await.context("server failed")?;
     // Sockets are closed and HTTP has drained: let the store commit what the chats queued
     // before the process exits (a write still queued at exit would be lost as in a crash).
-    store.close().await;
+    stores.close().await;
     tracing::info!("store closed");
     Ok(())
 }

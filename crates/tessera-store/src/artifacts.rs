@@ -2,18 +2,19 @@
 //!
 //! WHY blobs rather than files next to the database: one file to back up, writes are atomic
 //! with the metadata, and deleting a chat removes its files in the same transaction. The
-//! files are small (workflow bundles); object storage can come with a PostgreSQL store.
+//! files are small (workflow bundles). `PgStore` keeps them the same way (`BYTEA`); object
+//! storage would suit large files better.
 //!
 //! Isolation: reads filter on (tenant, user_id, chat_id) as well as the id.
 
 use bytes::Bytes;
 use rusqlite::{Connection, params};
 use sha2::{Digest, Sha256};
-use sqlx::{Row, SqlitePool};
+use sqlx::SqlitePool;
 use tessera_tools::{ArtifactRef, StoredArtifact};
 
 use crate::StoreError;
-use crate::convert::{now_ms, sql_to_u64};
+use crate::convert::now_ms;
 
 /// Refuses a new file of `len` bytes that would take `tenant` over `max` bytes in all.
 pub(crate) fn check_quota(
@@ -25,6 +26,12 @@ pub(crate) fn check_quota(
     let used: i64 = conn
         .prepare_cached("SELECT COALESCE(SUM(size), 0) FROM artifacts WHERE tenant = ?")?
         .query_row([tenant], |row| row.get(0))?;
+    within_quota(used, len, max)
+}
+
+/// The quota rule both stores apply: `used` bytes already kept plus a new file of `len`
+/// bytes must stay within `max`.
+pub(crate) fn within_quota(used: i64, len: usize, max: u64) -> Result<(), StoreError> {
     let used = u64::try_from(used).unwrap_or(0);
     let len = u64::try_from(len).unwrap_or(u64::MAX);
     if used.saturating_add(len) > max {
@@ -46,12 +53,12 @@ pub(crate) fn put(
     file_name: &str,
     bytes: &Bytes,
 ) -> Result<ArtifactRef, StoreError> {
-    let id = format!("art_{}", &uuid::Uuid::new_v4().simple().to_string()[..16]);
-    let size = u64::try_from(bytes.len())
-        .map_err(|_| StoreError::InvalidInput("artifact too large".to_owned()))?;
-    let size_sql = i64::try_from(size)
-        .map_err(|_| StoreError::InvalidInput("artifact too large".to_owned()))?;
-    let sha256 = hex(&Sha256::digest(bytes));
+    let NewArtifact {
+        id,
+        size,
+        size_sql,
+        sha256,
+    } = NewArtifact::of(bytes)?;
     conn.prepare_cached(
         "INSERT INTO artifacts (id, tenant, user_id, chat_id, file_name, size, sha256, bytes, \
          created_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -93,19 +100,30 @@ pub(crate) async fn get(
     .bind(chat_id)
     .fetch_optional(pool)
     .await?;
-    let Some(row) = row else {
-        return Ok(None);
-    };
-    let bytes: Vec<u8> = row.try_get("bytes")?;
-    Ok(Some(StoredArtifact {
-        meta: ArtifactRef {
-            id: row.try_get("id")?,
-            file_name: row.try_get("file_name")?,
-            size: sql_to_u64(row.try_get("size")?, "artifact size")?,
-            sha256: Some(row.try_get("sha256")?),
-        },
-        bytes: Bytes::from(bytes),
-    }))
+    row.as_ref().map(crate::rows::artifact).transpose()
+}
+
+/// What a new artifact row is stored under, the same for every backend.
+pub(crate) struct NewArtifact {
+    pub(crate) id: String,
+    pub(crate) size: u64,
+    pub(crate) size_sql: i64,
+    pub(crate) sha256: String,
+}
+
+impl NewArtifact {
+    pub(crate) fn of(bytes: &Bytes) -> Result<Self, StoreError> {
+        let size = u64::try_from(bytes.len())
+            .map_err(|_| StoreError::InvalidInput("artifact too large".to_owned()))?;
+        let size_sql = i64::try_from(size)
+            .map_err(|_| StoreError::InvalidInput("artifact too large".to_owned()))?;
+        Ok(Self {
+            id: format!("art_{}", &uuid::Uuid::new_v4().simple().to_string()[..16]),
+            size,
+            size_sql,
+            sha256: hex(&Sha256::digest(bytes)),
+        })
+    }
 }
 
 fn hex(digest: &[u8]) -> String {

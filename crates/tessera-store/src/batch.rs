@@ -20,6 +20,10 @@ pub struct ChatWriteBatch {
     pub remove_pending: Vec<String>,
     /// The chat's latest state, if it changed.
     pub state: Option<ChatState>,
+    /// The writer's lease epoch in a cluster: the batch is refused with
+    /// [`StoreError::Fenced`] once the chat's lease has a newer one. `None` (single node, and
+    /// always on SQLite) checks nothing. Not a write: [`ChatWriteBatch::is_empty`] ignores it.
+    pub epoch: Option<i64>,
 }
 
 impl ChatWriteBatch {

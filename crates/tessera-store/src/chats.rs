@@ -1,11 +1,8 @@
 //! SQL for the `chats` table: identity plus the latest state of each chat.
 
 use rusqlite::{Connection, params};
-use serde_json::Value;
-use sqlx::sqlite::SqliteRow;
 use sqlx::{Row, SqlitePool};
 
-use crate::convert::{json_from_sql, sql_to_u32};
 use crate::{ChatRecord, ChatState, STATUS_COMPLETED, StoreError, StoredChat};
 
 /// Insert a new chat in its initial state.
@@ -47,7 +44,7 @@ pub(crate) async fn load(
     .bind(&chat_id)
     .fetch_optional(&pool)
     .await?;
-    row.as_ref().map(decode).transpose()
+    row.as_ref().map(crate::rows::chat).transpose()
 }
 
 /// One page of an owner's chats, newest first.
@@ -70,7 +67,7 @@ pub(crate) async fn list(
     .bind(i64::from(offset))
     .fetch_all(&pool)
     .await?;
-    rows.iter().map(decode).collect()
+    rows.iter().map(crate::rows::chat).collect()
 }
 
 /// Every chat not completed, oldest first.
@@ -83,7 +80,7 @@ pub(crate) async fn list_open(pool: SqlitePool) -> Result<Vec<StoredChat>, Store
     .bind(STATUS_COMPLETED)
     .fetch_all(&pool)
     .await?;
-    rows.iter().map(decode).collect()
+    rows.iter().map(crate::rows::chat).collect()
 }
 
 /// Ids of completed chats last updated before `before_ms`, oldest first (retention).
@@ -114,47 +111,4 @@ pub(crate) fn delete(conn: &Connection, chat_id: &str) -> Result<bool, StoreErro
         .prepare_cached("DELETE FROM chats WHERE chat_id = ?")?
         .execute([chat_id])?;
     Ok(deleted > 0)
-}
-
-fn decode(row: &SqliteRow) -> Result<StoredChat, StoreError> {
-    let chat_id: String = row.try_get("chat_id")?;
-    let context_text: String = row.try_get("context")?;
-    let context = match json_from_sql(&context_text, "chat context")? {
-        Value::Object(map) => map,
-        other => {
-            return Err(StoreError::Corrupt(format!(
-                "context of chat '{chat_id}' is not an object: {}",
-                kind_of(&other)
-            )));
-        }
-    };
-    Ok(StoredChat {
-        state: ChatState {
-            status: row.try_get("status")?,
-            current_agent: row.try_get("current_agent")?,
-            turn: sql_to_u32(row.try_get("turn")?, "turn")?,
-            consecutive: sql_to_u32(row.try_get("consecutive")?, "consecutive")?,
-            context,
-            updated_at_ms: row.try_get("updated_at_ms")?,
-        },
-        record: ChatRecord {
-            chat_id,
-            tenant: row.try_get("tenant")?,
-            user_id: row.try_get("user_id")?,
-            workflow: row.try_get("workflow")?,
-            workflow_version: row.try_get("workflow_version")?,
-            created_at_ms: row.try_get("created_at_ms")?,
-        },
-    })
-}
-
-fn kind_of(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "bool",
-        Value::Number(_) => "number",
-        Value::String(_) => "string",
-        Value::Array(_) => "array",
-        Value::Object(_) => "object",
-    }
 }

@@ -1,8 +1,9 @@
 //! The one error type of the store, the same for every backend.
 //!
 //! WHY backend-neutral variants: the engine decides whether to retry a write, and the server
-//! whether a chat exists, from the variant alone. A backend (SQLite here, PostgreSQL later)
-//! classifies its own driver errors into these variants at its edge, so no caller ever sees a
+//! whether a chat exists, from the variant alone. A backend (SQLite or PostgreSQL)
+//! classifies its own driver errors into these variants at its edge (`sqlite_error.rs`,
+//! `pg_error.rs`), so no caller ever sees a
 //! driver type and a new backend plugs in without touching them.
 
 /// Why a store operation failed.
@@ -32,6 +33,11 @@ pub enum StoreError {
     /// The store was closed; nothing was written.
     #[error("the store is closed")]
     Closed,
+    /// The write carried a lease epoch (multi-node ownership) that is no longer the chat's:
+    /// another node took the chat over. Nothing of the write was stored, and it must never be
+    /// retried: this node no longer owns the chat.
+    #[error("chat '{0}' is fenced: its lease moved to a newer epoch")]
+    Fenced(String),
     /// The store cannot be opened or its schema brought up to date (files, permissions,
     /// migrations): an operator must act; retrying the call does not help.
     #[error("store setup failed: {0}")]
@@ -49,6 +55,7 @@ impl StoreError {
             StoreError::InvalidInput(_) => "store_invalid_input",
             StoreError::QuotaExceeded(_) => "quota_exceeded",
             StoreError::Closed => "store_closed",
+            StoreError::Fenced(_) => "store_fenced",
             StoreError::Setup(_) => "store_setup",
         }
     }

@@ -1,6 +1,5 @@
 //! SQL for the `events` table: the per-chat, append-only event log replayed on reconnect.
 
-use sqlx::sqlite::SqliteRow;
 use sqlx::{Row, SqlitePool};
 
 use crate::convert::sql_to_u64;
@@ -25,7 +24,7 @@ pub(crate) async fn after(
     .bind(i64::from(limit))
     .fetch_all(&pool)
     .await?;
-    rows.iter().map(decode).collect()
+    rows.iter().map(crate::rows::event).collect()
 }
 
 /// Highest seq, 0 for an empty log.
@@ -36,12 +35,4 @@ pub(crate) async fn last_seq(pool: SqlitePool, chat_id: String) -> Result<u64, S
         .await?
         .try_get("s")?;
     sql_to_u64(v, "event seq")
-}
-
-fn decode(row: &SqliteRow) -> Result<StoredEvent, StoreError> {
-    Ok(StoredEvent {
-        seq: sql_to_u64(row.try_get("seq")?, "event seq")?,
-        event_type: row.try_get("event_type")?,
-        json: row.try_get("json")?,
-    })
 }

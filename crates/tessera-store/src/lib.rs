@@ -3,11 +3,12 @@
 //! What is stored, per chat: its identity and latest state ([`ChatRecord`], [`ChatState`]),
 //! the transcript ([`StoredMessage`]), the replayable event log ([`StoredEvent`]), UI calls
 //! waiting for the user ([`PendingUiRecord`]) and exactly-once tool invocation records
-//! ([`ToolClaim`]). Besides that, [`SqliteStore`] implements the tool crate's
+//! ([`ToolClaim`]). Besides that, both stores implement the tool crate's
 //! [`tessera_tools::TaskStore`] and [`tessera_tools::ArtifactStore`].
 //!
-//! The [`ChatStore`] trait is the seam: the server holds an `Arc<dyn ChatStore>`. Only
-//! SQLite exists today; a PostgreSQL store is future work behind the same trait.
+//! The [`ChatStore`] trait is the seam: the server holds an `Arc<dyn ChatStore>`, either a
+//! [`SqliteStore`] (embedded, one node) or a [`PgStore`] (PostgreSQL, shared by several
+//! nodes, which also implements [`LeaseStore`]: chat ownership by lease, and fencing).
 //!
 //! Secrets: nothing in this crate ever receives a secret in clear. Callers strip secrets from
 //! contexts, messages and events before saving; the one place secrets are kept is the
@@ -21,23 +22,32 @@ mod chats;
 mod convert;
 mod error;
 mod events;
+mod lease;
 mod messages;
 mod migrate;
 mod model;
 mod pending;
+mod pg;
+mod pg_error;
+mod rows;
 mod secrets;
 mod sqlite;
 mod sqlite_error;
+mod sqlx_error;
 mod store;
 mod tasks;
+#[cfg(feature = "testing")]
+pub mod testing;
 mod tools;
 mod writer;
 
 pub use error::StoreError;
+pub use lease::{Lease, LeaseStore};
 pub use model::{
     ChatRecord, ChatState, PendingUiRecord, STATUS_AWAITING_USER, STATUS_COMPLETED, StoredChat,
     StoredEvent, StoredMessage, ToolClaim,
 };
+pub use pg::PgStore;
 pub use sqlite::SqliteStore;
 pub use store::{ChatStore, StoreFuture};
 

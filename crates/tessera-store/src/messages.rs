@@ -1,9 +1,7 @@
 //! SQL for the `messages` table: the transcript, one row per message, keyed by (chat, idx).
 
-use sqlx::sqlite::SqliteRow;
-use sqlx::{Row, SqlitePool};
+use sqlx::SqlitePool;
 
-use crate::convert::{json_from_sql, sql_to_u64};
 use crate::{StoreError, StoredMessage};
 
 /// Up to `limit` messages from position `offset`, ordered by idx.
@@ -26,7 +24,7 @@ pub(crate) async fn page(
     .bind(i64::from(limit))
     .fetch_all(&pool)
     .await?;
-    rows.iter().map(decode).collect()
+    rows.iter().map(crate::rows::message).collect()
 }
 
 /// The whole transcript, ordered by idx.
@@ -41,18 +39,5 @@ pub(crate) async fn all(
     .bind(&chat_id)
     .fetch_all(&pool)
     .await?;
-    rows.iter().map(decode).collect()
-}
-
-fn decode(row: &SqliteRow) -> Result<StoredMessage, StoreError> {
-    let raw: String = row.try_get("raw")?;
-    Ok(StoredMessage {
-        idx: sql_to_u64(row.try_get("idx")?, "message idx")?,
-        message_id: row.try_get("message_id")?,
-        role: row.try_get("role")?,
-        agent: row.try_get("agent")?,
-        content: row.try_get("content")?,
-        ui_hidden: row.try_get("ui_hidden")?,
-        raw: json_from_sql(&raw, "message raw")?,
-    })
+    rows.iter().map(crate::rows::message).collect()
 }

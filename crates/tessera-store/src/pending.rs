@@ -1,10 +1,8 @@
 //! SQL for the `pending_ui` table: UI tool calls waiting for the user, re-sent on reconnect.
 
 use rusqlite::Connection;
-use sqlx::sqlite::SqliteRow;
-use sqlx::{Row, SqlitePool};
+use sqlx::SqlitePool;
 
-use crate::convert::json_from_sql;
 use crate::{PendingUiRecord, StoreError};
 
 /// Remove one; `true` when it existed.
@@ -27,16 +25,5 @@ pub(crate) async fn list(
     .bind(&chat_id)
     .fetch_all(&pool)
     .await?;
-    rows.iter().map(decode).collect()
-}
-
-fn decode(row: &SqliteRow) -> Result<PendingUiRecord, StoreError> {
-    let call: String = row.try_get("call")?;
-    Ok(PendingUiRecord {
-        corr: row.try_get("corr")?,
-        turn_key: row.try_get("turn_key")?,
-        call: json_from_sql(&call, "pending ui call")?,
-        created_at_ms: row.try_get("created_at_ms")?,
-        timeout_at_ms: row.try_get("timeout_at_ms")?,
-    })
+    rows.iter().map(crate::rows::pending_ui).collect()
 }

@@ -138,6 +138,8 @@ impl Drop for ScratchFile {
 }
 
 impl ChatStore for SqliteStore {
+    /// The batch's `epoch` is ignored: a SQLite file has one node, so there is no lease to
+    /// fence.
     fn apply_batch(&self, chat_id: &str, batch: Arc<ChatWriteBatch>) -> StoreFuture<()> {
         let chat_id = chat_id.to_owned();
         Box::pin(
@@ -205,11 +207,23 @@ impl ChatStore for SqliteStore {
         Box::pin(pending::list(self.pool.clone(), chat_id.to_owned()))
     }
 
-    fn complete_tool(&self, chat_id: &str, invocation_key: &str) -> StoreFuture<()> {
+    /// `epoch` is ignored: a SQLite file has one node, so there is no lease to fence.
+    fn complete_tool(
+        &self,
+        chat_id: &str,
+        invocation_key: &str,
+        _epoch: Option<i64>,
+    ) -> StoreFuture<()> {
         self.complete_tool_with_result(chat_id, invocation_key, &Value::Null)
     }
 
-    fn claim_tool(&self, chat_id: &str, invocation_key: &str) -> StoreFuture<ToolClaim> {
+    /// `epoch` is ignored, as for [`ChatStore::complete_tool`].
+    fn claim_tool(
+        &self,
+        chat_id: &str,
+        invocation_key: &str,
+        _epoch: Option<i64>,
+    ) -> StoreFuture<ToolClaim> {
         let (chat_id, key) = (chat_id.to_owned(), invocation_key.to_owned());
         Box::pin(
             self.writer

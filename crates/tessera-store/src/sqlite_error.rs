@@ -1,6 +1,5 @@
-//! How the SQLite backend's driver errors (rusqlite on the writer thread, sqlx on the read
-//! pool) map onto the backend-neutral [`StoreError`]. The only place either driver's error
-//! type is looked at.
+//! How the SQLite backend's writer errors (rusqlite) map onto the backend-neutral
+//! [`StoreError`]. Its read pool's sqlx errors are classified in `sqlx_error.rs`.
 
 use crate::StoreError;
 
@@ -13,19 +12,6 @@ impl From<rusqlite::Error> for StoreError {
             | rusqlite::Error::IntegralValueOutOfRange(..)
             | rusqlite::Error::InvalidColumnType(..)
             | rusqlite::Error::Utf8Error(..) => StoreError::Corrupt(err.to_string()),
-            other => StoreError::Transient(other.to_string()),
-        }
-    }
-}
-
-/// A read-pool error: decoding failures mean corrupt data, anything else may pass.
-impl From<sqlx::Error> for StoreError {
-    fn from(err: sqlx::Error) -> Self {
-        match err {
-            sqlx::Error::Decode(_)
-            | sqlx::Error::ColumnDecode { .. }
-            | sqlx::Error::ColumnNotFound(_)
-            | sqlx::Error::TypeNotFound { .. } => StoreError::Corrupt(err.to_string()),
             other => StoreError::Transient(other.to_string()),
         }
     }
@@ -84,6 +70,5 @@ mod tests {
         let undecodable = StoreError::from(undecodable);
         assert!(matches!(undecodable, StoreError::Corrupt(_)));
         assert!(!undecodable.is_transient());
-        assert!(StoreError::from(sqlx::Error::PoolTimedOut).is_transient());
     }
 }

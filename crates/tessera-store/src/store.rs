@@ -1,8 +1,8 @@
 //! The [`ChatStore`] trait: everything the engine persists about a chat.
 //!
-//! WHY a trait: it is the seam between the engine/server and the database. Only
-//! [`crate::SqliteStore`] exists today; a `PostgresStore` for multi-node deployments will
-//! implement the same trait later without touching callers. Every method returns a
+//! WHY a trait: it is the seam between the engine/server and the database:
+//! [`crate::SqliteStore`] (embedded, one node) and [`crate::PgStore`] (shared, several nodes)
+//! implement it, and callers never know which one they hold. Every method returns a
 //! `'static` boxed future so the server can hold an `Arc<dyn ChatStore>` and spawn the calls.
 
 use std::sync::Arc;
@@ -33,7 +33,8 @@ pub trait ChatStore: Send + Sync + 'static {
     /// Applies one chat's queued writes (messages, events, pending UI calls, state) in that
     /// order, as one transaction: all of it is stored or none. An event `seq` or message
     /// `idx` that already exists is a [`StoreError::Conflict`]; an unknown chat is
-    /// [`StoreError::NotFound`].
+    /// [`StoreError::NotFound`]; a batch whose [`ChatWriteBatch::epoch`] is no longer the
+    /// chat's lease epoch is [`StoreError::Fenced`].
     ///
     /// Shared (`Arc`) so a caller can keep the batch to retry it after a
     /// [`StoreError::Transient`] failure without copying it up front.
@@ -71,11 +72,26 @@ pub trait ChatStore: Send + Sync + 'static {
 
     /// Atomically claim a tool invocation before running it. Exactly one caller, across
     /// tasks and processes, ever gets [`ToolClaim::Claimed`] for a (chat, key).
-    fn claim_tool(&self, chat_id: &str, invocation_key: &str) -> StoreFuture<ToolClaim>;
+    ///
+    /// `epoch`: the caller's lease epoch in a cluster (see [`crate::LeaseStore`]); when it is
+    /// no longer the chat's, nothing is claimed and the answer is [`StoreError::Fenced`].
+    /// `None` (single node) checks nothing.
+    fn claim_tool(
+        &self,
+        chat_id: &str,
+        invocation_key: &str,
+        epoch: Option<i64>,
+    ) -> StoreFuture<ToolClaim>;
 
     /// Mark a claimed invocation completed. Not claimed, or already completed:
-    /// [`StoreError::Conflict`].
-    fn complete_tool(&self, chat_id: &str, invocation_key: &str) -> StoreFuture<()>;
+    /// [`StoreError::Conflict`]; a stale `epoch`: [`StoreError::Fenced`], as for
+    /// [`ChatStore::claim_tool`].
+    fn complete_tool(
+        &self,
+        chat_id: &str,
+        invocation_key: &str,
+        epoch: Option<i64>,
+    ) -> StoreFuture<()>;
 
     /// Keep the chat's sealed (already encrypted) secret vault, replacing any previous one.
     fn put_secrets(&self, chat_id: &str, sealed: Vec<u8>) -> StoreFuture<()>;

@@ -4,8 +4,7 @@
 //! owner's task id behaves exactly like an unknown id.
 
 use rusqlite::{Connection, OptionalExtension, params};
-use sqlx::sqlite::SqliteRow;
-use sqlx::{Row, SqlitePool};
+use sqlx::SqlitePool;
 use tessera_tools::{Task, TaskFilter};
 
 use crate::StoreError;
@@ -19,7 +18,7 @@ pub(crate) fn add(
     title: &str,
     description: Option<&str>,
 ) -> Result<Task, StoreError> {
-    let id = format!("t_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let id = new_task_id();
     let created = now_ms();
     conn.prepare_cached(
         "INSERT INTO tasks (id, tenant, user_id, title, description, completed, created_at_ms) \
@@ -33,6 +32,11 @@ pub(crate) fn add(
         completed: false,
         created_at_ms: sql_to_u64(created, "task created_at_ms")?,
     })
+}
+
+/// A new task's id, the same shape for every backend.
+pub(crate) fn new_task_id() -> String {
+    format!("t_{}", &uuid::Uuid::new_v4().simple().to_string()[..12])
 }
 
 /// The owner's tasks matching `filter`, oldest first.
@@ -57,7 +61,7 @@ pub(crate) async fn list(
     .bind(completed)
     .fetch_all(pool)
     .await?;
-    rows.iter().map(decode).collect()
+    rows.iter().map(crate::rows::task).collect()
 }
 
 /// Mark the owner's task completed; `None` when the owner has no such task.
@@ -118,14 +122,4 @@ fn returning_task(
         })
     })
     .transpose()
-}
-
-fn decode(row: &SqliteRow) -> Result<Task, StoreError> {
-    Ok(Task {
-        id: row.try_get("id")?,
-        title: row.try_get("title")?,
-        description: row.try_get("description")?,
-        completed: row.try_get("completed")?,
-        created_at_ms: sql_to_u64(row.try_get("created_at_ms")?, "task created_at_ms")?,
-    })
 }

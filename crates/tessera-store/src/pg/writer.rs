@@ -1,0 +1,197 @@
+//! Group commit on PostgreSQL: a few writer tasks, each with its own connection, each taking
+//! every job waiting in its queue and committing them in ONE transaction.
+//!
+//! WHY: a commit waits for the WAL flush, and each statement is a network round trip; one
+//! transaction per chat flush would spend the server's time on both. As the SQLite writer
+//! does, a writer answers its callers only after COMMIT (a write is acknowledged when it is
+//! durable), and a failing job rolls back only itself:
+//!
+//! - fast path: the group runs in one transaction with no savepoints (one round trip per job
+//!   plus BEGIN and COMMIT);
+//! - when a job fails for a reason of its own (a conflict, an unknown chat, a stale epoch),
+//!   the transaction is rolled back and the group re-runs with a savepoint per job, so that
+//!   job alone fails and the others commit. Jobs only read their inputs, so re-running one is
+//!   safe;
+//! - a transient failure (connection lost, server restarting, timeout) fails the whole group
+//!   with [`StoreError::Transient`], and the writer drops its connection and takes a fresh one
+//!   from the pool for the next group: the store reconnects by itself after PostgreSQL
+//!   restarts.
+//!
+//! Ordering: jobs of one chat always go to the same writer (by a hash of the chat id) and run
+//! in the order the store methods were called; writers of different chats run in parallel,
+//! which keeps several connections busy while one waits for its COMMIT.
+
+use std::hash::{Hash, Hasher};
+
+use futures::channel::oneshot;
+use sqlx::pool::PoolConnection;
+use sqlx::{Acquire, PgConnection, PgPool, Postgres};
+use tokio::sync::mpsc;
+use tracing::{debug, warn};
+
+use super::writes::{Done, Write};
+use crate::StoreError;
+
+/// Most jobs in one transaction: bounds the time a caller waits for a commit.
+const MAX_JOBS_PER_COMMIT: usize = 256;
+
+enum Command {
+    Job(Job),
+    /// Finish what is queued, then stop and acknowledge.
+    Close(oneshot::Sender<()>),
+}
+
+struct Job {
+    write: Write,
+    reply: oneshot::Sender<Result<Done, StoreError>>,
+}
+
+/// Handles to the writer tasks. Cheap to clone; a task ends when every handle is dropped
+/// (after finishing its queue) or on [`Writers::close`].
+#[derive(Clone, Debug)]
+pub(crate) struct Writers {
+    queues: Vec<mpsc::UnboundedSender<Command>>,
+}
+
+impl Writers {
+    /// Starts `count` writers on the current runtime, writing through `pool`.
+    pub(crate) fn start(pool: &PgPool, count: usize) -> Self {
+        let queues = (0..count.max(1))
+            .map(|_| {
+                let (queue, jobs) = mpsc::unbounded_channel();
+                tokio::spawn(run(pool.clone(), jobs));
+                queue
+            })
+            .collect();
+        Self { queues }
+    }
+
+    /// Queues `write` now; resolves once the transaction that ran it has committed.
+    pub(crate) fn submit(
+        &self,
+        write: Write,
+    ) -> impl Future<Output = Result<Done, StoreError>> + Send + 'static {
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        write.chat_id().hash(&mut hasher);
+        // Truncation is fine: only the spread over the writers matters.
+        let shard = (hasher.finish() as usize) % self.queues.len();
+        let (reply, answer) = oneshot::channel();
+        // A send error means the writer has stopped; the dropped reply then reads as Closed.
+        let _ = self.queues[shard].send(Command::Job(Job { write, reply }));
+        async move { answer.await.unwrap_or(Err(StoreError::Closed)) }
+    }
+
+    /// Finishes every queued job, then stops the writers. Later writes fail with
+    /// [`StoreError::Closed`].
+    pub(crate) async fn close(&self) {
+        for queue in &self.queues {
+            let (done, stopped) = oneshot::channel();
+            if queue.send(Command::Close(done)).is_ok() {
+                let _ = stopped.await;
+            }
+        }
+    }
+}
+
+async fn run(pool: PgPool, mut queue: mpsc::UnboundedReceiver<Command>) {
+    let mut conn: Option<PoolConnection<Postgres>> = None;
+    let mut group: Vec<Job> = Vec::with_capacity(MAX_JOBS_PER_COMMIT);
+    // Waits for the first job only; whatever queued up meanwhile joins its transaction.
+    while let Some(first) = queue.recv().await {
+        let mut close = None;
+        match first {
+            Command::Job(job) => group.push(job),
+            Command::Close(done) => close = Some(done),
+        }
+        while close.is_none() && group.len() < MAX_JOBS_PER_COMMIT {
+            match queue.try_recv() {
+                Ok(Command::Job(job)) => group.push(job),
+                Ok(Command::Close(done)) => close = Some(done),
+                Err(_) => break,
+            }
+        }
+        if !group.is_empty() {
+            let results = match &mut conn {
+                Some(c) => commit_group(c, &group).await,
+                None => match pool.acquire().await {
+                    Ok(fresh) => commit_group(conn.insert(fresh), &group).await,
+                    Err(e) => Err(StoreError::from(e)),
+                },
+            };
+            let results = match results {
+                Ok(results) => results,
+                Err(error) => {
+                    // The connection may be broken or mid-transaction: never reuse it.
+                    if let Some(mut broken) = conn.take() {
+                        broken.close_on_drop();
+                    }
+                    warn!(jobs = group.len(), %error, "store write transaction failed");
+                    group.iter().map(|_| Err(clone_error(&error))).collect()
+                }
+            };
+            for (job, result) in group.drain(..).zip(results) {
+                // The caller may have stopped waiting; that is fine.
+                let _ = job.reply.send(result);
+            }
+        }
+        if let Some(done) = close {
+            let _ = done.send(());
+            break;
+        }
+    }
+    debug!("store writer stopped");
+}
+
+/// Runs the group as described in the module docs: one result per job, or the error that
+/// failed the whole group.
+async fn commit_group(
+    conn: &mut PgConnection,
+    group: &[Job],
+) -> Result<Vec<Result<Done, StoreError>>, StoreError> {
+    let mut tx = conn.begin().await?;
+    let mut results = Vec::with_capacity(group.len());
+    let mut own_failure = false;
+    for job in group {
+        match job.write.run(&mut tx).await {
+            Ok(done) => results.push(Ok(done)),
+            Err(error) if error.is_transient() => return Err(error),
+            Err(_) => {
+                own_failure = true;
+                break;
+            }
+        }
+    }
+    if !own_failure {
+        tx.commit().await?;
+        return Ok(results);
+    }
+    tx.rollback().await?;
+    results.clear();
+    let mut tx = conn.begin().await?;
+    for job in group {
+        let mut savepoint = tx.begin().await?;
+        match job.write.run(&mut savepoint).await {
+            Ok(done) => {
+                savepoint.commit().await?;
+                results.push(Ok(done));
+            }
+            Err(error) if error.is_transient() => return Err(error),
+            Err(error) => {
+                savepoint.rollback().await?;
+                results.push(Err(error));
+            }
+        }
+    }
+    tx.commit().await?;
+    Ok(results)
+}
+
+/// The group's error, once per job. (`StoreError` is not `Clone`: it is a caller-facing
+/// error type; here every job gets the same kind and message.)
+fn clone_error(error: &StoreError) -> StoreError {
+    match error {
+        StoreError::Closed => StoreError::Closed,
+        StoreError::Setup(m) => StoreError::Setup(m.clone()),
+        other => StoreError::Transient(other.to_string()),
+    }
+}

@@ -187,6 +187,23 @@ impl Engine {
         Ok(self.start_restored(chat))
     }
 
+    /// Rebuilds one open chat from the store and resumes its pending work exactly as
+    /// [`Engine::rehydrate`] does after a restart: the way a node takes over a chat whose owner
+    /// died. `None` when the chat does not exist, has completed, or has an unknown workflow.
+    pub async fn take_over(&self, chat_id: &str) -> Result<Option<ChatHandle>, EngineError> {
+        let Some(rows) = self.rows() else {
+            return Ok(None);
+        };
+        let Some(chat) = rows.open_chat(chat_id).await? else {
+            return Ok(None);
+        };
+        if !self.inner.workflows.contains_key(&chat.workflow) {
+            tracing::warn!(chat_id = %chat_id, workflow = %chat.workflow, "chat of an unknown workflow not taken over");
+            return Ok(None);
+        }
+        Ok(self.start_restored(chat))
+    }
+
     /// Starts the session of a chat loaded from the store; `None` for an unknown workflow.
     fn start_restored(&self, chat: RestoredChat) -> Option<ChatHandle> {
         let wf = self.workflow(&chat.workflow).ok()?;

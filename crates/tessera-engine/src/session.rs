@@ -82,6 +82,13 @@ pub struct ToolAnswer {
 #[rtype(result = "()")]
 pub struct CancelRun;
 
+/// This node lost the chat (in a cluster, its lease moved to another node): stop at once and
+/// write nothing more; the new owner continues from the store. The running turn and any UI
+/// wait are dropped and subscribers are detached (their sockets resume on the new owner).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Relinquish;
+
 /// A read-only view of the chat, for REST.
 #[derive(Debug, Clone)]
 pub struct ChatSnapshot {
@@ -821,6 +828,25 @@ impl Handler<CancelRun> for ChatSession {
             }
             ChatStatus::AwaitingUser | ChatStatus::Completed(_) => {}
         }
+    }
+}
+
+impl Handler<Relinquish> for ChatSession {
+    type Result = ();
+
+    fn handle(&mut self, _: Relinquish, ctx: &mut Self::Context) {
+        tracing::warn!(chat_id = %self.id.chat_id, turn = self.turn, "chat relinquished: another node owns it now");
+        // First, so nothing below can queue a write.
+        self.persist = None;
+        if let Some(runner) = self.runner.take() {
+            runner.do_send(CancelTurn);
+        }
+        self.shard.correlator.do_send(CancelUiCalls {
+            chat_id: self.id.chat_id.clone(),
+        });
+        self.subscribers.clear();
+        self.watchers.clear();
+        ctx.stop();
     }
 }
 

@@ -142,6 +142,13 @@ pub async fn run(
     config: ServerConfig,
     shutdown: impl Future<Output = ()> + 'static,
 ) -> anyhow::Result<()> {
+    if config.cluster.enabled() {
+        // Refused rather than ignored: a node that believed it was alone would run chats
+        // another node also runs.
+        anyhow::bail!(
+            "cluster.nats_url / TESSERA_NATS_URL is set, but this build does not run several nodes yet (leases, routing and failover are not wired into `tessera serve`); unset it to run a single node"
+        );
+    }
     let auth = Authenticator::new(config.tenants.clone(), &config.auth)?;
     if auth.dev_mode() {
         tracing::warn!("no tenants or JWT configured: DEV MODE, every request is trusted");

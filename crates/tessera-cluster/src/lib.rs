@@ -21,6 +21,7 @@ mod lease;
 mod limits;
 mod metrics;
 mod subjects;
+pub mod testing;
 
 pub use bus::{ChatCommand, ClusterBus, CommandReply, IncomingCommand, LiveEvent};
 pub use error::ClusterError;

@@ -4,6 +4,7 @@
 //! and tests can start a server in-process the same way.
 
 mod auth;
+pub mod cluster;
 pub mod config;
 mod limits;
 mod metrics;

@@ -6,21 +6,7 @@ use std::time::Duration;
 
 use tessera_cluster::{ClusterBus, ClusterMetrics};
 
-/// `TESSERA_TEST_NATS_URL`, or `None` (the test prints that it is skipped). Under `CI=true` a
-/// missing NATS fails the test instead.
-pub fn nats_url(test: &str) -> Option<String> {
-    match std::env::var("TESSERA_TEST_NATS_URL") {
-        Ok(url) if !url.is_empty() => Some(url),
-        _ => {
-            assert!(
-                std::env::var("CI").as_deref() != Ok("true"),
-                "{test}: TESSERA_TEST_NATS_URL is not set and CI=true"
-            );
-            eprintln!("SKIPPED {test}: set TESSERA_TEST_NATS_URL (e.g. nats://127.0.0.1:4222)");
-            None
-        }
-    }
-}
+pub use tessera_cluster::testing::test_nats_url as nats_url;
 
 /// A prefix no other test (or run) uses.
 pub fn unique_prefix() -> String {

@@ -1,0 +1,141 @@
+//! Routing between nodes with a real engine and a real NATS server: another node (here a
+//! second NATS connection) sees the owned chat's live events in seq order and drives the chat
+//! with forwarded commands, answered as the owner's own socket would answer them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::Actor;
+use futures::StreamExt;
+use serde_json::{Map, Value, json};
+use tessera_cluster::{ChatCommand, ClusterBus, ClusterMetrics, CommandReply};
+use tessera_engine::{Engine, EngineConfig, EngineHooks, NewChat};
+use tessera_llm::ChatModel;
+use tessera_llm::scripted::ScriptedModel;
+use tessera_server::cluster::ChatRelay;
+use tessera_store::SqliteStore;
+use tessera_tools::{ArtifactStore, BuiltinRegistry, ToolServices};
+
+async fn bus(url: &str, node: &str, prefix: &str) -> ClusterBus {
+    ClusterBus::connect(
+        url,
+        node,
+        prefix,
+        Duration::from_secs(5),
+        Arc::new(ClusterMetrics::default()),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("NATS: {e}"))
+}
+
+#[actix::test]
+async fn another_node_sees_live_events_in_order_and_drives_the_chat() {
+    let Some(url) = tessera_cluster::testing::test_nats_url("another_node_sees_live_events") else {
+        return;
+    };
+    let data = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let store = Arc::new(
+        SqliteStore::open(&data.path().join("t.db"))
+            .await
+            .unwrap_or_else(|e| panic!("{e}")),
+    );
+    let workflows_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../workflows");
+    let workflow = tessera_manifest::load_workflows(&workflows_dir)
+        .into_iter()
+        .find(|(name, _)| name == "TodoAssistant")
+        .and_then(|(_, w)| w.ok())
+        .unwrap_or_else(|| panic!("TodoAssistant loads"));
+    let model: Arc<dyn ChatModel> = Arc::new(
+        ScriptedModel::from_file(&workflow.dir.join("demo.json")).unwrap_or_else(|e| panic!("{e}")),
+    );
+    let artifacts: Arc<dyn ArtifactStore> = store.clone();
+    let builtins = BuiltinRegistry::with_defaults(ToolServices {
+        tasks: store.clone(),
+        artifacts,
+    });
+    let engine = Engine::start(
+        vec![(workflow, model)],
+        &builtins,
+        EngineConfig::default(),
+        EngineHooks::default(),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let chat = engine
+        .start_chat(NewChat {
+            tenant: "t".into(),
+            user: "u".into(),
+            workflow: "TodoAssistant".into(),
+            context: Map::new(),
+            chat_id: None,
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let chat_id = chat.identity.chat_id.to_string();
+
+    let prefix = format!("t{}", uuid::Uuid::new_v4().simple());
+    let owner = bus(&url, "owner", &prefix).await;
+    let other = bus(&url, "other", &prefix).await;
+    let mut events = other
+        .subscribe_events(&chat_id)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let arbiter = chat.arbiter.clone();
+    let relayed = chat.clone();
+    let _relay = ChatRelay::start_in_arbiter(&arbiter, move |_| ChatRelay::new(relayed, owner));
+
+    // The relay serves commands once it is subscribed; until then the chat has no responder.
+    let input = ChatCommand::Input {
+        content: "Buy milk".into(),
+        client_msg_id: Some("m1".into()),
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let reply = loop {
+        match other.send_command(&chat_id, &input).await {
+            Err(tessera_cluster::ClusterError::NoOwner(_))
+                if tokio::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            other => break other.unwrap_or_else(|e| panic!("{e}")),
+        }
+    };
+    assert_eq!(reply, CommandReply::Accepted);
+
+    let mut seqs = Vec::new();
+    let mut types = Vec::new();
+    loop {
+        let event = tokio::time::timeout(Duration::from_secs(10), events.next())
+            .await
+            .unwrap_or_else(|_| panic!("the turn did not end; saw {types:?}"))
+            .unwrap_or_else(|| panic!("stream ended"));
+        let body: Value = serde_json::from_slice(&event.envelope).unwrap_or_default();
+        assert_eq!(
+            body["seq"],
+            json!(event.seq),
+            "the relayed seq is the event's own"
+        );
+        seqs.push(event.seq);
+        let kind = body["type"].as_str().unwrap_or_default().to_owned();
+        types.push(kind.clone());
+        // The turn is over when the chat asks the user again.
+        if kind == "chat.input_request" && types.iter().any(|t| t == "chat.run_start") {
+            break;
+        }
+    }
+    let first = seqs[0];
+    assert_eq!(
+        seqs,
+        (first..first + seqs.len() as u64).collect::<Vec<_>>(),
+        "contiguous, no duplicate"
+    );
+    assert!(types.iter().any(|t| t == "chat.tool_call"), "{types:?}");
+
+    let bogus = ChatCommand::ToolAnswer {
+        corr: "no-such-corr".into(),
+        response: json!({"status": "success"}),
+    };
+    match other.send_command(&chat_id, &bogus).await {
+        Ok(CommandReply::Refused { code, .. }) => assert_eq!(code, "unknown_correlation"),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}

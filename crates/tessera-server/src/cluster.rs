@@ -162,3 +162,147 @@ impl StreamHandler<IncomingCommand> for ChatRelay {
         ctx.stop();
     }
 }
+
+/// How long a reader waits before asking the store again for events it has seen live but the
+/// store does not hold yet (the owner writes behind its live events).
+const STORE_CATCH_UP_RETRY: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// Events read from the store per catch-up query.
+const CATCH_UP_PAGE: u32 = 500;
+
+/// The reader's side of routing: feeds a subscriber on a node that does not own the chat with
+/// every event after `after_seq`, each exactly once and in seq order — first from the store
+/// (replay), then live from the owner over NATS. A live event past a gap (the ones published
+/// before the subscription, or lost in a failover) is held back until the store has filled the
+/// gap, so the subscriber never sees a gap or a duplicate.
+pub struct RemoteFeed {
+    chat_id: String,
+    store: std::sync::Arc<dyn tessera_store::ChatStore>,
+    bus: ClusterBus,
+    recipient: Recipient<Deliver>,
+    /// The next seq the subscriber gets.
+    next_seq: u64,
+    /// Live events ahead of `next_seq`, by seq.
+    held: std::collections::BTreeMap<u64, Bytes>,
+    catching_up: bool,
+}
+
+impl RemoteFeed {
+    /// A feed of `chat_id`'s events after `after_seq` to `recipient`.
+    pub fn new(
+        chat_id: String,
+        after_seq: u64,
+        store: std::sync::Arc<dyn tessera_store::ChatStore>,
+        bus: ClusterBus,
+        recipient: Recipient<Deliver>,
+    ) -> Self {
+        Self {
+            chat_id,
+            store,
+            bus,
+            recipient,
+            next_seq: after_seq + 1,
+            held: std::collections::BTreeMap::new(),
+            catching_up: false,
+        }
+    }
+
+    fn deliver(&mut self, envelope: &[u8]) {
+        let text = String::from_utf8_lossy(envelope);
+        self.recipient
+            .do_send(Deliver(std::sync::Arc::from(text.as_ref())));
+        self.next_seq += 1;
+    }
+
+    /// Delivers held live events that are next in line.
+    fn drain_held(&mut self) {
+        while let Some(envelope) = self.held.remove(&self.next_seq) {
+            self.deliver(&envelope);
+        }
+        let stale: Vec<u64> = self.held.range(..self.next_seq).map(|(s, _)| *s).collect();
+        for seq in stale {
+            self.held.remove(&seq);
+        }
+    }
+
+    /// Reads the store from `next_seq` on; again after a pause while live events are still
+    /// held back (the store has not caught up with them yet).
+    fn catch_up(&mut self, ctx: &mut Context<Self>) {
+        if self.catching_up {
+            return;
+        }
+        self.catching_up = true;
+        let store = self.store.clone();
+        let chat_id = self.chat_id.clone();
+        let after = self.next_seq - 1;
+        let read = async move { store.events_after(&chat_id, after, CATCH_UP_PAGE).await };
+        ctx.spawn(read.into_actor(self).map(|events, act, ctx| {
+            act.catching_up = false;
+            let mut full_page = false;
+            match events {
+                Ok(events) => {
+                    full_page = events.len() == CATCH_UP_PAGE as usize;
+                    for event in events {
+                        if event.seq == act.next_seq {
+                            act.deliver(event.json.as_bytes());
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(chat_id = %act.chat_id, error = %e, "replay from the store failed; retrying")
+                }
+            }
+            act.drain_held();
+            if full_page {
+                act.catch_up(ctx);
+            } else if !act.held.is_empty() {
+                ctx.run_later(STORE_CATCH_UP_RETRY, |act, ctx| act.catch_up(ctx));
+            }
+        }));
+    }
+}
+
+impl Actor for RemoteFeed {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        // Subscribe first, then read the store: an event published in between is then both
+        // live and stored, and the seq check delivers it once.
+        let bus = self.bus.clone();
+        let chat_id = self.chat_id.clone();
+        let subscribe = async move { bus.subscribe_events(&chat_id).await };
+        ctx.wait(subscribe.into_actor(self).map(|events, act, ctx| match events {
+            Ok(events) => {
+                ctx.add_stream(events);
+                act.catch_up(ctx);
+            }
+            Err(e) => {
+                tracing::warn!(chat_id = %act.chat_id, error = %e, "cannot follow the chat's live events");
+                ctx.stop();
+            }
+        }));
+    }
+}
+
+impl StreamHandler<LiveEvent> for RemoteFeed {
+    fn handle(&mut self, event: LiveEvent, ctx: &mut Self::Context) {
+        if !self.recipient.connected() {
+            ctx.stop();
+            return;
+        }
+        if event.seq < self.next_seq {
+            return;
+        }
+        if event.seq == self.next_seq && !self.catching_up {
+            self.deliver(&event.envelope);
+            self.drain_held();
+            return;
+        }
+        self.held.insert(event.seq, event.envelope);
+        self.catch_up(ctx);
+    }
+
+    fn finished(&mut self, ctx: &mut Self::Context) {
+        ctx.stop();
+    }
+}

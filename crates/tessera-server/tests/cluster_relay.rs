@@ -28,14 +28,14 @@ async fn bus(url: &str, node: &str, prefix: &str) -> ClusterBus {
     .unwrap_or_else(|e| panic!("NATS: {e}"))
 }
 
-#[actix::test]
-async fn another_node_sees_live_events_in_order_and_drives_the_chat() {
-    let Some(url) = tessera_cluster::testing::test_nats_url("another_node_sees_live_events") else {
-        return;
-    };
-    let data = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+/// An engine serving the TodoAssistant demo (with its SQLite store as the chat store when
+/// `durable`) and one new chat of it.
+async fn todo_chat(
+    dir: &std::path::Path,
+    durable: bool,
+) -> (Engine, tessera_engine::ChatHandle, Arc<SqliteStore>) {
     let store = Arc::new(
-        SqliteStore::open(&data.path().join("t.db"))
+        SqliteStore::open(&dir.join("t.db"))
             .await
             .unwrap_or_else(|e| panic!("{e}")),
     );
@@ -57,7 +57,10 @@ async fn another_node_sees_live_events_in_order_and_drives_the_chat() {
         vec![(workflow, model)],
         &builtins,
         EngineConfig::default(),
-        EngineHooks::default(),
+        EngineHooks {
+            store: durable.then(|| store.clone() as Arc<dyn tessera_store::ChatStore>),
+            ..EngineHooks::default()
+        },
     )
     .unwrap_or_else(|e| panic!("{e}"));
     let chat = engine
@@ -70,6 +73,16 @@ async fn another_node_sees_live_events_in_order_and_drives_the_chat() {
         })
         .await
         .unwrap_or_else(|e| panic!("{e}"));
+    (engine, chat, store)
+}
+
+#[actix::test]
+async fn another_node_sees_live_events_in_order_and_drives_the_chat() {
+    let Some(url) = tessera_cluster::testing::test_nats_url("another_node_sees_live_events") else {
+        return;
+    };
+    let data = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let (_engine, chat, _store) = todo_chat(data.path(), false).await;
     let chat_id = chat.identity.chat_id.to_string();
 
     let prefix = format!("t{}", uuid::Uuid::new_v4().simple());
@@ -137,5 +150,118 @@ async fn another_node_sees_live_events_in_order_and_drives_the_chat() {
     match other.send_command(&chat_id, &bogus).await {
         Ok(CommandReply::Refused { code, .. }) => assert_eq!(code, "unknown_correlation"),
         other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+/// Collects what a feed delivers.
+#[derive(Default)]
+struct Collector(Vec<Value>);
+impl actix::Actor for Collector {
+    type Context = actix::Context<Self>;
+}
+impl actix::Handler<tessera_engine::session::Deliver> for Collector {
+    type Result = ();
+    fn handle(&mut self, msg: tessera_engine::session::Deliver, _: &mut Self::Context) {
+        self.0
+            .push(serde_json::from_str(&msg.0).unwrap_or_default());
+    }
+}
+#[derive(actix::Message)]
+#[rtype(result = "Vec<Value>")]
+struct Collected;
+impl actix::Handler<Collected> for Collector {
+    type Result = actix::MessageResult<Collected>;
+    fn handle(&mut self, _: Collected, _: &mut Self::Context) -> Self::Result {
+        actix::MessageResult(self.0.clone())
+    }
+}
+
+#[actix::test]
+async fn a_reader_on_another_node_gets_replay_then_live_events_without_gap_or_duplicate() {
+    let Some(url) = tessera_cluster::testing::test_nats_url("a_reader_on_another_node") else {
+        return;
+    };
+    let data = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let (_engine, chat, store) = todo_chat(data.path(), true).await;
+    let chat_id = chat.identity.chat_id.to_string();
+    let prefix = format!("t{}", uuid::Uuid::new_v4().simple());
+    let owner = bus(&url, "owner", &prefix).await;
+    let reader = bus(&url, "reader", &prefix).await;
+    let relayed = chat.clone();
+    let _relay = ChatRelay::start_in_arbiter(&chat.arbiter.clone(), move |_| {
+        ChatRelay::new(relayed, owner)
+    });
+
+    // A first turn before the reader arrives: only the store has it for the reader.
+    let say = |text: &str| ChatCommand::Input {
+        content: text.into(),
+        client_msg_id: None,
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match reader.send_command(&chat_id, &say("Buy milk")).await {
+            Err(tessera_cluster::ClusterError::NoOwner(_))
+                if tokio::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            other => {
+                assert_eq!(
+                    other.unwrap_or_else(|e| panic!("{e}")),
+                    CommandReply::Accepted
+                );
+                break;
+            }
+        }
+    }
+
+    let collector = Collector::default().start();
+    let store_for_feed: Arc<dyn tessera_store::ChatStore> = store.clone();
+    let _feed = tessera_server::cluster::RemoteFeed::new(
+        chat_id.clone(),
+        0,
+        store_for_feed,
+        reader.clone(),
+        collector.clone().recipient(),
+    )
+    .start();
+    // A second turn while the feed replays and follows.
+    let second = loop {
+        match reader.send_command(&chat_id, &say("Buy bread")).await {
+            Ok(CommandReply::Refused { code, .. }) if code == "not_accepting_input" => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            other => break other.unwrap_or_else(|e| panic!("{e}")),
+        }
+    };
+    assert_eq!(second, CommandReply::Accepted);
+
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let seen = collector.send(Collected).await.unwrap_or_default();
+        let input_requests = seen
+            .iter()
+            .filter(|e| e["type"] == "chat.input_request")
+            .count();
+        let texts: Vec<String> = seen
+            .iter()
+            .filter(|e| e["type"] == "chat.text")
+            .map(|e| e["data"]["content"].to_string())
+            .collect();
+        // The greeting's request, then one per turn.
+        if input_requests >= 3 && texts.iter().any(|t| t.contains("Buy bread")) {
+            let seqs: Vec<u64> = seen.iter().filter_map(|e| e["seq"].as_u64()).collect();
+            assert_eq!(
+                seqs,
+                (1..=seqs.len() as u64).collect::<Vec<_>>(),
+                "every event once, in order, from the first"
+            );
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the reader did not get both turns: {seen:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

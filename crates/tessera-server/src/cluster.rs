@@ -306,3 +306,113 @@ impl StreamHandler<LiveEvent> for RemoteFeed {
         ctx.stop();
     }
 }
+
+/// The node's side of ownership: carries out what the `LeaseManager` decides. A chat taken
+/// over is rebuilt from the store (`Engine::take_over`) and served to other nodes by a
+/// [`ChatRelay`]; a chat lost is relinquished at once (it writes nothing more) and its relay
+/// stopped, so commands for it reach its new owner.
+pub struct ClusterNode {
+    engine: tessera_engine::Engine,
+    bus: ClusterBus,
+    owned: std::collections::HashMap<String, OwnedChat>,
+}
+
+struct OwnedChat {
+    chat: ChatHandle,
+    relay: Addr<ChatRelay>,
+    epoch: i64,
+}
+
+impl ClusterNode {
+    /// A node running chats on `engine`, reachable over `bus`.
+    pub fn new(engine: tessera_engine::Engine, bus: ClusterBus) -> Self {
+        Self {
+            engine,
+            bus,
+            owned: std::collections::HashMap::new(),
+        }
+    }
+
+    fn serve(&mut self, chat: ChatHandle, epoch: i64) {
+        let relayed = chat.clone();
+        let bus = self.bus.clone();
+        let relay = ChatRelay::start_in_arbiter(&chat.arbiter.clone(), move |_| {
+            ChatRelay::new(relayed, bus)
+        });
+        self.owned.insert(
+            chat.identity.chat_id.to_string(),
+            OwnedChat { chat, relay, epoch },
+        );
+    }
+}
+
+impl Actor for ClusterNode {
+    type Context = Context<Self>;
+}
+
+/// The chat this node owns under `chat_id`, with its epoch.
+#[derive(Message)]
+#[rtype(result = "Option<(ChatHandle, i64)>")]
+pub struct FindOwned(pub String);
+
+impl Handler<FindOwned> for ClusterNode {
+    type Result = MessageResult<FindOwned>;
+
+    fn handle(&mut self, FindOwned(chat_id): FindOwned, _: &mut Self::Context) -> Self::Result {
+        MessageResult(
+            self.owned
+                .get(&chat_id)
+                .map(|owned| (owned.chat.clone(), owned.epoch)),
+        )
+    }
+}
+
+impl Handler<tessera_cluster::OwnershipChange> for ClusterNode {
+    type Result = ();
+
+    fn handle(&mut self, change: tessera_cluster::OwnershipChange, ctx: &mut Self::Context) {
+        use tessera_cluster::OwnershipChange;
+        match change {
+            OwnershipChange::TakenOver { chat_id, epoch } => {
+                let engine = self.engine.clone();
+                let restoring = chat_id.clone();
+                let restore = async move { engine.take_over(&restoring).await };
+                ctx.spawn(restore.into_actor(self).map(move |restored, act, _| {
+                    match restored {
+                        Ok(Some(chat)) => {
+                            tracing::info!(chat_id = %chat_id, epoch, "serving a chat taken over");
+                            act.serve(chat, epoch);
+                        }
+                        // Completed meanwhile, or of a workflow this node does not serve.
+                        Ok(None) => {
+                            tracing::warn!(chat_id = %chat_id, epoch, "taken-over chat not started")
+                        }
+                        Err(e) => {
+                            tracing::error!(chat_id = %chat_id, epoch, error = %e, "taken-over chat could not be rebuilt")
+                        }
+                    }
+                }));
+            }
+            OwnershipChange::Lost { chat_id, epoch } => {
+                if let Some(owned) = self.owned.remove(&chat_id) {
+                    tracing::warn!(chat_id = %chat_id, epoch, "chat lost to another node");
+                    owned.chat.addr.do_send(tessera_engine::session::Relinquish);
+                    owned.relay.do_send(StopRelay);
+                }
+            }
+        }
+    }
+}
+
+/// Stop relaying (the chat left this node).
+#[derive(Message)]
+#[rtype(result = "()")]
+struct StopRelay;
+
+impl Handler<StopRelay> for ChatRelay {
+    type Result = ();
+
+    fn handle(&mut self, _: StopRelay, ctx: &mut Self::Context) {
+        ctx.stop();
+    }
+}

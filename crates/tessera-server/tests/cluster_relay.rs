@@ -28,17 +28,9 @@ async fn bus(url: &str, node: &str, prefix: &str) -> ClusterBus {
     .unwrap_or_else(|e| panic!("NATS: {e}"))
 }
 
-/// An engine serving the TodoAssistant demo (with its SQLite store as the chat store when
-/// `durable`) and one new chat of it.
-async fn todo_chat(
-    dir: &std::path::Path,
-    durable: bool,
-) -> (Engine, tessera_engine::ChatHandle, Arc<SqliteStore>) {
-    let store = Arc::new(
-        SqliteStore::open(&dir.join("t.db"))
-            .await
-            .unwrap_or_else(|e| panic!("{e}")),
-    );
+/// An engine serving the TodoAssistant demo, with `store` for its tools and (when `durable`)
+/// as its chat store.
+fn todo_engine(store: &Arc<SqliteStore>, durable: bool) -> Engine {
     let workflows_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../workflows");
     let workflow = tessera_manifest::load_workflows(&workflows_dir)
         .into_iter()
@@ -53,7 +45,7 @@ async fn todo_chat(
         tasks: store.clone(),
         artifacts,
     });
-    let engine = Engine::start(
+    Engine::start(
         vec![(workflow, model)],
         &builtins,
         EngineConfig::default(),
@@ -62,7 +54,20 @@ async fn todo_chat(
             ..EngineHooks::default()
         },
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A SQLite store in `dir`, an engine on it and one new TodoAssistant chat.
+async fn todo_chat(
+    dir: &std::path::Path,
+    durable: bool,
+) -> (Engine, tessera_engine::ChatHandle, Arc<SqliteStore>) {
+    let store = Arc::new(
+        SqliteStore::open(&dir.join("t.db"))
+            .await
+            .unwrap_or_else(|e| panic!("{e}")),
+    );
+    let engine = todo_engine(&store, durable);
     let chat = engine
         .start_chat(NewChat {
             tenant: "t".into(),
@@ -264,4 +269,86 @@ async fn a_reader_on_another_node_gets_replay_then_live_events_without_gap_or_du
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+#[actix::test]
+async fn a_chat_taken_over_is_served_to_other_nodes_until_it_is_lost() {
+    use tessera_cluster::{ClusterError, OwnershipChange};
+    use tessera_server::cluster::{ClusterNode, FindOwned};
+    let Some(url) = tessera_cluster::testing::test_nats_url("a_chat_taken_over_is_served") else {
+        return;
+    };
+    let data = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    // The dead node's engine created the chat; its greeting reached the store.
+    let (_dead, chat, store) = todo_chat(data.path(), true).await;
+    let chat_id = chat.identity.chat_id.to_string();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while tessera_store::ChatStore::events_after(&*store, &chat_id, 0, 10)
+        .await
+        .unwrap_or_default()
+        .is_empty()
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "greeting never stored"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    drop(chat);
+
+    let engine = todo_engine(&store, true);
+    let prefix = format!("t{}", uuid::Uuid::new_v4().simple());
+    let node = ClusterNode::new(engine, bus(&url, "survivor", &prefix).await).start();
+    let client_node = bus(&url, "entry", &prefix).await;
+    node.do_send(OwnershipChange::TakenOver {
+        chat_id: chat_id.clone(),
+        epoch: 2,
+    });
+    let say = ChatCommand::Input {
+        content: "Buy milk".into(),
+        client_msg_id: None,
+    };
+    loop {
+        match client_node.send_command(&chat_id, &say).await {
+            Err(ClusterError::NoOwner(_)) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            other => {
+                assert_eq!(
+                    other.unwrap_or_else(|e| panic!("{e}")),
+                    CommandReply::Accepted
+                );
+                break;
+            }
+        }
+    }
+    let owned = node.send(FindOwned(chat_id.clone())).await.unwrap_or(None);
+    assert_eq!(owned.map(|(_, epoch)| epoch), Some(2));
+
+    node.do_send(OwnershipChange::Lost {
+        chat_id: chat_id.clone(),
+        epoch: 2,
+    });
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match client_node
+            .send_command(&chat_id, &ChatCommand::Cancel)
+            .await
+        {
+            Err(ClusterError::NoOwner(_)) => break,
+            other => {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "still served after being lost: {other:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+    assert!(
+        node.send(FindOwned(chat_id))
+            .await
+            .unwrap_or(None)
+            .is_none()
+    );
 }

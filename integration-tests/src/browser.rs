@@ -1,8 +1,9 @@
 //! A real headless Chromium, driven over WebDriver (Debian's `chromedriver`) with fantoccini,
 //! for the web client's tests. Install both with `.ci/install-browser`.
 //!
-//! When they are missing, [`available`] says why and the test skips, except under `CI=true`,
-//! where it fails. Each [`Browser`] has its own chromedriver on a free port and a fresh
+//! When they are missing, the build script (`integration-tests/build.rs`) sets
+//! `cfg(browser_missing)` and the tests are marked ignored with the reason, which `cargo test`
+//! prints; under `CI=true` it does not, and [`available`] fails the tests instead. Each [`Browser`] has its own chromedriver on a free port and a fresh
 //! profile; dropping it kills chromedriver's whole process group (Chromium included), pass or
 //! fail. Browser tests run one at a time: the machine may have few cores.
 //! All waits poll the page against a deadline; none sleeps a fixed time.
@@ -42,7 +43,15 @@ pub enum Viewport {
     Desktop,
     /// A phone: 375×812 CSS pixels at device pixel ratio 2 (Chrome's mobile emulation).
     Phone,
+    /// The desktop window with the system in dark mode (`prefers-color-scheme: dark`).
+    DesktopDark,
+    /// The phone with the system in dark mode.
+    PhoneDark,
 }
+
+/// axe-core (tests only, vendored by `scripts/vendor-web.sh`), injected into pages to check
+/// accessibility.
+const AXE: &str = include_str!("../vendor/axe.min.js");
 
 /// The browser binaries, or `None` after printing why the test is skipped. Panics instead
 /// when `CI=true`: CI must run these tests.
@@ -150,11 +159,17 @@ impl Browser {
             "binary": bins.chromium.display().to_string(),
         });
         match viewport {
-            Viewport::Desktop => args.push("--window-size=1280,900".to_owned()),
-            Viewport::Phone => {
+            Viewport::Desktop | Viewport::DesktopDark => {
+                args.push("--window-size=1280,900".to_owned());
+            }
+            Viewport::Phone | Viewport::PhoneDark => {
                 chrome_options["mobileEmulation"] =
                     json!({"deviceMetrics": {"width": 375, "height": 812, "pixelRatio": 2.0}});
             }
+        }
+        if matches!(viewport, Viewport::DesktopDark | Viewport::PhoneDark) {
+            // Chromium reports `prefers-color-scheme: dark`, as a system in dark mode does.
+            args.push("--force-dark-mode".to_owned());
         }
         chrome_options["args"] = json!(args);
         let mut caps = serde_json::Map::new();
@@ -284,6 +299,38 @@ impl Browser {
             Err(e) => panic!("screenshot failed: {e}"),
         }
         path
+    }
+
+    /// Runs axe-core on the page as it is now and returns its serious and critical
+    /// violations (id, impact, help, and the offending elements).
+    pub async fn accessibility_violations(&self) -> Vec<Value> {
+        self.eval(&format!("{AXE}\n;return true;"), vec![]).await;
+        let result = self
+            .eval_async(
+                "const done = arguments[arguments.length - 1];
+                 axe.run(document, { resultTypes: ['violations'] }).then(
+                   r => done(r.violations
+                     .filter(v => v.impact === 'serious' || v.impact === 'critical')
+                     .map(v => ({ id: v.id, impact: v.impact, help: v.help,
+                                  nodes: v.nodes.map(n => n.html.slice(0, 200) + ' — ' + n.failureSummary) }))),
+                   e => done([{ id: 'axe-failed', help: String(e) }]));",
+                vec![],
+            )
+            .await;
+        result.as_array().cloned().unwrap_or_default()
+    }
+
+    /// Fails with the violations when axe finds any serious or critical one.
+    pub async fn assert_accessible(&self, when: &str) {
+        let found = self.accessibility_violations().await;
+        if !found.is_empty() {
+            self.screenshot(&format!("FAILED-{}-a11y", self.name)).await;
+            panic!(
+                "{when}: {} serious accessibility violation(s):\n{}",
+                found.len(),
+                serde_json::to_string_pretty(&found).unwrap_or_default()
+            );
+        }
     }
 
     async fn fail(&self, what: &str) -> ! {

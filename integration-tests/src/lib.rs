@@ -9,6 +9,20 @@ pub fn workspace_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
+/// Copies the folder `from` into `to`, recursively (e.g. a workflow to break or change).
+pub fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap_or_else(|e| panic!("{}: {e}", to.display()));
+    for entry in std::fs::read_dir(from).unwrap_or_else(|e| panic!("{}: {e}", from.display())) {
+        let entry = entry.unwrap_or_else(|e| panic!("{e}"));
+        let target = to.join(entry.file_name());
+        if entry.path().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).unwrap_or_else(|e| panic!("{e}"));
+        }
+    }
+}
+
 /// Path of the real `tessera` binary (see [`build_bin`]).
 pub fn tessera_bin() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();

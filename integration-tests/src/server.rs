@@ -26,6 +26,11 @@ pub struct ServerOptions {
     pub workflows_dir: Option<PathBuf>,
     /// Reuse this data dir (for restart tests).
     pub data_dir: Option<PathBuf>,
+    /// A `tessera.toml` to pass with `--config` (e.g. tenants and JWT settings).
+    pub config_toml: Option<String>,
+    /// Append the server's log (stderr) to this file instead of the test's stderr, for tests
+    /// that wait for a log line.
+    pub stderr_file: Option<PathBuf>,
 }
 
 impl ServerOptions {
@@ -63,8 +68,21 @@ impl TestServer {
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .kill_on_drop(true);
+        if let Some(path) = &options.stderr_file {
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .unwrap_or_else(|e| panic!("cannot open {}: {e}", path.display()));
+            command.stderr(file);
+        }
         for (k, v) in &options.env {
             command.env(k, v);
+        }
+        if let Some(toml) = &options.config_toml {
+            let path = data_dir.path().join("tessera.toml");
+            std::fs::write(&path, toml).unwrap_or_else(|e| panic!("write config: {e}"));
+            command.arg("--config").arg(&path);
         }
         let mut child = command
             .spawn()
@@ -91,6 +109,11 @@ impl TestServer {
             data_dir,
             http: reqwest::Client::new(),
         }
+    }
+
+    /// The server's process id (to send it signals).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
     }
 
     /// The data dir in use (for restart tests).

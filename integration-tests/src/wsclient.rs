@@ -1,5 +1,7 @@
 //! A real WebSocket client for tests: sends frames, collects every event, and checks that the
-//! logged events arrive with consecutive `seq`s and no duplicates.
+//! logged events arrive in `seq` order with no duplicates: consecutive when live; in a replay
+//! (between `chat.session` and `chat.resume_boundary`) the seqs of dropped deltas are skipped
+//! (docs/protocol.md).
 
 use std::time::Duration;
 
@@ -16,6 +18,8 @@ pub struct WsClient {
     pub events: Vec<Value>,
     /// Highest logged seq seen.
     pub last_seq: u64,
+    /// Between `chat.session` and `chat.resume_boundary`.
+    replaying: bool,
 }
 
 impl WsClient {
@@ -38,6 +42,7 @@ impl WsClient {
             socket,
             events: Vec::new(),
             last_seq: 0,
+            replaying: false,
         })
     }
 
@@ -75,7 +80,18 @@ impl WsClient {
                         eprintln!("<- {event}");
                     }
                     let seq = event["seq"].as_u64().unwrap_or(0);
-                    if seq > 0 {
+                    match event["type"].as_str() {
+                        Some("chat.session") => self.replaying = true,
+                        Some("chat.resume_boundary") => self.replaying = false,
+                        _ => {}
+                    }
+                    if seq > 0 && self.replaying {
+                        assert!(
+                            seq > self.last_seq,
+                            "seq duplicate or out of order: {event}"
+                        );
+                        self.last_seq = seq;
+                    } else if seq > 0 {
                         assert_eq!(seq, self.last_seq + 1, "seq gap or duplicate: {event}");
                         self.last_seq = seq;
                     }

@@ -122,6 +122,23 @@ async fn generator_end_to_end(server: TestServer) {
     let (status, bytes) = server.get_bytes(&path, "alice").await;
     assert_eq!(status, 200);
     assert!(bytes.starts_with(b"PK"), "the bundle is a zip");
+    // The zip stores its files uncompressed: the approved plan is readable in its bytes.
+    let raw = String::from_utf8_lossy(&bytes);
+    for part in [
+        "action_plan.json",
+        "Phase 1: Research",
+        "Phase 3: Review and schedule",
+        "SchedulerAgent",
+    ] {
+        assert!(
+            raw.contains(part),
+            "the bundle holds the approved plan ({part})"
+        );
+    }
+    assert!(
+        !raw.contains("\"phases\": []"),
+        "the bundle's phases are not empty"
+    );
     let (status, _) = server.get_bytes(&path, "mallory").await;
     assert_eq!(status, 404, "only the chat's owner can download");
     ws.send(answer(
@@ -394,4 +411,104 @@ fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
             std::fs::copy(entry.path(), &target).unwrap_or_else(|e| panic!("{e}"));
         }
     }
+}
+
+#[tokio::test]
+async fn unlisted_workflows_are_not_offered_but_start_by_name() {
+    let server = TestServer::start(ServerOptions::default()).await;
+    let (status, body) = server.get("/api/v1/workflows", "alice").await;
+    assert_eq!(status, 200, "{body}");
+    let names: Vec<&str> = body["workflows"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|w| w["name"].as_str())
+        .collect();
+    assert_eq!(names, ["Generator", "TextToolkit", "TodoAssistant"]);
+    // LoadTest says `"listed": false`; the load generator still starts it by name.
+    server.create_chat("LoadTest", "alice").await;
+}
+
+/// Sends `text` and returns the agent's answer and the tools it ran, once the turn ends.
+async fn exchange(ws: &mut WsClient, text: &str) -> (String, Vec<Value>) {
+    let from = ws.events.len();
+    ws.say(text).await;
+    ws.until("chat.input_request").await;
+    let turn = &ws.events[from..];
+    let answer = turn
+        .iter()
+        .rev()
+        .find(|e| e["type"] == "chat.text" && e["data"]["role"] != "user")
+        .map(|e| e["data"]["content"].as_str().unwrap_or_default().to_owned())
+        .unwrap_or_default();
+    let tools = turn
+        .iter()
+        .filter(|e| e["type"] == "chat.tool_response")
+        .cloned()
+        .collect();
+    (answer, tools)
+}
+
+fn tool_names(tools: &[Value]) -> Vec<&str> {
+    tools
+        .iter()
+        .map(|t| t["data"]["tool_name"].as_str().unwrap_or_default())
+        .collect()
+}
+
+#[tokio::test]
+async fn the_demo_model_does_what_the_user_asks() {
+    let server = TestServer::start(ServerOptions::default()).await;
+    let chat = server.create_chat("TodoAssistant", "alice").await;
+    let mut ws = WsClient::connect(&server.ws_url(&chat, 0), "alice").await;
+    ws.until("chat.input_request").await;
+    for (said, title) in [
+        ("add Buy milk", "Buy milk"),
+        ("Walk the dog", "Walk the dog"),
+    ] {
+        let (answer, tools) = exchange(&mut ws, said).await;
+        assert_eq!(tool_names(&tools), ["add_task"]);
+        assert_eq!(answer, format!("Added \"{title}\" to your list."));
+    }
+    let (answer, tools) = exchange(&mut ws, "List my tasks").await;
+    assert_eq!(tool_names(&tools), ["list_tasks"], "listing adds nothing");
+    assert_eq!(answer, "You have 2 task(s): Buy milk, Walk the dog.");
+    let (answer, tools) = exchange(&mut ws, "complete milk").await;
+    assert_eq!(tool_names(&tools), ["list_tasks", "complete_task"]);
+    assert_eq!(answer, "Task 'Buy milk' completed.");
+    let (_, tools) = exchange(&mut ws, "show my tasks").await;
+    let tasks = &tools[0]["data"]["payload"];
+    let done: Vec<(&str, bool)> = tasks["tasks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|t| {
+            (
+                t["title"].as_str().unwrap_or_default(),
+                t["completed"] == true,
+            )
+        })
+        .collect();
+    assert_eq!(
+        done,
+        [("Buy milk", true), ("Walk the dog", false)],
+        "{tasks}"
+    );
+    let (answer, _) = exchange(&mut ws, "complete taxes").await;
+    assert_eq!(answer, "Task not found.");
+
+    let chat = server.create_chat("TextToolkit", "alice").await;
+    let mut ws = WsClient::connect(&server.ws_url(&chat, 0), "alice").await;
+    ws.until("chat.input_request").await;
+    let (answer, tools) = exchange(&mut ws, "Count the words in the quick brown fox").await;
+    assert_eq!(tool_names(&tools), ["word_count"]);
+    assert_eq!(
+        answer,
+        "\"the quick brown fox\" has 4 word(s) and 19 character(s)."
+    );
+    let (answer, tools) = exchange(&mut ws, "echo hello there").await;
+    assert_eq!(tool_names(&tools), ["echo"]);
+    assert_eq!(answer, "Echo: hello there");
+    let (answer, _) = exchange(&mut ws, "one two three").await;
+    assert!(answer.starts_with("Your message has 3 word(s)"), "{answer}");
 }

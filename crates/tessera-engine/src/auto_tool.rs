@@ -133,7 +133,8 @@ pub struct AutoToolHandler {
     dedup: Addr<DedupCache>,
     correlator: Addr<UiCorrelator>,
     default_ui_timeout: Option<Duration>,
-    /// workflow name → agent → binding (`None` cached too, so misses stay cheap).
+    /// `name@version` of a workflow → agent → binding (`None` cached too, so misses stay
+    /// cheap); per version, since a reloaded workflow may bind its agents differently.
     bindings: HashMap<String, HashMap<String, Option<Arc<AutoToolBinding>>>>,
 }
 
@@ -159,7 +160,10 @@ impl AutoToolHandler {
     ) -> Option<Arc<AutoToolBinding>> {
         let per_workflow = self
             .bindings
-            .entry(workflow.workflow.name.clone())
+            .entry(format!(
+                "{}@{}",
+                workflow.workflow.name, workflow.workflow.version
+            ))
             .or_default();
         if let Some(cached) = per_workflow.get(agent) {
             return cached.clone();

@@ -33,6 +33,11 @@ pub struct EngineConfig {
     pub disconnect_policy: DisconnectPolicy,
     /// Ask models to stream and publish `chat.text_delta` events.
     pub stream: bool,
+    /// Total time one model call may take (all its retries and its whole stream); an agent's
+    /// `call_deadline_s` wins. Past it the call is dropped and reported as a timeout.
+    pub model_call_deadline: Duration,
+    /// `max_tokens` sent with every model call; an agent's `max_tokens` wins.
+    pub max_tokens: u32,
     /// Number of arbiters (threads) chats are spread over; 0 means one per core.
     pub arbiters: usize,
     /// Seals the chats' secret vaults at rest; `None` keeps secrets in memory only.
@@ -51,6 +56,8 @@ impl Default for EngineConfig {
             ui_timeout: Some(Duration::from_secs(15 * 60)),
             disconnect_policy: DisconnectPolicy::KeepPending,
             stream: true,
+            model_call_deadline: Duration::from_secs(300),
+            max_tokens: 4096,
             arbiters: 0,
             vault_key: None,
         }

@@ -13,6 +13,7 @@ use tessera_llm::ChatModel;
 use tessera_manifest::{ToolImpl, Workflow};
 use tessera_tools::BuiltinRegistry;
 
+use crate::catalog::{CurrentVersions, InstallWorkflows, ResolveWorkflow, WorkflowCatalog};
 use crate::persist::{ChatRows, RestoredChat};
 use crate::plan::CompiledWorkflow;
 use crate::session::{ChatIdentity, ChatSession};
@@ -43,7 +44,12 @@ pub struct ChatHandle {
 }
 
 struct EngineInner {
-    workflows: BTreeMap<String, Arc<CompiledWorkflow>>,
+    /// Every version of every workflow (see [`WorkflowCatalog`]).
+    catalog: Addr<WorkflowCatalog>,
+    /// What [`Engine::install`] compiles new versions with.
+    builtins: BuiltinRegistry,
+    /// Client of HTTP tools, built when the first workflow with one is compiled.
+    http: Option<reqwest::Client>,
     shards: Vec<Shard>,
     next: AtomicUsize,
     config: Arc<EngineConfig>,
@@ -65,48 +71,57 @@ impl Engine {
         config: EngineConfig,
         hooks: EngineHooks,
     ) -> Result<Self, EngineError> {
-        // Built only when a workflow has an HTTP tool: the client loads the TLS stack and the
-        // root certificates (about 2 MiB of memory), which built-in tools never use.
-        let needs_http = workflows.iter().any(|(workflow, _)| {
-            workflow
-                .tools
-                .iter()
-                .any(|t| matches!(t.implementation, Some(ToolImpl::Http { .. })))
-        });
-        let http = if needs_http {
-            let client = reqwest::Client::builder()
-                .connect_timeout(std::time::Duration::from_secs(5))
-                .build()
-                .map_err(|e| EngineError::Workflow(format!("cannot build the HTTP client: {e}")))?;
-            Some(client)
-        } else {
-            None
-        };
-        let mut compiled = BTreeMap::new();
-        for (workflow, model) in workflows {
-            let name = workflow.name.clone();
-            let wf = CompiledWorkflow::compile(
-                workflow,
-                model,
-                builtins,
-                http.as_ref(),
-                config.tool_timeout,
-            )?;
-            compiled.insert(name, Arc::new(wf));
-        }
         let count = if config.arbiters == 0 {
             std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
         } else {
             config.arbiters
         };
         let arbiters: Vec<Arbiter> = (0..count).map(|_| Arbiter::new()).collect();
-        let shards = arbiters
-            .iter()
-            .map(|a| Shard::start(a.handle(), &config, &hooks))
+        let handles = arbiters.iter().map(Arbiter::handle).collect();
+        Self::start_on(workflows, builtins, config, hooks, arbiters, handles)
+    }
+
+    /// Like [`Engine::start`], but every chat and helper actor runs on the calling thread's
+    /// arbiter (`config.arbiters` is ignored). `tessera test` runs the engine this way inside a
+    /// current-thread runtime whose clock is paused, so UI and tool timeouts pass in virtual
+    /// time. Must be called inside an actix `System`.
+    pub fn start_on_current_arbiter(
+        workflows: Vec<(Workflow, Arc<dyn ChatModel>)>,
+        builtins: &BuiltinRegistry,
+        config: EngineConfig,
+        hooks: EngineHooks,
+    ) -> Result<Self, EngineError> {
+        let handles = vec![Arbiter::current()];
+        Self::start_on(workflows, builtins, config, hooks, Vec::new(), handles)
+    }
+
+    fn start_on(
+        workflows: Vec<(Workflow, Arc<dyn ChatModel>)>,
+        builtins: &BuiltinRegistry,
+        config: EngineConfig,
+        hooks: EngineHooks,
+        arbiters: Vec<Arbiter>,
+        handles: Vec<ArbiterHandle>,
+    ) -> Result<Self, EngineError> {
+        let http = http_client_for(&workflows, None)?;
+        let compiled = compile_all(workflows, builtins, http.as_ref(), &config)?;
+        let on = handles.first().cloned().unwrap_or_else(Arbiter::current);
+        let catalog = WorkflowCatalog::start_in_arbiter(&on, move |_| {
+            WorkflowCatalog::with_current(compiled)
+        });
+        let in_memory = Arc::new(AtomicUsize::new(0));
+        let shards = handles
+            .into_iter()
+            .map(|a| Shard {
+                chats_in_memory: in_memory.clone(),
+                ..Shard::start(a, &config, &hooks)
+            })
             .collect();
         Ok(Self {
             inner: Arc::new(EngineInner {
-                workflows: compiled,
+                catalog,
+                builtins: builtins.clone(),
+                http,
                 shards,
                 next: AtomicUsize::new(0),
                 config: Arc::new(config),
@@ -115,12 +130,55 @@ impl Engine {
         })
     }
 
-    fn workflow(&self, name: &str) -> Result<Arc<CompiledWorkflow>, EngineError> {
+    /// The workflow a chat runs: `version` for a stored chat, else the current one.
+    async fn workflow(
+        &self,
+        name: &str,
+        version: Option<&str>,
+    ) -> Result<Arc<CompiledWorkflow>, EngineError> {
         self.inner
-            .workflows
-            .get(name)
-            .cloned()
+            .catalog
+            .send(ResolveWorkflow {
+                name: name.to_owned(),
+                version: version.map(str::to_owned),
+            })
+            .await
+            .map_err(|_| EngineError::Unavailable)?
             .ok_or_else(|| EngineError::UnknownWorkflow(name.to_owned()))
+    }
+
+    /// Compiles `workflows` and adds them to the catalog; with `current`, new chats get them
+    /// from now on while running chats keep the version they started with (hot reload). A
+    /// workflow that does not compile is an error and nothing is installed.
+    pub async fn install(
+        &self,
+        workflows: Vec<(Workflow, Arc<dyn ChatModel>)>,
+        current: bool,
+    ) -> Result<(), EngineError> {
+        let http = http_client_for(&workflows, self.inner.http.as_ref())?;
+        let compiled = compile_all(
+            workflows,
+            &self.inner.builtins,
+            http.as_ref(),
+            &self.inner.config,
+        )?;
+        self.inner
+            .catalog
+            .send(InstallWorkflows {
+                workflows: compiled,
+                current,
+            })
+            .await
+            .map_err(|_| EngineError::Unavailable)
+    }
+
+    /// The current version of each workflow, by name.
+    pub async fn current_versions(&self) -> BTreeMap<String, String> {
+        self.inner
+            .catalog
+            .send(CurrentVersions)
+            .await
+            .unwrap_or_default()
     }
 
     fn next_shard(&self) -> Shard {
@@ -140,7 +198,7 @@ impl Engine {
     /// Starts a chat on the next arbiter. With a store, the chat's record is written first, so
     /// every later write of the chat has its row.
     pub async fn start_chat(&self, new: NewChat) -> Result<ChatHandle, EngineError> {
-        let wf = self.workflow(&new.workflow)?;
+        let wf = self.workflow(&new.workflow, None).await?;
         let shard = self.next_shard();
         let chat_id: Arc<str> = Arc::from(
             new.chat_id
@@ -152,7 +210,8 @@ impl Engine {
             user: Arc::from(new.user),
         };
         if let Some(rows) = shard.store.clone().map(ChatRows) {
-            rows.create(&identity, &new.workflow).await?;
+            rows.create(&identity, &new.workflow, &wf.workflow.version)
+                .await?;
         }
         let config = self.inner.config.clone();
         let (id, context) = (identity.clone(), new.context);
@@ -184,7 +243,7 @@ impl Engine {
         let Some(chat) = rows.completed(chat_id, tenant, user).await? else {
             return Ok(None);
         };
-        Ok(self.start_restored(chat))
+        Ok(self.start_restored(chat).await)
     }
 
     /// Rebuilds one open chat from the store and resumes its pending work exactly as
@@ -197,16 +256,16 @@ impl Engine {
         let Some(chat) = rows.open_chat(chat_id).await? else {
             return Ok(None);
         };
-        if !self.inner.workflows.contains_key(&chat.workflow) {
-            tracing::warn!(chat_id = %chat_id, workflow = %chat.workflow, "chat of an unknown workflow not taken over");
-            return Ok(None);
-        }
-        Ok(self.start_restored(chat))
+        Ok(self.start_restored(chat).await)
     }
 
-    /// Starts the session of a chat loaded from the store; `None` for an unknown workflow.
-    fn start_restored(&self, chat: RestoredChat) -> Option<ChatHandle> {
-        let wf = self.workflow(&chat.workflow).ok()?;
+    /// Starts the session of a chat loaded from the store, on the workflow version it started
+    /// with; `None` for an unknown workflow.
+    async fn start_restored(&self, chat: RestoredChat) -> Option<ChatHandle> {
+        let wf = self
+            .workflow(&chat.workflow, Some(&chat.workflow_version))
+            .await
+            .ok()?;
         let shard = self.next_shard();
         let config = self.inner.config.clone();
         let (identity, workflow) = (chat.identity.clone(), chat.workflow.clone());
@@ -229,27 +288,73 @@ impl Engine {
         let Some(rows) = self.rows() else {
             return Ok(Vec::new());
         };
+        let served = self.current_versions().await;
         let known = |chat_id: &str, workflow: &str| {
-            let known = self.inner.workflows.contains_key(workflow);
+            let known = served.contains_key(workflow);
             if !known {
                 tracing::warn!(chat_id = %chat_id, workflow = %workflow, "stored chat of an unknown workflow left alone");
             }
             known
         };
-        let chats = rows.open_chats(known).await?;
-        Ok(chats
-            .into_iter()
-            .filter_map(|chat| self.start_restored(chat))
-            .collect())
+        let mut handles = Vec::new();
+        for chat in rows.open_chats(known).await? {
+            handles.extend(self.start_restored(chat).await);
+        }
+        Ok(handles)
     }
 
-    /// The compiled workflows, by name.
-    pub fn workflows(&self) -> impl Iterator<Item = &Arc<CompiledWorkflow>> {
-        self.inner.workflows.values()
+    /// How many chat sessions are in memory (completed chats leave after a while and are
+    /// rebuilt from the store on demand).
+    pub fn chats_in_memory(&self) -> usize {
+        self.inner
+            .shards
+            .first()
+            .map_or(0, |s| s.chats_in_memory.load(Ordering::Relaxed))
     }
 
     /// The engine's configuration.
     pub fn config(&self) -> &EngineConfig {
         &self.inner.config
     }
+}
+
+/// The HTTP tools' client: `existing`, else a new one when some workflow has an HTTP tool.
+/// Built lazily because it loads the TLS stack and the root certificates (about 2 MiB of
+/// memory), which built-in tools never use.
+fn http_client_for(
+    workflows: &[(Workflow, Arc<dyn ChatModel>)],
+    existing: Option<&reqwest::Client>,
+) -> Result<Option<reqwest::Client>, EngineError> {
+    if let Some(client) = existing {
+        return Ok(Some(client.clone()));
+    }
+    let needs_http = workflows.iter().any(|(workflow, _)| {
+        workflow
+            .tools
+            .iter()
+            .any(|t| matches!(t.implementation, Some(ToolImpl::Http { .. })))
+    });
+    if !needs_http {
+        return Ok(None);
+    }
+    reqwest::Client::builder()
+        .connect_timeout(std::time::Duration::from_secs(5))
+        .build()
+        .map(Some)
+        .map_err(|e| EngineError::Workflow(format!("cannot build the HTTP client: {e}")))
+}
+
+fn compile_all(
+    workflows: Vec<(Workflow, Arc<dyn ChatModel>)>,
+    builtins: &BuiltinRegistry,
+    http: Option<&reqwest::Client>,
+    config: &EngineConfig,
+) -> Result<Vec<Arc<CompiledWorkflow>>, EngineError> {
+    workflows
+        .into_iter()
+        .map(|(workflow, model)| {
+            CompiledWorkflow::compile(workflow, model, builtins, http, config.tool_timeout)
+                .map(Arc::new)
+        })
+        .collect()
 }

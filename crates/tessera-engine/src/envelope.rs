@@ -91,11 +91,20 @@ pub(crate) fn envelope_json(seq: u64, chat_id: &ChatIdJson, event: &ServerEvent)
 /// a few bytes, so a record keeps the `data` text and those bytes only: about 40% less memory
 /// than the whole text, which was almost half the engine's heap. Replay rebuilds the text with
 /// the same writer, so it is byte for byte what was sent live.
+///
+/// Streamed deltas are not kept once their message is final: when a message's `chat.text` is
+/// logged, the records of its `chat.text_delta` events are emptied (their seqs stay taken),
+/// and replays skip them — a resuming client gets the complete `chat.text` instead (see
+/// `docs/protocol.md`). A long streamed answer otherwise kept every token in memory for the
+/// chat's whole life.
 #[derive(Debug, Default)]
 pub(crate) struct EventLog {
     /// Record `i` holds the event with seq `i + 1`: `[type index + 1][ms, 8 bytes LE][data]`,
-    /// or `[VERBATIM][whole text]` for an event known only as text (restored from the store).
+    /// or `[VERBATIM][whole text]` for an event known only as text (restored from the store),
+    /// or nothing for a dropped delta.
     records: Vec<Box<[u8]>>,
+    /// Messages still streaming: their id and the positions of their delta records.
+    streaming: Vec<(Box<str>, Vec<usize>)>,
 }
 
 /// Tag of a record that holds an event's whole text.
@@ -138,12 +147,63 @@ impl EventLog {
             })
         });
         self.records.push(record);
+        match event {
+            ServerEvent::TextDelta { message_id, .. } => self.note_delta(message_id),
+            ServerEvent::Text { message_id, .. } => self.drop_deltas(message_id),
+            _ => {}
+        }
         text
     }
 
-    /// Logs the next event as its whole text (an event restored from the store).
-    pub(crate) fn push_text(&mut self, text: &str) {
+    /// Logs the next event as its whole text (an event restored from the store), dropping
+    /// deltas as [`EventLog::publish`] does.
+    pub(crate) fn push_stored(&mut self, text: &str) {
         self.records.push(verbatim(text));
+        // Only `chat.text` and `chat.text_delta` events need a look inside.
+        if !text.contains("\"chat.text") {
+            return;
+        }
+        let Ok(event) = serde_json::from_str::<serde_json::Value>(text) else {
+            return;
+        };
+        let Some(message_id) = event["data"]["message_id"].as_str() else {
+            return;
+        };
+        match event["type"].as_str() {
+            Some("chat.text_delta") => self.note_delta(message_id),
+            Some("chat.text") => self.drop_deltas(message_id),
+            _ => {}
+        }
+    }
+
+    /// The last record is a delta of `message_id`.
+    fn note_delta(&mut self, message_id: &str) {
+        let at = self.records.len() - 1;
+        match self
+            .streaming
+            .iter_mut()
+            .find(|(id, _)| &**id == message_id)
+        {
+            Some((_, positions)) => positions.push(at),
+            None => self.streaming.push((message_id.into(), vec![at])),
+        }
+    }
+
+    /// `message_id` is final: its deltas leave the log.
+    fn drop_deltas(&mut self, message_id: &str) {
+        let Some(i) = self
+            .streaming
+            .iter()
+            .position(|(id, _)| &**id == message_id)
+        else {
+            return;
+        };
+        let (_, positions) = self.streaming.swap_remove(i);
+        for at in positions {
+            if let Some(record) = self.records.get_mut(at) {
+                *record = Box::default();
+            }
+        }
     }
 
     /// The texts of the events after seq `after`, in order, exactly as they were published.
@@ -156,6 +216,7 @@ impl EventLog {
         self.records[from..]
             .iter()
             .zip(after + 1..)
+            .filter(|(record, _)| !record.is_empty())
             .map(move |(record, seq)| rebuild(record, seq, chat_id))
     }
 }
@@ -238,6 +299,57 @@ mod tests {
         assert_eq!(&*text, expected);
     }
 
+    fn delta(message_id: &str, text: &str) -> ServerEvent {
+        ServerEvent::TextDelta {
+            message_id: message_id.into(),
+            agent: "A".into(),
+            delta: text.into(),
+        }
+    }
+
+    fn final_text(message_id: &str, text: &str) -> ServerEvent {
+        ServerEvent::Text {
+            message_id: message_id.into(),
+            agent: "A".into(),
+            role: "assistant".into(),
+            content: text.into(),
+            ui_hidden: false,
+        }
+    }
+
+    #[test]
+    fn deltas_of_a_final_message_are_not_replayed_and_keep_their_seqs() {
+        let chat = ChatIdJson::new("chat_1");
+        let events = [
+            delta("m1", "Hel"),
+            ServerEvent::InputRequest { agent: "A".into() },
+            delta("m1", "lo"),
+            final_text("m1", "Hello"),
+            delta("m2", "still streaming"),
+        ];
+        let mut log = EventLog::default();
+        let mut stored = EventLog::default();
+        for event in &events {
+            let text = log.publish(&chat, event);
+            stored.push_stored(&text);
+        }
+        for log in [&log, &stored] {
+            assert_eq!(log.last_seq(), 5);
+            let seqs: Vec<u64> = log
+                .replay(0, &chat)
+                .map(|t| {
+                    let v: serde_json::Value = serde_json::from_str(&t).unwrap_or_default();
+                    v["seq"].as_u64().unwrap_or(0)
+                })
+                .collect();
+            assert_eq!(
+                seqs,
+                [2, 4, 5],
+                "m1's deltas are gone, m2's (not final) stay"
+            );
+        }
+    }
+
     #[test]
     fn replay_is_the_published_text() {
         for chat_id in ["chat_1", "chat \"odd\" \\ id\u{1}", "chat_é"] {
@@ -256,7 +368,7 @@ mod tests {
                 assert_eq!(&*text, expected);
                 published.push(text);
             }
-            log.push_text("{\"restored\":true}");
+            log.push_stored("{\"restored\":true}");
             published.push(Arc::from("{\"restored\":true}"));
             assert_eq!(log.last_seq(), 4);
             for after in 0..=5 {

@@ -13,6 +13,7 @@
 //! State lives in the actor that owns it: no locks around engine state.
 
 pub mod auto_tool;
+pub mod catalog;
 mod config;
 pub mod correlator;
 pub mod dedup;
@@ -20,6 +21,7 @@ pub mod engine;
 mod envelope;
 mod error;
 pub mod events;
+mod hidden_text;
 pub mod persist;
 pub mod plan;
 pub mod runner;

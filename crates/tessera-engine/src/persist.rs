@@ -82,6 +82,11 @@ impl WriteBehind {
     }
 
     /// True when writes wait for a flush.
+    /// Nothing queued and no flush running: the store holds everything.
+    pub fn is_idle(&self) -> bool {
+        !self.flushing && self.queued.is_empty()
+    }
+
     pub fn has_queued(&self) -> bool {
         !self.queued.is_empty()
     }
@@ -389,6 +394,8 @@ fn pending_row(call: &PendingUiCall, turn_key: String, now_ms: i64) -> PendingUi
 pub struct RestoredChat {
     pub identity: ChatIdentity,
     pub workflow: String,
+    /// The workflow version the chat started with (empty when stored before versions were).
+    pub workflow_version: String,
     pub state: RestoredState,
     pub messages: Vec<RestoredMessage>,
     /// Each logged event's text, in seq order from 1.
@@ -407,12 +414,18 @@ fn store_error(e: StoreError) -> EngineError {
 
 impl ChatRows {
     /// Writes a new chat's record, before any other write of the chat.
-    pub async fn create(&self, identity: &ChatIdentity, workflow: &str) -> Result<(), EngineError> {
+    pub async fn create(
+        &self,
+        identity: &ChatIdentity,
+        workflow: &str,
+        workflow_version: &str,
+    ) -> Result<(), EngineError> {
         let record = ChatRecord {
             chat_id: identity.chat_id.to_string(),
             tenant: identity.tenant.to_string(),
             user_id: identity.user.to_string(),
             workflow: workflow.to_owned(),
+            workflow_version: workflow_version.to_owned(),
             created_at_ms: now_ms(),
         };
         self.0.create_chat(record).await.map_err(store_error)
@@ -478,6 +491,7 @@ impl ChatRows {
                 user: Arc::from(chat.record.user_id.as_str()),
             },
             workflow: chat.record.workflow,
+            workflow_version: chat.record.workflow_version,
             state: chat.state.into(),
             messages: messages.into_iter().map(RestoredMessage::from).collect(),
             events: events.into_iter().map(|e| e.json).collect(),

@@ -66,6 +66,15 @@ pub struct AgentPlan {
     pub structured_required: bool,
     pub auto_tool_mode: bool,
     pub max_consecutive_auto_reply: u32,
+    /// The agent's `max_tokens` (`None`: the engine default).
+    pub max_tokens: Option<u32>,
+    /// The agent's total deadline per model call (`None`: the engine default).
+    pub call_deadline: Option<Duration>,
+    /// Triggers of `ui_hidden` derived variables watching this agent: replies that could
+    /// still become one are not streamed (see `hidden_text.rs`).
+    pub hidden_triggers: Arc<[String]>,
+    /// How many tool calls of one model message run at once.
+    pub max_parallel_tools: usize,
 }
 
 impl AgentPlan {
@@ -218,6 +227,17 @@ fn plan_agent(
         structured_required: agent.structured_outputs_required,
         auto_tool_mode: agent.auto_tool_mode,
         max_consecutive_auto_reply: agent.max_consecutive_auto_reply,
+        max_tokens: agent.max_tokens,
+        call_deadline: agent.call_deadline_s.map(Duration::from_secs_f64),
+        hidden_triggers: workflow
+            .derived
+            .iter()
+            .filter(|d| d.ui_hidden && d.source_agent == agent.name)
+            .map(|d| d.trigger_value.clone())
+            .collect(),
+        max_parallel_tools: usize::try_from(agent.max_parallel_tools)
+            .unwrap_or(1)
+            .max(1),
     })
 }
 

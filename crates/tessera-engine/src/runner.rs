@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use actix::prelude::*;
-use futures::future::join_all;
+use futures::StreamExt;
 use serde_json::{Map, Value};
 use tessera_llm::{ChatModel, DeltaSink, Message};
 use tessera_protocol::{InteractionType, ServerEvent};
@@ -13,6 +13,7 @@ use tessera_tools::{ToolContext, ToolError};
 
 use crate::dedup::{ClaimKey, ClaimOutcome, CompleteKey, DedupCache, ToolKey};
 use crate::events::{Publish, ToolCallInfo, tool_call_event, tool_response_event};
+use crate::hidden_text::HiddenTextFilter;
 use crate::plan::AgentPlan;
 use crate::turn::{
     Step, ToolInvocation, ToolResult, TurnFailure, TurnLimits, TurnMachine, TurnOutput,
@@ -85,7 +86,10 @@ impl AgentRunner {
         match step {
             Step::CallModel(request) => {
                 let sink = request.stream.then(|| self.delta_sink());
-                let call = self.parts.model.complete(request, sink);
+                let call = with_deadline(
+                    self.machine.model_call_deadline(),
+                    self.parts.model.complete(request, sink),
+                );
                 let started = std::time::Instant::now();
                 let handle = ctx.spawn(call.into_actor(self).map(move |result, act, ctx| {
                     let step = match result {
@@ -103,8 +107,14 @@ impl AgentRunner {
                 self.in_flight = Some(handle);
             }
             Step::RunTools(calls) => {
+                // The calls of one model message run concurrently, at most the agent's
+                // `max_parallel_tools` at a time; `buffered` yields results in call order.
+                let limit = self.machine.plan().max_parallel_tools;
                 let runs: Vec<_> = calls.into_iter().map(|call| self.run_tool(call)).collect();
-                let handle = ctx.spawn(join_all(runs).into_actor(self).map(|results, act, ctx| {
+                let batch = futures::stream::iter(runs)
+                    .buffered(limit)
+                    .collect::<Vec<_>>();
+                let handle = ctx.spawn(batch.into_actor(self).map(|results, act, ctx| {
                     let step = act.machine.on_tool_results(results);
                     act.drive(step, ctx);
                 }));
@@ -143,8 +153,10 @@ impl AgentRunner {
         let workflow = self.parts.workflow_name.clone();
         tool_ctx.turn_idempotency_key = Arc::from(call.invocation_key.as_str());
         let key = ToolKey::of_turn(&tool_ctx);
-        let claim = dedup.send(ClaimKey(key.clone()));
         async move {
+            // Claimed when this call starts, not when the batch is built: a call still
+            // waiting for a free slot at a crash was never started and is not "interrupted".
+            let claim = dedup.send(ClaimKey(key.clone()));
             let tool = &plan.tools[call.tool_index];
             let info = ToolCallInfo {
                 agent: &plan.name,
@@ -199,12 +211,15 @@ impl AgentRunner {
         let publish = self.parts.publish.clone();
         let agent = self.machine.plan().name.to_string();
         let message_id = message_id(&self.parts.tool_ctx.turn_idempotency_key);
+        let mut hidden = HiddenTextFilter::new(self.machine.plan().hidden_triggers.clone());
         Box::new(move |delta: &str| {
-            publish.do_send(Publish(ServerEvent::TextDelta {
-                message_id: message_id.clone(),
-                agent: agent.clone(),
-                delta: delta.to_owned(),
-            }));
+            if let Some(delta) = hidden.push(delta) {
+                publish.do_send(Publish(ServerEvent::TextDelta {
+                    message_id: message_id.clone(),
+                    agent: agent.clone(),
+                    delta,
+                }));
+            }
         })
     }
 
@@ -218,6 +233,18 @@ impl AgentRunner {
             latency_ms: u64::try_from(latency.as_millis()).unwrap_or(u64::MAX),
         }));
     }
+}
+
+/// `call`, cut off after `deadline` as a timeout: a model that streams a token a second
+/// forever never trips a per-chunk timeout, so the whole call needs a bound. Dropping the
+/// future drops its HTTP request.
+async fn with_deadline(
+    deadline: std::time::Duration,
+    call: impl Future<Output = Result<tessera_llm::ChatResponse, tessera_llm::LlmError>>,
+) -> Result<tessera_llm::ChatResponse, tessera_llm::LlmError> {
+    tokio::time::timeout(deadline, call)
+        .await
+        .unwrap_or(Err(tessera_llm::LlmError::Timeout(deadline)))
 }
 
 /// The id of the message a turn's final text is published under.

@@ -122,6 +122,12 @@ pub struct TranscriptEntry {
 #[rtype(result = "ChatSnapshot")]
 pub struct GetSnapshot;
 
+/// Ask for every context variable, hidden ones included (for `tessera test`, which checks
+/// the final values; clients see only [`ChatSnapshot::visible_context`]).
+#[derive(Message)]
+#[rtype(result = "Map<String, Value>")]
+pub struct GetContext;
+
 struct Subscriber {
     id: u64,
     recipient: Recipient<Deliver>,
@@ -322,6 +328,8 @@ impl ChatSession {
             structured_output_corrections: self.config.structured_output_corrections,
             json_mode_corrections: self.config.json_mode_corrections,
             stream: self.config.stream && plan.output.is_none(),
+            max_tokens: self.config.max_tokens,
+            model_call_deadline: self.config.model_call_deadline,
         };
         let parts = RunnerParts {
             publish: ctx.address().recipient(),
@@ -349,12 +357,14 @@ impl ChatSession {
         self.status = ChatStatus::Completed(reason.to_owned());
         self.secrets.wipe();
         if let Some(forget) = crate::secrets::forget(self.shard.store.as_ref(), &self.id.chat_id) {
-            ctx.spawn(forget.into_actor(self));
+            // A task of its own: it must finish even when the chat leaves memory first.
+            actix::spawn(forget);
         }
         self.publish(ServerEvent::RunComplete {
             reason: reason.to_owned(),
             agent: self.current_agent.to_string(),
         });
+        self.schedule_retire(ctx);
     }
 
     fn on_turn_output(&mut self, output: TurnOutput, ctx: &mut Context<Self>) {
@@ -572,6 +582,9 @@ impl Actor for ChatSession {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
+        self.shard
+            .chats_in_memory
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.self_addr = Some(ctx.address());
         if self.persist.as_ref().is_some_and(|p| p.has_queued()) {
             self.request_flush();
@@ -608,6 +621,9 @@ impl Actor for ChatSession {
     }
 
     fn stopped(&mut self, _ctx: &mut Self::Context) {
+        self.shard
+            .chats_in_memory
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
         self.secrets.wipe();
     }
 }
@@ -676,6 +692,45 @@ impl Handler<AutoToolDone> for ChatSession {
 
     fn handle(&mut self, done: AutoToolDone, ctx: &mut Self::Context) {
         self.on_auto_tool(done.turn, done.outcome, ctx);
+    }
+}
+
+/// How often a completed chat checks whether it may leave memory.
+const RETIRE_CHECK: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// A completed chat leaves memory once nobody is subscribed and the store holds all of it:
+/// the server rebuilds it from the store when its owner asks again (as after a restart), so
+/// a long-running server does not keep every chat it ever ran. Checked every
+/// [`RETIRE_CHECK`] while the chat is completed.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Retire;
+
+impl ChatSession {
+    /// Starts the [`Retire`] checks of a completed chat.
+    fn schedule_retire(&self, ctx: &mut Context<Self>) {
+        ctx.notify_later(Retire, RETIRE_CHECK);
+    }
+}
+
+impl Handler<Retire> for ChatSession {
+    type Result = ();
+
+    fn handle(&mut self, _: Retire, ctx: &mut Self::Context) {
+        // Without a store the chat could not be rebuilt: it stays.
+        let Some(persist) = &self.persist else {
+            return;
+        };
+        if !matches!(self.status, ChatStatus::Completed(_)) {
+            return;
+        }
+        self.subscribers.retain(|s| s.recipient.connected());
+        if self.subscribers.is_empty() && persist.is_idle() && !self.flush_requested {
+            tracing::debug!(chat_id = %self.id.chat_id, "completed chat leaves memory");
+            ctx.stop();
+        } else {
+            ctx.notify_later(Retire, RETIRE_CHECK);
+        }
     }
 }
 
@@ -939,5 +994,13 @@ impl Handler<GetSnapshot> for ChatSession {
                 transcript,
             }
         }))
+    }
+}
+
+impl Handler<GetContext> for ChatSession {
+    type Result = MessageResult<GetContext>;
+
+    fn handle(&mut self, _: GetContext, _ctx: &mut Self::Context) -> Self::Result {
+        MessageResult(self.context.clone())
     }
 }

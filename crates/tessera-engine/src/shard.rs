@@ -38,6 +38,8 @@ pub struct Shard {
     pub auto_tools: Addr<AutoToolHandler>,
     pub observer: Option<EventObserver>,
     pub store: Option<Arc<dyn ChatStore>>,
+    /// Chat sessions in memory, over all shards (see `Engine::chats_in_memory`).
+    pub chats_in_memory: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Shard {
@@ -67,6 +69,7 @@ impl Shard {
             auto_tools,
             observer: hooks.observer.clone(),
             store: hooks.store.clone(),
+            chats_in_memory: Arc::default(),
         }
     }
 }

@@ -23,6 +23,10 @@ pub struct TurnLimits {
     pub structured_output_corrections: u32,
     pub json_mode_corrections: u32,
     pub stream: bool,
+    /// `max_tokens` of agents that set none.
+    pub max_tokens: u32,
+    /// Total deadline of one model call for agents that set none.
+    pub model_call_deadline: std::time::Duration,
 }
 
 /// What the driver must do next.
@@ -368,6 +372,13 @@ impl TurnMachine {
         Ok((index, normalized))
     }
 
+    /// How long one model call of this turn may take in total.
+    pub fn model_call_deadline(&self) -> std::time::Duration {
+        self.plan
+            .call_deadline
+            .unwrap_or(self.limits.model_call_deadline)
+    }
+
     fn call_model(&mut self) -> Step {
         if self.added_sent < self.added.len() {
             Arc::make_mut(&mut self.sent).extend_from_slice(&self.added[self.added_sent..]);
@@ -377,6 +388,7 @@ impl TurnMachine {
         request.model = self.plan.model.clone();
         request.temperature = self.plan.temperature;
         request.stream = self.limits.stream;
+        request.max_tokens = Some(self.plan.max_tokens.unwrap_or(self.limits.max_tokens));
         if self.plan.tool_calling == ToolCallingMode::Native && !self.plan.tools.is_empty() {
             request.tools = self.plan.tool_specs.clone();
             request.tool_choice = Some(ToolChoice::Auto);

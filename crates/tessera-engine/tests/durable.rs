@@ -471,4 +471,116 @@ async fn a_relinquished_chat_stops_and_writes_nothing_more() {
     );
     let done = again.until("chat.tool_response").await;
     assert_eq!(done["seq"], seen + 1);
+/// An `echo` that answers "a" at once and never answers "b"; counts the calls it started.
+struct HalfHanging(Arc<AtomicUsize>);
+
+impl tessera_tools::Tool for HalfHanging {
+    fn invoke(
+        &self,
+        args: Map<String, serde_json::Value>,
+        _ctx: tessera_tools::ToolContext,
+    ) -> futures::future::BoxFuture<'static, Result<serde_json::Value, tessera_tools::ToolError>>
+    {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        let message = args.get("message").cloned().unwrap_or_default();
+        Box::pin(async move {
+            if message == "b" {
+                futures::future::pending::<()>().await;
+            }
+            Ok(json!({"status": "success", "echoed": message}))
+        })
+    }
+}
+
+/// Asks for echo "a" and "b" in one message; then repeats the results it was fed.
+fn batch_script(req: &tessera_llm::ChatRequest) -> Reply {
+    if after_tool(req) {
+        let fed: Vec<String> = req
+            .messages
+            .iter()
+            .filter(|m| m.role == tessera_llm::Role::Tool)
+            .map(|m| m.content_str().to_owned())
+            .collect();
+        return Reply::Text(fed.join("\n"));
+    }
+    Reply::Tools(vec![
+        ("echo", json!({"message": "a"})),
+        ("echo", json!({"message": "b"})),
+    ])
+}
+
+#[actix::test]
+async fn a_crash_mid_batch_neither_reruns_the_finished_call_nor_the_started_one() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let store = store_at(dir.path()).await;
+    let first_runs = Arc::new(AtomicUsize::new(0));
+    let first = harness_custom(
+        EngineConfig::default(),
+        hooks(&store),
+        Some(Arc::new(HalfHanging(first_runs.clone()))),
+        |_| {},
+        batch_script,
+    );
+    let mut c = new_chat(&first).await;
+    c.until("chat.input_request").await;
+    assert!(c.chat.addr.send(say("go")).await.is_ok());
+    let chat_id = c.chat.identity.chat_id.to_string();
+    let key_a = format!("turn_{chat_id}_HelperAgent_1:s1:0");
+    let key_b = format!("turn_{chat_id}_HelperAgent_1:s1:1");
+    // Both calls claimed and announced, "a" answered (probing the store before a call is
+    // claimed would claim it for the test).
+    while c.of("chat.tool_call").len() < 2 {
+        c.until("chat.tool_call").await;
+    }
+    if c.of("chat.tool_response").is_empty() {
+        c.until("chat.tool_response").await;
+    }
+    // Wait until "a" is durably completed while "b" is still running: the moment of the crash.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let a = store.claim_tool(&chat_id, &key_a, None).await.ok();
+        if matches!(a, Some(ToolClaim::AlreadyCompleted(_))) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a never completed: {a:?}"
+        );
+        actix::clock::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        store.claim_tool(&chat_id, &key_b, None).await.ok(),
+        Some(ToolClaim::AlreadyStarted)
+    );
+    assert_eq!(
+        first_runs.load(Ordering::SeqCst),
+        2,
+        "both calls had started"
+    );
+
+    // "Restart": a second engine on the same database re-runs the interrupted turn.
+    let second = harness_with_hooks(EngineConfig::default(), hooks(&store), batch_script);
+    let restored = second.engine.rehydrate().await.unwrap_or_default();
+    let chat = restored
+        .into_iter()
+        .find(|h| *h.identity.chat_id == *chat_id)
+        .unwrap_or_else(|| panic!("chat not rehydrated"));
+    let mut again = subscribe(chat, 0).await;
+    let answer = again.until_match_agent("HelperAgent").await;
+    let content = answer["data"]["content"].as_str().unwrap_or_default();
+    let fed: Vec<&str> = content.lines().collect();
+    assert_eq!(fed.len(), 2, "{content}");
+    assert!(
+        fed[0].contains("already ran"),
+        "a is not run again: {content}"
+    );
+    assert!(
+        fed[1].contains("interrupted"),
+        "b is reported interrupted: {content}"
+    );
+    assert_eq!(
+        second.echo_runs.load(Ordering::SeqCst),
+        0,
+        "the restarted engine ran neither call"
+    );
 }

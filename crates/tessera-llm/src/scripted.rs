@@ -24,17 +24,42 @@
 //! interfere and a resumed chat picks up where it stopped. Past the last reply the script
 //! cycles from `loop_from[A]` (by default the last reply repeats).
 //!
-//! `{{last_user_message}}` in any text is replaced by the last user message; inside `json` and
-//! tool-call `arguments` it is substituted in string values after parsing, so quotes in the
-//! user's text stay valid JSON.
+//! An agent may instead answer what the user typed: an object of `when` rules, tried in order,
+//! and `otherwise` replies when none matches:
+//!
+//! ```json
+//! "TodoAgent": {
+//!   "when": [
+//!     {"match": "(?i)^\\s*add\\s+(?P<title>.+)$", "replies": [
+//!       {"tool_calls": [{"name": "add_task", "arguments": {"title": "{{match.title}}"}}]},
+//!       {"content": "Added \"{{tool_result.task.title}}\"."}
+//!     ]}
+//!   ],
+//!   "otherwise": [{"content": "Try: add buy milk"}]
+//! }
+//! ```
+//!
+//! `match` is a regular expression (Rust `regex` syntax) searched in the user's message. The
+//! replies of the chosen rule are used one per model call since that message (tool call, then
+//! the answer that reads its result); past the last, the last repeats. The user's message is the
+//! last user message that is not a tool result fed back in the JSON text protocol.
+//!
+//! Placeholders (see [`template`]): `{{last_user_message}}`, `{{match.NAME}}`,
+//! `{{tool_result.PATH}}`, `{{agent_output.AGENT.PATH}}`, each with an optional `|default`.
+//! Inside `json` and tool-call `arguments` they are substituted in string values after
+//! parsing, so quotes in the user's text stay valid JSON.
+
+mod template;
 
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
+use regex::Regex;
 use serde_json::{Map, Value};
 
+use self::template::{Groups, JsonTemplate, Scope, Template};
 use crate::{
     ChatModel, ChatRequest, ChatResponse, DeltaSink, LlmError, Message, Role, ToolCall, Usage,
 };
@@ -46,8 +71,13 @@ pub const LAST_USER_MESSAGE: &str = "{{last_user_message}}";
 /// answers are canned.
 pub const DEMO_LABEL: &str = "demo (scripted)";
 
+/// How the engine feeds tool results and corrections back in the JSON text protocol: as user
+/// messages starting like this. They are not what the user typed.
+const JSON_TOOL_RESULT_PREFIX: &str = "Tool ";
+const JSON_CORRECTION_PREFIX: &str = "Your reply was rejected:";
+
 /// A [`ChatModel`] that replays a `demo.json` script. Parsed once at construction; a call only
-/// clones pre-built shared text (or substitutes the placeholder where the script uses it).
+/// clones pre-built shared text (or fills the placeholders where the script uses them).
 #[derive(Debug, Clone)]
 pub struct ScriptedModel {
     description: Arc<str>,
@@ -56,11 +86,30 @@ pub struct ScriptedModel {
 
 #[derive(Debug)]
 struct AgentScript {
-    replies: Vec<Reply>,
-    /// Index the script cycles back to after the last reply.
-    loop_from: usize,
+    mode: Mode,
     /// The agent name made safe for tool-call ids.
     id_prefix: String,
+}
+
+#[derive(Debug)]
+enum Mode {
+    /// One reply per call of the agent over the whole chat.
+    Sequence {
+        replies: Vec<Reply>,
+        /// Index the script cycles back to after the last reply.
+        loop_from: usize,
+    },
+    /// Replies chosen by what the user last typed.
+    Rules {
+        rules: Vec<Rule>,
+        otherwise: Vec<Reply>,
+    },
+}
+
+#[derive(Debug)]
+struct Rule {
+    pattern: Regex,
+    replies: Vec<Reply>,
 }
 
 #[derive(Debug)]
@@ -73,10 +122,10 @@ struct Reply {
 enum Content {
     /// Final text, shared by every call.
     Fixed(Arc<str>),
-    /// Plain text containing the placeholder.
-    Text(String),
-    /// A JSON value with the placeholder in some string; serialized after substitution.
-    Json(Value),
+    /// Plain text with placeholders.
+    Text(Template),
+    /// A JSON value with placeholders in some strings; serialized after substitution.
+    Json(JsonTemplate),
 }
 
 #[derive(Debug)]
@@ -89,8 +138,8 @@ struct ScriptedCall {
 enum Arguments {
     /// Final JSON text of the arguments.
     Fixed(String),
-    /// Arguments with the placeholder in some string value.
-    Template(Value),
+    /// Arguments with placeholders in some string values.
+    Template(JsonTemplate),
 }
 
 fn script_error(msg: impl Into<String>) -> LlmError {
@@ -99,7 +148,8 @@ fn script_error(msg: impl Into<String>) -> LlmError {
 
 impl ScriptedModel {
     /// Parse and validate a script. Every problem (missing agents, empty reply lists, unknown
-    /// reply keys, `loop_from` out of range) is reported now, not on the first call.
+    /// reply keys, bad regexes or placeholders, `loop_from` out of range) is reported now, not
+    /// on the first call.
     pub fn from_json(script: &Value) -> Result<Self, LlmError> {
         let root = script
             .as_object()
@@ -127,45 +177,43 @@ impl ScriptedModel {
         }
 
         let mut agents = HashMap::with_capacity(agents_json.len());
-        for (agent, replies_json) in agents_json {
-            let replies_json = replies_json.as_array().ok_or_else(|| {
-                script_error(format!("agents.{agent} must be an array of replies"))
-            })?;
-            if replies_json.is_empty() {
-                return Err(script_error(format!("agents.{agent} has no replies")));
-            }
-            let replies = replies_json
-                .iter()
-                .enumerate()
-                .map(|(i, reply)| {
-                    parse_reply(reply)
-                        .map_err(|e| script_error(format!("agents.{agent}[{i}]: {e}")))
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            let last = replies.len() - 1;
-            let loop_from = match loop_from.and_then(|m| m.get(agent)) {
-                None => last,
-                Some(v) => match v.as_u64() {
-                    Some(i) if i <= last as u64 => i as usize,
-                    _ => {
+        for (agent, script) in agents_json {
+            let mode = match script {
+                Value::Array(replies) => {
+                    let replies = parse_replies(replies, &format!("agents.{agent}"), None)?;
+                    let last = replies.len() - 1;
+                    let loop_from = match loop_from.and_then(|m| m.get(agent)) {
+                        None => last,
+                        Some(v) => match v.as_u64() {
+                            Some(i) if i <= last as u64 => i as usize,
+                            _ => {
+                                return Err(script_error(format!(
+                                    "loop_from.{agent} must be an index between 0 and {last}, got {v}"
+                                )));
+                            }
+                        },
+                    };
+                    Mode::Sequence { replies, loop_from }
+                }
+                Value::Object(rules) => {
+                    if loop_from.is_some_and(|m| m.contains_key(agent)) {
                         return Err(script_error(format!(
-                            "loop_from.{agent} must be an index between 0 and {last}, got {v}"
+                            "loop_from.{agent}: an agent with `when` rules has no sequence to loop"
                         )));
                     }
-                },
+                    parse_rules(rules, &format!("agents.{agent}")).map_err(script_error)?
+                }
+                _ => {
+                    return Err(script_error(format!(
+                        "agents.{agent} must be an array of replies, or an object with `when` rules and `otherwise` replies"
+                    )));
+                }
             };
             let id_prefix = agent
                 .chars()
                 .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
                 .collect();
-            agents.insert(
-                agent.clone(),
-                AgentScript {
-                    replies,
-                    loop_from,
-                    id_prefix,
-                },
-            );
+            agents.insert(agent.clone(), AgentScript { mode, id_prefix });
         }
         Ok(Self {
             description: description.into(),
@@ -212,32 +260,52 @@ impl ScriptedModel {
                 self.agents().join(", ")
             ))
         })?;
-        let k = request
-            .messages
-            .iter()
-            .filter(|m| m.role == Role::Assistant && m.name.as_deref() == Some(agent))
-            .count();
-        let replies = &script.replies;
-        let index = if k < replies.len() {
-            k
-        } else {
-            script.loop_from + (k - replies.len()) % (replies.len() - script.loop_from)
-        };
-        let reply = &replies[index];
+        let messages = request.messages.as_slice();
+        let is_own = |m: &Message| m.role == Role::Assistant && m.name.as_deref() == Some(agent);
+        let k = messages.iter().filter(|m| is_own(m)).count();
+        let typed = messages.iter().rposition(is_typed_by_user);
+        let user_text = typed.map_or("", |i| messages[i].content_str());
 
-        let last_user = || {
-            request
-                .messages
-                .iter()
-                .rev()
-                .find(|m| m.role == Role::User)
-                .map(Message::content_str)
-                .unwrap_or("")
+        let (reply, groups) = match &script.mode {
+            Mode::Sequence { replies, loop_from } => {
+                let index = if k < replies.len() {
+                    k
+                } else {
+                    loop_from + (k - replies.len()) % (replies.len() - loop_from)
+                };
+                (&replies[index], None)
+            }
+            Mode::Rules { rules, otherwise } => {
+                let since = typed.map_or(messages, |i| &messages[i + 1..]);
+                let step = since.iter().filter(|m| is_own(m)).count();
+                let (replies, groups) = rules
+                    .iter()
+                    .find_map(|r| {
+                        r.pattern
+                            .captures(user_text)
+                            .map(|c| (&r.replies, Some((c, &r.pattern))))
+                    })
+                    .unwrap_or((otherwise, None));
+                (&replies[step.min(replies.len() - 1)], groups)
+            }
         };
+        let scope = Filler {
+            messages,
+            user_text,
+            groups: groups.map(|(captures, pattern)| {
+                pattern
+                    .capture_names()
+                    .flatten()
+                    .filter_map(|n| captures.name(n).map(|m| (n, m.as_str())))
+                    .collect()
+            }),
+            tool_result: std::cell::OnceCell::new(),
+        };
+
         let content: Option<Arc<str>> = reply.content.as_ref().map(|c| match c {
             Content::Fixed(text) => Arc::clone(text),
-            Content::Text(text) => text.replace(LAST_USER_MESSAGE, last_user()).into(),
-            Content::Json(value) => substitute(value, last_user()).to_string().into(),
+            Content::Text(template) => template.render(&scope).into(),
+            Content::Json(template) => template.render(&scope).to_string().into(),
         });
         let tool_calls: Vec<ToolCall> = reply
             .tool_calls
@@ -248,13 +316,12 @@ impl ScriptedModel {
                 name: call.name.clone(),
                 arguments: match &call.arguments {
                     Arguments::Fixed(text) => text.clone(),
-                    Arguments::Template(value) => substitute(value, last_user()).to_string(),
+                    Arguments::Template(template) => template.render(&scope).to_string(),
                 },
             })
             .collect();
 
-        let prompt_chars: usize = request
-            .messages
+        let prompt_chars: usize = messages
             .iter()
             .map(|m| {
                 m.content_str().chars().count()
@@ -289,6 +356,71 @@ impl ScriptedModel {
             finish_reason: Some(finish_reason.to_owned()),
             model: DEMO_LABEL.to_owned(),
         })
+    }
+}
+
+/// A user message the user typed (not a tool result or correction of the JSON text protocol).
+fn is_typed_by_user(message: &Message) -> bool {
+    message.role == Role::User && json_tool_result(message).is_none() && {
+        let text = message.content_str();
+        !text.starts_with(JSON_CORRECTION_PREFIX)
+    }
+}
+
+/// The result text of a JSON-protocol tool feedback message (`Tool 1 [name]: {…}`).
+fn json_tool_result(message: &Message) -> Option<&str> {
+    let rest = message
+        .content_str()
+        .strip_prefix(JSON_TOOL_RESULT_PREFIX)?;
+    let rest = rest.trim_start_matches(|c: char| c.is_ascii_digit());
+    let rest = rest.strip_prefix(" [")?;
+    let (_, result) = rest.split_once("]: ")?;
+    Some(result)
+}
+
+/// What placeholders read while one reply is built.
+struct Filler<'a> {
+    messages: &'a [Message],
+    user_text: &'a str,
+    groups: Option<Vec<(&'a str, &'a str)>>,
+    tool_result: std::cell::OnceCell<Option<Value>>,
+}
+
+impl Scope for Filler<'_> {
+    fn user_text(&self) -> &str {
+        self.user_text
+    }
+
+    fn group(&self, name: &str) -> Option<&str> {
+        self.groups
+            .as_ref()?
+            .iter()
+            .find_map(|(n, v)| (*n == name).then_some(*v))
+    }
+
+    fn tool_result(&self) -> Option<&Value> {
+        self.tool_result
+            .get_or_init(|| {
+                self.messages.iter().rev().find_map(|m| {
+                    let text = match m.role {
+                        Role::Tool => Some(m.content_str()),
+                        Role::User => json_tool_result(m),
+                        _ => None,
+                    }?;
+                    serde_json::from_str(text).ok()
+                })
+            })
+            .as_ref()
+    }
+
+    fn agent_output(&self, agent: &str) -> Option<Value> {
+        self.messages
+            .iter()
+            .rev()
+            .find(|m| {
+                m.role == Role::Assistant && m.name.as_deref() == Some(agent) && m.content.is_some()
+            })
+            .and_then(|m| serde_json::from_str(m.content_str()).ok())
     }
 }
 
@@ -347,24 +479,96 @@ pub(crate) fn word_deltas(text: &str) -> impl Iterator<Item = &str> {
     })
 }
 
-fn parse_reply(reply: &Value) -> Result<Reply, String> {
+fn parse_replies(replies: &[Value], at: &str, groups: Groups<'_>) -> Result<Vec<Reply>, LlmError> {
+    if replies.is_empty() {
+        return Err(script_error(format!("{at} has no replies")));
+    }
+    replies
+        .iter()
+        .enumerate()
+        .map(|(i, reply)| {
+            parse_reply(reply, groups).map_err(|e| script_error(format!("{at}[{i}]: {e}")))
+        })
+        .collect()
+}
+
+fn parse_rules(script: &Map<String, Value>, at: &str) -> Result<Mode, String> {
+    check_keys(script, &["when", "otherwise"]).map_err(|e| format!("{at}: {e}"))?;
+    let otherwise = match script.get("otherwise") {
+        Some(Value::Array(replies)) => parse_replies(replies, &format!("{at}.otherwise"), None),
+        _ => {
+            return Err(format!(
+                "{at}.otherwise must be an array of replies (used when no rule matches)"
+            ));
+        }
+    }
+    .map_err(|e| e.to_string())?;
+    let rules_json = match script.get("when") {
+        Some(Value::Array(rules)) => rules,
+        _ => {
+            return Err(format!(
+                "{at}.when must be an array of {{\"match\", \"replies\"}} rules"
+            ));
+        }
+    };
+    let mut rules = Vec::with_capacity(rules_json.len());
+    for (i, rule) in rules_json.iter().enumerate() {
+        let at = format!("{at}.when[{i}]");
+        let rule = rule
+            .as_object()
+            .ok_or_else(|| format!("{at} must be an object with `match` and `replies`"))?;
+        check_keys(rule, &["match", "replies"]).map_err(|e| format!("{at}: {e}"))?;
+        let pattern = match rule.get("match") {
+            Some(Value::String(p)) => {
+                Regex::new(p).map_err(|e| format!("{at}.match is not a valid regex: {e}"))?
+            }
+            _ => {
+                return Err(format!(
+                    "{at}.match must be a regular expression (a string)"
+                ));
+            }
+        };
+        let names: Vec<String> = pattern
+            .capture_names()
+            .flatten()
+            .map(str::to_owned)
+            .collect();
+        let replies = match rule.get("replies") {
+            Some(Value::Array(replies)) => {
+                parse_replies(replies, &format!("{at}.replies"), Some(&names))
+            }
+            _ => return Err(format!("{at}.replies must be an array of replies")),
+        }
+        .map_err(|e| e.to_string())?;
+        rules.push(Rule { pattern, replies });
+    }
+    Ok(Mode::Rules { rules, otherwise })
+}
+
+fn parse_reply(reply: &Value, groups: Groups<'_>) -> Result<Reply, String> {
     let obj = reply.as_object().ok_or("a reply must be an object")?;
     check_keys(obj, &["content", "json", "tool_calls"])?;
     let content = match (obj.get("content"), obj.get("json")) {
         (Some(_), Some(_)) => {
             return Err("a reply has either `content` or `json`, not both".to_owned());
         }
-        (Some(Value::String(text)), None) => Some(if text.contains(LAST_USER_MESSAGE) {
-            Content::Text(text.clone())
-        } else {
-            Content::Fixed(text.as_str().into())
-        }),
+        (Some(Value::String(text)), None) => {
+            let template = Template::parse(text, groups)?;
+            Some(if template.is_fixed() {
+                Content::Fixed(text.as_str().into())
+            } else {
+                Content::Text(template)
+            })
+        }
         (Some(_), None) => return Err("`content` must be a string".to_owned()),
-        (None, Some(value)) => Some(if has_placeholder(value) {
-            Content::Json(value.clone())
-        } else {
-            Content::Fixed(value.to_string().into())
-        }),
+        (None, Some(value)) => {
+            let template = JsonTemplate::parse(value, groups)?;
+            Some(if template.is_fixed() {
+                Content::Fixed(value.to_string().into())
+            } else {
+                Content::Json(template)
+            })
+        }
         (None, None) => None,
     };
     let tool_calls = match obj.get("tool_calls") {
@@ -372,7 +576,7 @@ fn parse_reply(reply: &Value) -> Result<Reply, String> {
         Some(Value::Array(calls)) if !calls.is_empty() => calls
             .iter()
             .enumerate()
-            .map(|(i, call)| parse_call(call).map_err(|e| format!("tool_calls[{i}]: {e}")))
+            .map(|(i, call)| parse_call(call, groups).map_err(|e| format!("tool_calls[{i}]: {e}")))
             .collect::<Result<_, _>>()?,
         Some(_) => return Err("`tool_calls` must be a non-empty array".to_owned()),
     };
@@ -385,7 +589,7 @@ fn parse_reply(reply: &Value) -> Result<Reply, String> {
     })
 }
 
-fn parse_call(call: &Value) -> Result<ScriptedCall, String> {
+fn parse_call(call: &Value, groups: Groups<'_>) -> Result<ScriptedCall, String> {
     let obj = call.as_object().ok_or("a tool call must be an object")?;
     check_keys(obj, &["name", "arguments"])?;
     let name = match obj.get("name") {
@@ -394,10 +598,14 @@ fn parse_call(call: &Value) -> Result<ScriptedCall, String> {
     };
     let arguments = match obj.get("arguments") {
         None => Arguments::Fixed("{}".to_owned()),
-        Some(value @ Value::Object(_)) if has_placeholder(value) => {
-            Arguments::Template(value.clone())
+        Some(value @ Value::Object(_)) => {
+            let template = JsonTemplate::parse(value, groups)?;
+            if template.is_fixed() {
+                Arguments::Fixed(value.to_string())
+            } else {
+                Arguments::Template(template)
+            }
         }
-        Some(value @ Value::Object(_)) => Arguments::Fixed(value.to_string()),
         Some(_) => return Err("`arguments` must be an object".to_owned()),
     };
     Ok(ScriptedCall { name, arguments })
@@ -415,33 +623,6 @@ fn check_keys(obj: &Map<String, Value>, allowed: &[&str]) -> Result<(), String> 
             allowed.join(", ")
         )),
         None => Ok(()),
-    }
-}
-
-fn has_placeholder(value: &Value) -> bool {
-    match value {
-        Value::String(s) => s.contains(LAST_USER_MESSAGE),
-        Value::Array(items) => items.iter().any(has_placeholder),
-        Value::Object(map) => map.values().any(has_placeholder),
-        _ => false,
-    }
-}
-
-/// A copy of `value` with the placeholder replaced in every string value.
-fn substitute(value: &Value, replacement: &str) -> Value {
-    match value {
-        Value::String(s) if s.contains(LAST_USER_MESSAGE) => {
-            Value::String(s.replace(LAST_USER_MESSAGE, replacement))
-        }
-        Value::Array(items) => {
-            Value::Array(items.iter().map(|v| substitute(v, replacement)).collect())
-        }
-        Value::Object(map) => Value::Object(
-            map.iter()
-                .map(|(k, v)| (k.clone(), substitute(v, replacement)))
-                .collect(),
-        ),
-        other => other.clone(),
     }
 }
 

@@ -146,6 +146,9 @@ pub struct ChatRequest {
     pub temperature: Option<f32>,
     /// Ask the provider to stream; deltas go to the sink passed to `ChatModel::complete`.
     pub stream: bool,
+    /// Most tokens the model may generate (`max_tokens`); `None` leaves it to the provider.
+    #[serde(default)]
+    pub max_tokens: Option<u32>,
 }
 
 impl ChatRequest {
@@ -161,6 +164,7 @@ impl ChatRequest {
             response_format: None,
             temperature: None,
             stream: false,
+            max_tokens: None,
         }
     }
 }

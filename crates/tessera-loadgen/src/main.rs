@@ -7,6 +7,7 @@ mod mock;
 mod report;
 mod run;
 mod schema;
+mod soak;
 
 use clap::{Parser, Subcommand};
 
@@ -43,6 +44,8 @@ enum Command {
     Idle(run::IdleArgs),
     /// Benchmark the engine in process (no HTTP): N chats x K turns; prints one JSON line.
     EngineBench(engine_bench::EngineBenchArgs),
+    /// Open and finish many chats (LoadTest, one turn each) while sampling the server's memory.
+    Soak(soak::SoakArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -63,5 +66,11 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::EngineBench(args) => engine_bench::run(args),
+        Command::Soak(args) => {
+            if !soak::run(args)? {
+                std::process::exit(2);
+            }
+            Ok(())
+        }
     }
 }

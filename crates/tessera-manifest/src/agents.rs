@@ -37,7 +37,24 @@ pub struct Agent {
     pub tool_calling: ToolCalling,
     /// Declared context variables whose values are shown in this agent's prompt.
     pub context_variables: Vec<String>,
+    /// Most tokens one model reply may have; `None` uses the server default.
+    pub max_tokens: Option<u32>,
+    /// Seconds one model call may take in total (streamed or not, retries included); `None`
+    /// uses the server default.
+    pub call_deadline_s: Option<f64>,
+    /// How many tool calls of one model message run at once (`1..=MAX_PARALLEL_TOOLS`).
+    pub max_parallel_tools: u32,
 }
+
+/// Largest `max_tokens` an agent may ask for (beyond any model's output window).
+pub const MAX_TOKENS_LIMIT: u32 = 1_000_000;
+/// Longest `call_deadline_s` an agent may set: one hour.
+pub const CALL_DEADLINE_LIMIT_S: f64 = 3600.0;
+
+/// `max_parallel_tools` when an agent does not set it.
+pub const DEFAULT_PARALLEL_TOOLS: u32 = 4;
+/// The largest accepted `max_parallel_tools` (a model rarely returns more calls at once).
+pub const MAX_PARALLEL_TOOLS: u32 = 32;
 
 /// The parsed `agents.json`: valid agents in file order, plus every declared name.
 pub(crate) struct Agents {
@@ -58,6 +75,9 @@ const AGENT_KEYS: &[&str] = &[
     "tool_calling",
     "context_variables",
     "description",
+    "max_tokens",
+    "call_deadline_s",
+    "max_parallel_tools",
 ];
 
 /// Parses `agents.json`; `order` is the key order of the `agents` object in the file.
@@ -158,6 +178,43 @@ fn parse_agent(
             ToolCalling::Native
         }
     };
+    let max_tokens = o.get("max_tokens").and_then(|v| {
+        let n = v
+            .as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .filter(|n| (1..=MAX_TOKENS_LIMIT).contains(n));
+        if n.is_none() {
+            loc.key("max_tokens").err(
+                d,
+                format!(
+                    "\"max_tokens\" must be an integer from 1 to {MAX_TOKENS_LIMIT}, found {v}"
+                ),
+            );
+        }
+        n
+    });
+    let call_deadline_s = o.opt_positive("call_deadline_s", d);
+    if call_deadline_s.is_some_and(|s| s > CALL_DEADLINE_LIMIT_S) {
+        loc.key("call_deadline_s").err(
+            d,
+            format!("\"call_deadline_s\" must be at most {CALL_DEADLINE_LIMIT_S} seconds"),
+        );
+    }
+    let max_parallel_tools = match o.get("max_parallel_tools") {
+        None => DEFAULT_PARALLEL_TOOLS,
+        Some(v) => match v.as_u64().and_then(|n| u32::try_from(n).ok()) {
+            Some(n) if (1..=MAX_PARALLEL_TOOLS).contains(&n) => n,
+            _ => {
+                loc.key("max_parallel_tools").err(
+                    d,
+                    format!(
+                        "\"max_parallel_tools\" must be an integer from 1 to {MAX_PARALLEL_TOOLS}, found {v}"
+                    ),
+                );
+                DEFAULT_PARALLEL_TOOLS
+            }
+        },
+    };
     let vars = o.opt_str_list("context_variables", d);
     for (i, var) in &vars {
         var_refs.push((name.to_owned(), *i, (*var).to_owned()));
@@ -172,5 +229,8 @@ fn parse_agent(
         temperature,
         tool_calling,
         context_variables: vars.into_iter().map(|(_, v)| v.to_owned()).collect(),
+        max_tokens,
+        call_deadline_s,
+        max_parallel_tools,
     })
 }

@@ -26,11 +26,28 @@ pub(crate) fn check(doc: &Value, agents: Option<&BTreeSet<String>>, d: &mut Diag
     let Some(scripts) = object(agents_v, &aloc, "\"agents\"", d) else {
         return;
     };
-    for (name, replies) in scripts.map {
+    for (name, script) in scripts.map {
         let loc = aloc.key(name);
         check_agent(name, &loc, agents, d);
-        if array(replies, &loc, &format!("the replies of \"{name}\""), d)
-            .is_some_and(<[Value]>::is_empty)
+        if script.is_object() {
+            // `when` rules: their regexes and placeholders are checked by the demo model
+            // itself when `tessera serve` loads the script.
+            for key in ["when", "otherwise"] {
+                match script.get(key) {
+                    Some(Value::Array(_)) => {}
+                    _ => loc.key(key).err(
+                        d,
+                        format!("\"{name}\" has `when` rules, so \"{key}\" must be an array"),
+                    ),
+                }
+            }
+        } else if array(
+            script,
+            &loc,
+            &format!("the replies of \"{name}\" (or an object of `when` rules)"),
+            d,
+        )
+        .is_some_and(<[Value]>::is_empty)
         {
             loc.err(
                 d,

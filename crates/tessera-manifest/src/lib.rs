@@ -2,7 +2,8 @@
 //! `structured_outputs.json`, `context_variables.json`, `handoffs.json`, `demo.json`), checks
 //! every rule at once, and hands the engine a [`Workflow`] whose cross-references are all valid.
 //!
-//! Entry points: [`load_workflow`] for one folder, [`load_workflows`] for a root of folders.
+//! Entry points: [`load_workflow`] for one folder, [`load_workflows`] for a root of folders,
+//! [`load_workflow_dir`] for either (what every `tessera` command accepts).
 //! Errors come back as [`ManifestErrors`]: every problem in every file, each with the file, a
 //! JSON pointer and a one-sentence fix, so `tessera validate` can list them all in one run.
 //!
@@ -33,12 +34,15 @@ mod models;
 mod tools;
 mod workflow;
 
-pub use agents::{Agent, ToolCalling};
+pub use agents::{Agent, DEFAULT_PARALLEL_TOOLS, MAX_PARALLEL_TOOLS, ToolCalling};
 pub use context::{DerivedVariable, UiResponseTrigger, VarSource, VarType, VariableDef};
 pub use error::{ManifestError, ManifestErrors};
 pub use expr::{Expr, ExprError};
 pub use handoffs::{HandoffKind, HandoffRule, HandoffTarget};
-pub use load::{load_workflow, load_workflows};
+pub use load::{
+    LoadedWorkflow, MANIFEST_FILES, WorkflowDirError, load_workflow, load_workflow_dir,
+    load_workflows,
+};
 pub use models::CompiledModel;
 pub use tools::{DisplayMode, ToolDef, ToolImpl, ToolType, UiSpec};
 pub use workflow::{StartupMode, Workflow};

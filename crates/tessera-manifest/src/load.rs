@@ -32,6 +32,15 @@ pub fn load_workflow(dir: &Path) -> Result<Workflow, ManifestErrors> {
     let ctx_doc = read_json(dir, "context_variables.json", false, &mut d);
     let handoffs_doc = read_json(dir, "handoffs.json", false, &mut d);
     let demo_doc = read_json(dir, "demo.json", false, &mut d);
+    let version = content_version(&[
+        &wf_doc,
+        &agents_doc,
+        &so_doc,
+        &tools_doc,
+        &ctx_doc,
+        &handoffs_doc,
+        &demo_doc,
+    ]);
 
     // agents.json
     let parsed_agents = match &agents_doc {
@@ -186,6 +195,7 @@ pub fn load_workflow(dir: &Path) -> Result<Workflow, ManifestErrors> {
         human_in_the_loop: header.human_in_the_loop,
         initial_message: header.initial_message,
         startup_mode: header.startup_mode,
+        listed: header.listed,
         agents: pa.agents,
         tools: tools.tools,
         models: so.models,
@@ -195,12 +205,50 @@ pub fn load_workflow(dir: &Path) -> Result<Workflow, ManifestErrors> {
         ui_response_triggers: ctx.triggers,
         handoffs: handoff_rules,
         dir: dir.to_path_buf(),
+        version,
     })
+}
+
+/// The files a workflow version consists of, in the order [`load_workflow`] reads them.
+pub const MANIFEST_FILES: &[&str] = &[
+    "workflow.json",
+    "agents.json",
+    "structured_outputs.json",
+    "tools.json",
+    "context_variables.json",
+    "handoffs.json",
+    "demo.json",
+];
+
+/// 16 hex digits of FNV-1a (64-bit) over the manifest files' text, in [`MANIFEST_FILES`]
+/// order, each absent file marked as such. Stable across builds and platforms (unlike std's
+/// hasher), so a restart computes the same version for the same files. Not a security hash:
+/// it only tells versions of one workflow apart.
+fn content_version(docs: &[&Doc]) -> String {
+    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0100_0000_01b3;
+    let mut hash = OFFSET;
+    let mut feed = |bytes: &[u8]| {
+        for b in bytes {
+            hash ^= u64::from(*b);
+            hash = hash.wrapping_mul(PRIME);
+        }
+    };
+    for doc in docs {
+        match doc {
+            Doc::Ok(_, text) => {
+                feed(&(text.len() as u64).to_le_bytes());
+                feed(text.as_bytes());
+            }
+            Doc::Absent | Doc::Broken => feed(&u64::MAX.to_le_bytes()),
+        }
+    }
+    format!("{hash:016x}")
 }
 
 /// Loads every workflow under `root` (each subfolder holding a `workflow.json`), sorted by
 /// folder name, so one bad workflow does not hide the others.
-pub fn load_workflows(root: &Path) -> Vec<(String, Result<Workflow, ManifestErrors>)> {
+pub fn load_workflows(root: &Path) -> Vec<LoadedWorkflow> {
     let mut dirs: Vec<(String, PathBuf)> = match std::fs::read_dir(root) {
         Ok(entries) => entries
             .filter_map(Result::ok)
@@ -221,6 +269,50 @@ pub fn load_workflows(root: &Path) -> Vec<(String, Result<Workflow, ManifestErro
     dirs.into_iter()
         .map(|(name, p)| (name, load_workflow(&p)))
         .collect()
+}
+
+/// One workflow folder's name and what loading it gave.
+pub type LoadedWorkflow = (String, Result<Workflow, ManifestErrors>);
+
+/// Why a workflows directory yields no workflows at all.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WorkflowDirError {
+    /// Nothing at that path.
+    #[error("{0} does not exist")]
+    NotFound(PathBuf),
+    /// A file (or something unreadable) rather than a folder.
+    #[error("{0} is not a directory")]
+    NotADirectory(PathBuf),
+    /// A folder, but neither a workflow folder nor a folder of them.
+    #[error(
+        "no workflows found in {0}: expected a workflow folder (with workflow.json) or a folder of workflow folders"
+    )]
+    NoWorkflows(PathBuf),
+}
+
+/// What `serve`, `validate` and `test` all accept as a workflows directory: a workflow folder
+/// itself (holding `workflow.json`) or a folder of workflow folders. Every workflow found is
+/// loaded, valid or not, so callers can report every invalid one.
+pub fn load_workflow_dir(dir: &Path) -> Result<Vec<LoadedWorkflow>, WorkflowDirError> {
+    match std::fs::metadata(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(WorkflowDirError::NotFound(dir.to_path_buf()));
+        }
+        Ok(m) if m.is_dir() => {}
+        _ => return Err(WorkflowDirError::NotADirectory(dir.to_path_buf())),
+    }
+    if dir.join("workflow.json").is_file() {
+        let name = dir.file_name().map_or_else(
+            || dir.display().to_string(),
+            |n| n.to_string_lossy().into_owned(),
+        );
+        return Ok(vec![(name, load_workflow(dir))]);
+    }
+    let found = load_workflows(dir);
+    if found.is_empty() {
+        return Err(WorkflowDirError::NoWorkflows(dir.to_path_buf()));
+    }
+    Ok(found)
 }
 
 /// The outcome of reading one manifest file.
@@ -331,6 +423,7 @@ struct Header {
     human_in_the_loop: bool,
     initial_message: Option<String>,
     startup_mode: StartupMode,
+    listed: bool,
 }
 
 fn parse_header(v: &Value, agents: Option<&BTreeSet<String>>, d: &mut Diag) -> Option<Header> {
@@ -345,6 +438,7 @@ fn parse_header(v: &Value, agents: Option<&BTreeSet<String>>, d: &mut Diag) -> O
             "human_in_the_loop",
             "initial_message",
             "startup_mode",
+            "listed",
         ],
         d,
     );
@@ -373,6 +467,7 @@ fn parse_header(v: &Value, agents: Option<&BTreeSet<String>>, d: &mut Diag) -> O
     }
     let human = o.req_bool("human_in_the_loop", d);
     let initial_message = o.opt_str("initial_message", d);
+    let listed = o.opt_bool("listed", true, d);
     let startup_mode = match o.req_str("startup_mode", d) {
         Some("UserDriven") => Some(StartupMode::UserDriven),
         Some("AgentDriven") => Some(StartupMode::AgentDriven),
@@ -395,5 +490,6 @@ fn parse_header(v: &Value, agents: Option<&BTreeSet<String>>, d: &mut Diag) -> O
         human_in_the_loop: human?,
         initial_message: initial_message.map(str::to_owned),
         startup_mode: startup_mode?,
+        listed,
     })
 }

@@ -705,6 +705,9 @@ pub(crate) fn check_object_schema(v: &Value, loc: &Loc, d: &mut Diag) -> bool {
     {
         return false;
     }
+    if !required_names_exist(v, loc, d) {
+        return false;
+    }
     match build_validator(v) {
         Ok(_) => true,
         Err(e) => {
@@ -712,6 +715,44 @@ pub(crate) fn check_object_schema(v: &Value, loc: &Loc, d: &mut Diag) -> bool {
             false
         }
     }
+}
+
+/// Every name in an object schema's `required` (here and in nested object properties) must be
+/// one of its `properties`: JSON Schema accepts `"required": ["titel"]` beside a `title`
+/// property, and the tool then rejects every call the model makes, which looks like a model
+/// bug rather than a typo in the manifest.
+fn required_names_exist(schema: &Value, loc: &Loc, d: &mut Diag) -> bool {
+    let Some(map) = schema.as_object() else {
+        return true;
+    };
+    let props = map.get("properties").and_then(Value::as_object);
+    let mut ok = true;
+    if let Some(Value::Array(required)) = map.get("required") {
+        for (i, name) in required.iter().enumerate() {
+            let at = loc.key("required").idx(i);
+            let Some(name) = name.as_str() else {
+                at.err(d, "\"required\" entries must be property names (strings)");
+                ok = false;
+                continue;
+            };
+            if props.is_some_and(|p| p.contains_key(name)) {
+                continue;
+            }
+            let known = props.into_iter().flat_map(|p| p.keys().map(String::as_str));
+            at.err(
+                d,
+                format!(
+                    "required property \"{name}\" is not declared in \"properties\"{}; fix the name or declare the property",
+                    did_you_mean(name, known)
+                ),
+            );
+            ok = false;
+        }
+    }
+    for (name, sub) in props.into_iter().flatten() {
+        ok &= required_names_exist(sub, &loc.key("properties").key(name), d);
+    }
+    ok
 }
 
 #[cfg(test)]

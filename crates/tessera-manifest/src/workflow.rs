@@ -39,6 +39,9 @@ pub struct Workflow {
     pub initial_message: Option<String>,
     /// Who speaks first.
     pub startup_mode: StartupMode,
+    /// Offered in `GET /workflows` (the client's picker); `"listed": false` hides a workflow
+    /// that is started only by name (e.g. a benchmark workload).
+    pub listed: bool,
     /// Agents in file order.
     pub agents: IndexMap<String, Agent>,
     /// Tools in file order.
@@ -57,6 +60,9 @@ pub struct Workflow {
     pub handoffs: Vec<HandoffRule>,
     /// Folder the workflow was loaded from (for demo.json and other assets).
     pub dir: PathBuf,
+    /// Content version of the manifest files (16 hex digits): chats remember the version
+    /// they started with, so a reloaded workflow does not change a running chat.
+    pub version: String,
 }
 
 impl Workflow {

@@ -35,6 +35,14 @@ fn all_shipped_workflows_load() {
 }
 
 #[test]
+fn only_the_benchmark_workload_is_unlisted() {
+    for (name, result) in load_workflows(&workflows_root()) {
+        let listed = result.map(|w| w.listed).unwrap_or_default();
+        assert_eq!(listed, name != "LoadTest", "{name}");
+    }
+}
+
+#[test]
 fn generator_is_wired_as_the_spec_describes() {
     let w = load("Generator");
     assert_eq!(w.startup_mode, StartupMode::AgentDriven);
@@ -167,4 +175,30 @@ fn todo_and_toolkit_workflows() {
 fn workflow_is_shareable_across_threads() {
     fn assert_send_sync<T: Send + Sync>() {}
     assert_send_sync::<Workflow>();
+}
+
+#[test]
+fn the_version_follows_the_manifest_content() {
+    let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let copy = tmp.path().join("LoadTest");
+    std::fs::create_dir_all(&copy).unwrap_or_else(|e| panic!("{e}"));
+    let source = workflows_root().join("LoadTest");
+    for file in tessera_manifest::MANIFEST_FILES {
+        if source.join(file).is_file() {
+            std::fs::copy(source.join(file), copy.join(file)).unwrap_or_else(|e| panic!("{e}"));
+        }
+    }
+    let original = load("LoadTest");
+    let copied = load_workflow(&copy).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(original.version.len(), 16);
+    assert_eq!(copied.version, original.version, "same files, same version");
+    let demo = copy.join("demo.json");
+    let text = std::fs::read_to_string(&demo).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(&demo, text.replace("Echoed your message.", "Echoed (v2)."))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let changed = load_workflow(&copy).unwrap_or_else(|e| panic!("{e}"));
+    assert_ne!(
+        changed.version, original.version,
+        "a changed demo.json is a new version"
+    );
 }

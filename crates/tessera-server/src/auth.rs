@@ -135,6 +135,8 @@ impl JwtVerifier {
         validation.set_audience(&[&self.audience]);
         validation.set_required_spec_claims(&["exp", "iss", "aud", "sub"]);
         validation.leeway = self.leeway_s;
+        // RFC 7519 §4.1.5: a token is not accepted before its `nbf` (when it has one).
+        validation.validate_nbf = true;
         let data = jsonwebtoken::decode::<Map<String, Value>>(token, key, &validation)
             .map_err(|_| AuthError::Invalid)?;
         let text = |name: &str| {

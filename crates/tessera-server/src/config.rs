@@ -20,6 +20,9 @@ pub struct ServerConfig {
     pub store: StoreConfig,
     /// Folder of workflow folders.
     pub workflows_dir: PathBuf,
+    /// Check the workflows dir for changed files this often, in seconds, and reload them as
+    /// on SIGHUP; 0 (the default) leaves reloading to SIGHUP alone.
+    pub workflows_watch_s: f64,
     pub llm: LlmConfig,
     pub limits: Limits,
     /// Tenants and their API keys; empty (and no JWT) means dev mode (one tenant, no key).
@@ -231,8 +234,14 @@ pub struct LlmConfig {
     pub demo: bool,
     /// Stream tokens to clients.
     pub stream: bool,
-    /// Request timeout in seconds.
+    /// Timeout of one attempt in seconds: the whole answer of a plain call; the headers, then
+    /// each gap between two chunks, of a streamed one.
     pub timeout_s: f64,
+    /// Total seconds one model call may take, retries and the whole stream included; an
+    /// agent's `call_deadline_s` wins.
+    pub call_deadline_s: f64,
+    /// `max_tokens` sent with every model call; an agent's `max_tokens` wins.
+    pub max_tokens: u32,
 }
 
 /// Protective limits.
@@ -248,6 +257,9 @@ pub struct Limits {
     pub messages_per_minute_per_tenant: u32,
     /// Frames refused as `rate_limited` in one minute before the socket is closed with 1008.
     pub rate_limit_strikes: u32,
+    /// REST inputs (`/chats/{id}/input`, `/tool-responses`, `/run`) per minute per caller;
+    /// each also spends the tenant's `messages_per_minute_per_tenant`. Over either: 429.
+    pub rest_inputs_per_minute: u32,
     /// Chats of one tenant that may be open (not completed) at once; 0 = no limit.
     pub max_open_chats_per_tenant: usize,
     /// Default wait for a UI tool answer, in seconds (0 waits until cancelled).
@@ -279,6 +291,7 @@ impl Default for ServerConfig {
             data_dir: PathBuf::from("data"),
             store: StoreConfig::default(),
             workflows_dir: PathBuf::from("workflows"),
+            workflows_watch_s: 0.0,
             llm: LlmConfig::default(),
             limits: Limits::default(),
             tenants: Vec::new(),
@@ -298,6 +311,8 @@ impl Default for LlmConfig {
             demo: false,
             stream: true,
             timeout_s: 60.0,
+            call_deadline_s: 300.0,
+            max_tokens: 4096,
         }
     }
 }
@@ -309,6 +324,7 @@ impl Default for Limits {
             messages_per_minute: 120,
             messages_per_minute_per_tenant: 1200,
             rate_limit_strikes: 10,
+            rest_inputs_per_minute: 60,
             max_open_chats_per_tenant: 1000,
             ui_timeout_s: 900.0,
             outbound_queue: 1024,
@@ -372,11 +388,22 @@ impl ServerConfig {
         if let Some(v) = env("TESSERA_WORKFLOWS_DIR") {
             config.workflows_dir = PathBuf::from(v);
         }
+        if let Some(v) = env("TESSERA_WORKFLOWS_WATCH_S") {
+            config.workflows_watch_s = v
+                .parse()
+                .with_context(|| format!("TESSERA_WORKFLOWS_WATCH_S={v:?} is not a number"))?;
+        }
         if let Some(v) = env("TESSERA_DEMO") {
             config.llm.demo = matches!(v.as_str(), "1" | "true" | "yes");
         }
         if let Some(v) = env("TESSERA_STREAM") {
             config.llm.stream = matches!(v.as_str(), "1" | "true" | "yes");
+        }
+        if let Some(v) = parsed_var(&env, "TESSERA_LLM_CALL_DEADLINE_S")? {
+            config.llm.call_deadline_s = v;
+        }
+        if let Some(v) = parsed_var(&env, "TESSERA_LLM_MAX_TOKENS")? {
+            config.llm.max_tokens = v;
         }
         if let Some(v) = env("TESSERA_UI_TIMEOUT_S") {
             config.limits.ui_timeout_s = v
@@ -403,6 +430,9 @@ impl ServerConfig {
         };
         if let Some(v) = number("TESSERA_MESSAGES_PER_MINUTE_PER_TENANT")? {
             config.limits.messages_per_minute_per_tenant = u32::try_from(v).unwrap_or(u32::MAX);
+        }
+        if let Some(v) = number("TESSERA_REST_INPUTS_PER_MINUTE")? {
+            config.limits.rest_inputs_per_minute = u32::try_from(v).unwrap_or(u32::MAX);
         }
         if let Some(v) = number("TESSERA_RATE_LIMIT_STRIKES")? {
             config.limits.rate_limit_strikes = u32::try_from(v).unwrap_or(u32::MAX);
@@ -444,8 +474,29 @@ impl ServerConfig {
         if let Some(v) = env("OPENAI_MODEL") {
             config.llm.model = Some(v);
         }
+        if !(config.llm.call_deadline_s > 0.0 && config.llm.call_deadline_s <= 86_400.0) {
+            anyhow::bail!(
+                "llm.call_deadline_s must be a number of seconds from 0 to 86400 (exclusive of 0)"
+            );
+        }
+        if config.llm.max_tokens == 0 {
+            anyhow::bail!("llm.max_tokens must be at least 1");
+        }
         Ok(config)
     }
+}
+
+/// Variable `name` parsed as a number, if set.
+fn parsed_var<T: std::str::FromStr>(
+    env: &impl Fn(&str) -> Option<String>,
+    name: &str,
+) -> anyhow::Result<Option<T>> {
+    env(name)
+        .map(|v| {
+            v.parse()
+                .map_err(|_| anyhow::anyhow!("{name}={v:?} is not a number"))
+        })
+        .transpose()
 }
 
 #[cfg(test)]

@@ -6,9 +6,12 @@
 mod auth;
 pub mod cluster;
 pub mod config;
+mod data_lock;
+mod frame_guard;
 mod limits;
 mod metrics;
 mod registry;
+mod reload;
 mod rest;
 mod serve;
 pub mod stores;

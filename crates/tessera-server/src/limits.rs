@@ -19,31 +19,103 @@ const WINDOW: Duration = Duration::from_secs(60);
 #[derive(Debug)]
 pub struct TenantRateLimiter {
     per_minute: u32,
-    windows: Mutex<HashMap<Arc<str>, (Instant, u32)>>,
+    windows: Mutex<Windows>,
 }
+
+/// The windows, and the size at which stale ones are next swept out.
+#[derive(Debug, Default)]
+struct Windows {
+    by_key: HashMap<Arc<str>, (Instant, u32)>,
+    sweep_at: usize,
+}
+
+/// Keys kept before the first sweep of expired windows.
+const FIRST_SWEEP: usize = 1024;
 
 impl TenantRateLimiter {
     /// A limiter allowing `per_minute` messages per tenant per minute (0 = unlimited).
     pub fn new(per_minute: u32) -> Self {
         Self {
             per_minute,
-            windows: Mutex::new(HashMap::new()),
+            windows: Mutex::new(Windows::default()),
         }
     }
 
     /// Counts one message of `tenant`; false when the tenant is over its budget.
     pub fn allow(&self, tenant: &Arc<str>) -> bool {
+        self.check(tenant).is_ok()
+    }
+
+    /// Counts one message of `key`; over its budget, `Err` says when its window ends (for
+    /// `Retry-After`). Refused messages count too, so hammering does not help.
+    pub fn check(&self, key: &Arc<str>) -> Result<(), Duration> {
         if self.per_minute == 0 {
-            return true;
+            return Ok(());
         }
         let now = Instant::now();
         let mut windows = self.windows.lock().unwrap_or_else(|p| p.into_inner());
-        let window = windows.entry(tenant.clone()).or_insert((now, 0));
+        if windows.by_key.len() >= windows.sweep_at.max(FIRST_SWEEP) {
+            // Keys come and go (callers, tenants): expired windows leave, so the map does
+            // not grow with every key ever seen.
+            windows
+                .by_key
+                .retain(|_, (start, _)| now.duration_since(*start) < WINDOW);
+            windows.sweep_at = windows.by_key.len().saturating_mul(2);
+        }
+        let window = windows.by_key.entry(key.clone()).or_insert((now, 0));
         if now.duration_since(window.0) >= WINDOW {
             *window = (now, 0);
         }
         window.1 = window.1.saturating_add(1);
-        window.1 <= self.per_minute
+        if window.1 <= self.per_minute {
+            Ok(())
+        } else {
+            Err(WINDOW.saturating_sub(now.duration_since(window.0)))
+        }
+    }
+
+    /// How many keys have a window (for tests of the sweep).
+    #[cfg(test)]
+    fn keys(&self) -> usize {
+        self.windows
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .by_key
+            .len()
+    }
+}
+
+/// The REST input budget: each caller (tenant and user) has its own per-minute limit, and
+/// every REST input also spends its tenant's budget, shared with WebSocket frames.
+#[derive(Debug)]
+pub struct RestInputBudget {
+    per_caller: TenantRateLimiter,
+}
+
+impl RestInputBudget {
+    /// `per_minute` inputs per caller (0 = no per-caller limit).
+    pub fn new(per_minute: u32) -> Self {
+        Self {
+            per_caller: TenantRateLimiter::new(per_minute),
+        }
+    }
+
+    /// Spends one input of `user` of `tenant` from both budgets; `Err(retry_after)` when over
+    /// either (both are spent either way, as a WebSocket frame spends both).
+    pub fn spend(
+        &self,
+        tenants: &TenantRateLimiter,
+        tenant: &Arc<str>,
+        user: &str,
+    ) -> Result<(), Duration> {
+        let caller: Arc<str> = Arc::from(format!("{tenant}\u{0}{user}"));
+        let own = self.per_caller.check(&caller);
+        let shared = tenants.check(tenant);
+        match (own, shared) {
+            (Ok(()), Ok(())) => Ok(()),
+            (Err(a), Err(b)) => Err(a.max(b)),
+            (Err(wait), _) | (_, Err(wait)) => Err(wait),
+        }
     }
 }
 
@@ -52,42 +124,65 @@ impl TenantRateLimiter {
 #[derive(Debug, Default)]
 pub struct ChatQuota {
     locks: Mutex<HashMap<Arc<str>, Arc<tokio::sync::Mutex<()>>>>,
-    /// Chats known to have completed (terminal), so they are never asked again.
-    completed: Mutex<HashSet<Arc<str>>>,
+    /// Per tenant, its chats in memory known to have completed, so they are not asked again.
+    /// Only chats still in memory are kept (completed chats leave memory, and this set with
+    /// them), so it does not grow with every chat ever run.
+    completed: Mutex<HashMap<Arc<str>, HashSet<Arc<str>>>>,
 }
+
+/// Tenant locks kept before unused ones are dropped.
+const LOCKS_KEPT: usize = 1024;
 
 impl ChatQuota {
     /// The lock to hold while checking and creating a chat of `tenant`.
     pub fn tenant_lock(&self, tenant: &Arc<str>) -> Arc<tokio::sync::Mutex<()>> {
         let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+        if locks.len() >= LOCKS_KEPT {
+            // Held by nobody but this map: safe to drop (JWT tenants may be many).
+            locks.retain(|_, lock| Arc::strong_count(lock) > 1);
+        }
         locks.entry(tenant.clone()).or_default().clone()
     }
 
-    /// How many of `chats` are open, counting at most up to `limit` (asks only chats not
-    /// yet known to be completed, and only when the plain count reaches the limit).
-    pub async fn open_count(&self, chats: Vec<ChatHandle>, limit: usize) -> usize {
+    /// How many of `chats` (the tenant's chats in memory) are open, counting at most up to
+    /// `limit` (asks only chats not yet known to be completed, and only when the plain count
+    /// reaches the limit).
+    pub async fn open_count(
+        &self,
+        tenant: &Arc<str>,
+        chats: Vec<ChatHandle>,
+        limit: usize,
+    ) -> usize {
         let unknown: Vec<ChatHandle> = {
-            let completed = self.completed.lock().unwrap_or_else(|p| p.into_inner());
-            chats
-                .into_iter()
+            let mut all = self.completed.lock().unwrap_or_else(|p| p.into_inner());
+            let completed = all.entry(tenant.clone()).or_default();
+            // Forget chats that left memory.
+            let live: HashSet<&Arc<str>> = chats.iter().map(|c| &c.identity.chat_id).collect();
+            completed.retain(|id| live.contains(id));
+            let unknown = chats
+                .iter()
                 .filter(|c| !completed.contains(&c.identity.chat_id))
-                .collect()
+                .cloned()
+                .collect();
+            if completed.is_empty() {
+                all.remove(tenant);
+            }
+            unknown
         };
         if unknown.len() < limit {
             return unknown.len();
         }
         let statuses = join_all(unknown.iter().map(|c| c.addr.send(GetSnapshot))).await;
         let mut open = 0;
-        let mut completed = self.completed.lock().unwrap_or_else(|p| p.into_inner());
+        let mut all = self.completed.lock().unwrap_or_else(|p| p.into_inner());
+        let completed = all.entry(tenant.clone()).or_default();
         for (chat, status) in unknown.iter().zip(statuses) {
             match status {
                 Ok(snap) if matches!(snap.status, ChatStatus::Completed(_)) => {
                     completed.insert(chat.identity.chat_id.clone());
                 }
-                // A stopped actor is not open either.
-                Err(_) => {
-                    completed.insert(chat.identity.chat_id.clone());
-                }
+                // A stopped actor is not open either (it is swept from the registry).
+                Err(_) => {}
                 Ok(_) => open += 1,
             }
         }
@@ -108,5 +203,43 @@ mod tests {
         assert!(!limiter.allow(&a), "the fourth message of a is refused");
         assert!(limiter.allow(&b), "b has its own budget");
         assert!(TenantRateLimiter::new(0).allow(&a), "0 means unlimited");
+        let retry = limiter.check(&a).err().map(|d| d.as_secs());
+        assert!(retry.is_some_and(|s| s <= 60), "retry after {retry:?}");
+    }
+
+    #[test]
+    fn rest_inputs_spend_the_caller_and_the_tenant_budget() {
+        let tenants = TenantRateLimiter::new(3);
+        let budget = RestInputBudget::new(2);
+        let a: Arc<str> = Arc::from("a");
+        assert!(budget.spend(&tenants, &a, "alice").is_ok());
+        assert!(budget.spend(&tenants, &a, "alice").is_ok());
+        assert!(
+            budget.spend(&tenants, &a, "alice").is_err(),
+            "alice's own limit"
+        );
+        assert!(
+            budget.spend(&tenants, &a, "carol").is_err(),
+            "the tenant's budget is spent (3 of 3 by alice)"
+        );
+        assert!(!tenants.allow(&a), "WebSocket frames share it");
+    }
+
+    #[test]
+    fn expired_windows_are_swept_out() {
+        let limiter = TenantRateLimiter::new(5);
+        for i in 0..FIRST_SWEEP {
+            limiter.allow(&Arc::from(format!("k{i}")));
+        }
+        // Age every window past the minute, then add one more key.
+        {
+            let mut windows = limiter.windows.lock().unwrap_or_else(|p| p.into_inner());
+            let old = Instant::now().checked_sub(WINDOW * 2);
+            for (start, _) in windows.by_key.values_mut() {
+                *start = old.unwrap_or(*start);
+            }
+        }
+        limiter.allow(&Arc::from("new"));
+        assert_eq!(limiter.keys(), 1, "only the live window is left");
     }
 }

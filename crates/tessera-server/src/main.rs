@@ -1,6 +1,9 @@
 //! The `tessera` binary: parses the command line and dispatches to the `tessera_server`
 //! library (`validate`, or `run` on a bound listener until SIGTERM / Ctrl-C).
 
+mod record;
+mod workflow_tests;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -40,8 +43,38 @@ struct Cli {
 enum Command {
     /// Check workflow manifests and print a summary or every error (exit code 1 on any error).
     Validate {
-        /// Workflow folders, or folders containing workflow folders (default: `workflows`).
+        /// Workflow folders, or folders containing workflow folders (default: the configured
+        /// `workflows_dir`, as `serve` would load it).
         dirs: Vec<PathBuf>,
+        /// A TOML config file; `TESSERA_*` environment variables override it.
+        #[arg(long, env = "TESSERA_CONFIG")]
+        config: Option<PathBuf>,
+    },
+    /// Run the workflows' test files (`<workflow>/tests/*.json`) against the real engine with
+    /// their scripted model replies (exit code 1 on any failure).
+    Test {
+        /// Workflow folders, or folders containing workflow folders (default: the configured
+        /// `workflows_dir`).
+        dirs: Vec<PathBuf>,
+        /// Rewrite each test's expectations from this run (review the diff before committing).
+        #[arg(long)]
+        update: bool,
+        /// A TOML config file; `TESSERA_*` environment variables override it.
+        #[arg(long, env = "TESSERA_CONFIG")]
+        config: Option<PathBuf>,
+    },
+    /// Write a test file from a stored chat (model replies, user steps and what happened), so
+    /// the conversation replays with `tessera test`. Secrets are never written.
+    Record {
+        /// The chat's id (as in `GET /api/v1/chats`).
+        chat_id: String,
+        /// Output file (default: `<workflow>/tests/recorded_<chat id>.json`).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// A TOML config file; `TESSERA_*` environment variables override it (the store is
+        /// `data_dir/tessera.db`).
+        #[arg(long, env = "TESSERA_CONFIG")]
+        config: Option<PathBuf>,
     },
     /// Serve chats over HTTP and WebSocket (the web client is at `/`).
     Serve {
@@ -51,6 +84,9 @@ enum Command {
         /// Listen address, e.g. 127.0.0.1:8080 (port 0 picks a free port).
         #[arg(long)]
         bind: Option<std::net::SocketAddr>,
+        /// A workflow folder or a folder of workflow folders (overrides the configuration).
+        #[arg(long)]
+        workflows_dir: Option<PathBuf>,
         /// Log format.
         #[arg(long, value_enum, default_value_t = LogFormat::Text)]
         log_format: LogFormat,
@@ -81,18 +117,21 @@ fn init_logs(format: LogFormat) {
 fn serve(
     config: Option<PathBuf>,
     bind: Option<std::net::SocketAddr>,
+    workflows_dir: Option<PathBuf>,
     log_format: LogFormat,
 ) -> ExitCode {
     init_logs(log_format);
-    let result =
-        ServerConfig::load(config.as_deref(), |k| std::env::var(k).ok()).and_then(|mut c| {
-            if let Some(bind) = bind {
-                c.bind = bind;
-            }
-            let listener = tessera_server::bind(c.bind)
-                .with_context(|| format!("cannot listen on {}", c.bind))?;
-            actix::System::new().block_on(tessera_server::run(listener, c, shutdown_signal()))
-        });
+    let result = load_config(config.as_deref()).and_then(|mut c| {
+        if let Some(bind) = bind {
+            c.bind = bind;
+        }
+        if let Some(dir) = workflows_dir {
+            c.workflows_dir = dir;
+        }
+        let listener =
+            tessera_server::bind(c.bind).with_context(|| format!("cannot listen on {}", c.bind))?;
+        actix::System::new().block_on(tessera_server::run(listener, c, shutdown_signal()))
+    });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -102,16 +141,54 @@ fn serve(
     }
 }
 
+/// The one configuration every subcommand reads: the file, then `TESSERA_*` overrides.
+fn load_config(path: Option<&std::path::Path>) -> anyhow::Result<ServerConfig> {
+    ServerConfig::load(path, |k| std::env::var(k).ok())
+}
+
+fn validate(dirs: &[PathBuf], config: Option<&std::path::Path>) -> ExitCode {
+    match load_config(config) {
+        Ok(c) => validate::run(dirs, &c.workflows_dir),
+        Err(e) => {
+            eprintln!("tessera validate: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn main() -> ExitCode {
     tune_allocator();
     let cli = Cli::parse();
     match cli.command {
-        Command::Validate { dirs } => validate::run(&dirs),
+        Command::Validate { dirs, config } => validate(&dirs, config.as_deref()),
+        Command::Test {
+            dirs,
+            update,
+            config,
+        } => match load_config(config.as_deref()) {
+            Ok(c) => workflow_tests::run(&dirs, &c.workflows_dir, update),
+            Err(e) => {
+                eprintln!("tessera test: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Record {
+            chat_id,
+            out,
+            config,
+        } => match load_config(config.as_deref()) {
+            Ok(c) => record::run(&c, &chat_id, out),
+            Err(e) => {
+                eprintln!("tessera record: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Serve {
             config,
             bind,
+            workflows_dir,
             log_format,
-        } => serve(config, bind, log_format),
+        } => serve(config, bind, workflows_dir, log_format),
     }
 }
 

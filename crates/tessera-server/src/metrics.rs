@@ -70,19 +70,17 @@ impl Metrics {
         }
     }
 
-    /// The Prometheus text exposition.
+    /// The Prometheus text exposition of the counters here (the handler adds gauges read
+    /// from elsewhere with [`write_metric`]).
     pub fn render(&self) -> String {
         let mut out = String::with_capacity(1024);
         let mut gauge = |name: &str, help: &str, kind: &str, value: i64| {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
-            );
+            write_metric(&mut out, name, help, kind, value);
         };
         let load = |a: &AtomicU64| i64::try_from(a.load(Ordering::Relaxed)).unwrap_or(i64::MAX);
         gauge(
             "tessera_chats_open",
-            "Chats currently held in memory.",
+            "Chats not completed.",
             "gauge",
             self.chats_open.load(Ordering::Relaxed),
         );
@@ -169,4 +167,12 @@ impl Metrics {
         );
         out
     }
+}
+
+/// Appends one metric in the Prometheus text format; `kind` is `gauge` or `counter`.
+pub fn write_metric(out: &mut String, name: &str, help: &str, kind: &str, value: i64) {
+    let _ = writeln!(
+        out,
+        "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
+    );
 }

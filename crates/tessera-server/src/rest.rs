@@ -33,6 +33,8 @@ pub struct ApiError {
     status: StatusCode,
     code: &'static str,
     message: String,
+    /// Seconds for a `Retry-After` header (429s).
+    retry_after: Option<u64>,
 }
 
 impl ApiError {
@@ -41,6 +43,7 @@ impl ApiError {
             status,
             code,
             message: message.into(),
+            retry_after: None,
         }
     }
 
@@ -61,7 +64,11 @@ impl ResponseError for ApiError {
     }
 
     fn error_response(&self) -> HttpResponse {
-        HttpResponse::build(self.status).json(json!({"code": self.code, "message": self.message}))
+        let mut response = HttpResponse::build(self.status);
+        if let Some(seconds) = self.retry_after {
+            response.insert_header(("Retry-After", seconds.to_string()));
+        }
+        response.json(json!({"code": self.code, "message": self.message}))
     }
 }
 
@@ -153,6 +160,23 @@ fn caller_error(e: AuthError) -> ApiError {
     }
 }
 
+/// Spends one REST input of `caller` (see `RestInputBudget`); over budget: 429 with
+/// `Retry-After`.
+fn spend_input_budget(state: &AppState, caller: &Caller) -> Result<(), ApiError> {
+    state
+        .rest_budget
+        .spend(&state.tenant_limiter, &caller.tenant, &caller.user)
+        .map_err(|wait| {
+            let mut error = ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                ErrorCode::RateLimited.as_str(),
+                "too many inputs; slow down",
+            );
+            error.retry_after = Some(wait.as_secs().max(1));
+            error
+        })
+}
+
 /// The caller's chat `chat_id`, or 404.
 async fn owned_chat(
     state: &AppState,
@@ -218,13 +242,27 @@ async fn readyz(state: web::Data<AppState>) -> HttpResponse {
 }
 
 async fn metrics(state: web::Data<AppState>) -> HttpResponse {
+    let mut text = state.metrics.render();
+    crate::metrics::write_metric(
+        &mut text,
+        "tessera_chats_in_memory",
+        "Chat sessions held in memory (completed ones leave and are rebuilt on demand).",
+        "gauge",
+        i64::try_from(state.engine.chats_in_memory()).unwrap_or(i64::MAX),
+    );
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4")
-        .body(state.metrics.render())
+        .body(text)
 }
 
 async fn list_workflows(_: Caller, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
-    Ok(HttpResponse::Ok().json(json!({"workflows": &*state.workflows})))
+    // Unlisted workflows (`"listed": false`) can still be started by name.
+    let listed: Vec<&Value> = state
+        .workflows
+        .iter()
+        .filter(|w| w["listed"] != false)
+        .collect();
+    Ok(HttpResponse::Ok().json(json!({ "workflows": listed })))
 }
 
 #[derive(Deserialize)]
@@ -266,7 +304,12 @@ async fn start_chat(
             .send(crate::registry::TenantChats(caller.tenant.clone()))
             .await
             .map_err(|_| unavailable())?;
-        if state.chat_quota.open_count(chats, limit).await >= limit {
+        if state
+            .chat_quota
+            .open_count(&caller.tenant, chats, limit)
+            .await
+            >= limit
+        {
             return Err(ApiError::new(
                 StatusCode::TOO_MANY_REQUESTS,
                 "too_many_chats",
@@ -400,9 +443,11 @@ fn parse_body(kind: &str, body: Value) -> Result<tessera_protocol::ClientMessage
 }
 
 async fn post_input(
-    OwnedChat { chat, .. }: OwnedChat,
+    OwnedChat { chat, caller }: OwnedChat,
+    state: web::Data<AppState>,
     body: web::Json<Value>,
 ) -> Result<HttpResponse, ApiError> {
+    spend_input_budget(&state, &caller)?;
     let message = parse_body("chat.user_message", body.into_inner())?;
     let tessera_protocol::ClientMessage::UserMessage {
         content,
@@ -426,9 +471,11 @@ async fn post_input(
 }
 
 async fn post_tool_response(
-    OwnedChat { chat, .. }: OwnedChat,
+    OwnedChat { chat, caller }: OwnedChat,
+    state: web::Data<AppState>,
     body: web::Json<Value>,
 ) -> Result<HttpResponse, ApiError> {
+    spend_input_budget(&state, &caller)?;
     let tessera_protocol::ClientMessage::ToolResponse(frame) =
         parse_body("chat.tool_response", body.into_inner())?
     else {
@@ -552,6 +599,7 @@ async fn run_workflow(
     state: web::Data<AppState>,
     body: web::Json<RunRequest>,
 ) -> Result<HttpResponse, ApiError> {
+    spend_input_budget(&state, &caller)?;
     let body = body.into_inner();
     let chat = start_chat(&state, &caller, body.workflow, Map::new()).await?;
     let (done, result) = oneshot::channel();

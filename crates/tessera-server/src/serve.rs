@@ -15,7 +15,6 @@ use serde_json::{Value, json};
 use tessera_engine::{Engine, EngineConfig, EngineHooks};
 use tessera_llm::ChatModel;
 use tessera_llm::openai::{OpenAiClient, OpenAiConfig};
-use tessera_llm::scripted::ScriptedModel;
 use tessera_manifest::Workflow;
 use tessera_protocol::ServerEvent;
 use tessera_store::ChatStore;
@@ -25,14 +24,17 @@ use crate::auth::Authenticator;
 use crate::config::{Limits, ServerConfig};
 use crate::metrics::Metrics;
 use crate::registry::ChatRegistry;
+use crate::reload::{self, ModelSource};
 
 /// Shared state of every HTTP handler.
 pub struct AppState {
     pub engine: Engine,
     pub registry: Addr<ChatRegistry>,
     pub auth: Authenticator,
-    /// Tenant-wide WebSocket message budget.
+    /// Tenant-wide message budget (WebSocket frames and REST inputs).
     pub tenant_limiter: Arc<crate::limits::TenantRateLimiter>,
+    /// Per-caller REST input budget.
+    pub rest_budget: crate::limits::RestInputBudget,
     /// Cap on each tenant's open chats.
     pub chat_quota: crate::limits::ChatQuota,
     pub metrics: Arc<Metrics>,
@@ -49,11 +51,8 @@ pub struct AppState {
     pub workflows_dir: std::path::PathBuf,
 }
 
-/// Chooses the model of each workflow.
-fn models_for(
-    config: &ServerConfig,
-    workflows: Vec<Workflow>,
-) -> anyhow::Result<Vec<(Workflow, Arc<dyn ChatModel>)>> {
+/// Chooses where the chats' models come from: the configured endpoint, else the demo scripts.
+fn model_source(config: &ServerConfig) -> anyhow::Result<ModelSource> {
     let mut openai = OpenAiConfig::from_env();
     let endpoint_configured =
         std::env::var_os("OPENAI_API_KEY").is_some() || config.llm.base_url.is_some();
@@ -71,36 +70,34 @@ fn models_for(
             model = client.label(),
             "using the OpenAI-compatible endpoint"
         );
-        return Ok(workflows.into_iter().map(|w| (w, client.clone())).collect());
+        return Ok(ModelSource::Endpoint(client));
     }
     tracing::warn!(
         "no OPENAI_API_KEY / OPENAI_BASE_URL: chats use the offline scripted DEMO model"
     );
-    let mut out = Vec::new();
-    for workflow in workflows {
-        let demo = workflow.dir.join("demo.json");
-        match ScriptedModel::from_file(&demo) {
-            Ok(model) => out.push((workflow, Arc::new(model) as Arc<dyn ChatModel>)),
-            Err(e) => {
-                tracing::warn!(workflow = %workflow.name, error = %e, "no usable demo.json; workflow not served in demo mode")
-            }
-        }
-    }
-    Ok(out)
+    Ok(ModelSource::Demo)
 }
 
+/// Loads every workflow in `dir`; refuses to start when any is invalid, listing every invalid
+/// one with all its errors and the command that validates them.
 fn load_workflows(dir: &Path) -> anyhow::Result<Vec<Workflow>> {
     let mut loaded = Vec::new();
-    for (name, result) in tessera_manifest::load_workflows(dir) {
+    let mut invalid = Vec::new();
+    for (name, result) in tessera_manifest::load_workflow_dir(dir)? {
         match result {
             Ok(workflow) => loaded.push(workflow),
-            Err(errors) => {
-                anyhow::bail!("workflow {name} is invalid (run `tessera validate`):\n{errors}")
-            }
+            Err(errors) => invalid.push(format!("workflow {name} is invalid:\n{errors}")),
         }
     }
-    if loaded.is_empty() {
-        anyhow::bail!("no workflows found in {}", dir.display());
+    if !invalid.is_empty() {
+        anyhow::bail!(
+            "{} of {} workflows in {} are invalid (check them with `{}`):\n{}",
+            invalid.len(),
+            invalid.len() + loaded.len(),
+            dir.display(),
+            crate::validate::validate_command(dir),
+            invalid.join("\n")
+        );
     }
     Ok(loaded)
 }
@@ -114,6 +111,7 @@ fn workflow_summary(workflow: &Workflow, demo: bool) -> Value {
         "agents": workflow.agents.keys().collect::<Vec<_>>(),
         "ui_components": workflow.tools.iter().filter_map(|t| t.ui.as_ref().map(|u| u.component.clone())).collect::<Vec<_>>(),
         "demo": demo,
+        "listed": workflow.listed,
     })
 }
 
@@ -164,7 +162,20 @@ pub async fn run(
         }
     };
     let workflows = load_workflows(&config.workflows_dir)?;
-    let with_models = models_for(&config, workflows)?;
+    std::fs::create_dir_all(&config.data_dir)
+        .with_context(|| format!("cannot create the data dir {}", config.data_dir.display()))?;
+    // Taken before anything is written to the data dir; held until `run` returns, i.e. for
+    // the server's lifetime.
+    let _data_lock = crate::data_lock::lock_data_dir(&config.data_dir)?;
+    // Each served version is pinned in the data dir first (see `reload`), so chats stored
+    // with it get it back after a restart even if the live folder has changed.
+    let workflows = workflows
+        .iter()
+        .map(|w| reload::pin_version(&config.data_dir, w))
+        .collect::<anyhow::Result<Vec<Workflow>>>()?;
+    let older = reload::older_versions(&config.data_dir, &workflows);
+    let models = model_source(&config)?;
+    let with_models = reload::with_models(&models, workflows);
     let summaries: Vec<Value> = with_models
         .iter()
         .map(|(w, m)| workflow_summary(w, m.is_demo()))
@@ -183,6 +194,8 @@ pub async fn run(
         ui_timeout: config.limits.ui_timeout(),
         tool_timeout: Duration::from_secs_f64(config.limits.tool_timeout_s.max(0.1)),
         stream: config.llm.stream,
+        model_call_deadline: Duration::from_secs_f64(config.llm.call_deadline_s),
+        max_tokens: config.llm.max_tokens,
         vault_key: Some(Arc::new(tessera_engine::secrets::VaultKey::new(vault_key))),
         ..EngineConfig::default()
     };
@@ -195,6 +208,36 @@ pub async fn run(
     };
     let engine = Engine::start(with_models, &builtins, engine_config, hooks)
         .map_err(|e| anyhow::anyhow!("{e}"))?;
+    // Older versions that stored chats may have started with, before those chats are rebuilt.
+    // One at a time: a version that no longer compiles (say, its built-in tool is gone) is
+    // skipped, and its chats run the current version.
+    for (workflow, model) in reload::with_models(&models, older) {
+        let (name, version) = (workflow.name.clone(), workflow.version.clone());
+        match engine.install(vec![(workflow, model)], false).await {
+            Ok(()) => {
+                tracing::info!(workflow = %name, version = %version, "older workflow version loaded for stored chats")
+            }
+            Err(e) => {
+                tracing::warn!(workflow = %name, version = %version, error = %e, "older workflow version does not compile; its chats run the current version")
+            }
+        }
+    }
+    if config.workflows_watch_s > 0.0 {
+        actix_rt::spawn(reload::watch(
+            engine.clone(),
+            config.workflows_dir.clone(),
+            config.data_dir.clone(),
+            models.clone(),
+            Duration::from_secs_f64(config.workflows_watch_s.max(0.05)),
+        ));
+    }
+    #[cfg(unix)]
+    actix_rt::spawn(reload::on_sighup(
+        engine.clone(),
+        config.workflows_dir.clone(),
+        config.data_dir.clone(),
+        models.clone(),
+    ));
     let registry = ChatRegistry::default().start();
     let restored = engine
         .rehydrate()
@@ -223,6 +266,7 @@ pub async fn run(
         tenant_limiter: Arc::new(crate::limits::TenantRateLimiter::new(
             config.limits.messages_per_minute_per_tenant,
         )),
+        rest_budget: crate::limits::RestInputBudget::new(config.limits.rest_inputs_per_minute),
         chat_quota: crate::limits::ChatQuota::default(),
         metrics,
         limits: Arc::new(config.limits.clone()),

@@ -5,15 +5,14 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use tessera_manifest::{ManifestErrors, Workflow, load_workflow, load_workflows};
-
-/// Folder checked when no directory is given.
-const DEFAULT_DIR: &str = "workflows";
+use tessera_manifest::{ManifestErrors, Workflow, load_workflow_dir};
 
 /// Validates each directory (a workflow folder, or a root of workflow folders) and prints a
-/// summary per workflow or all its errors. Exit code 1 when anything is wrong.
-pub fn run(dirs: &[PathBuf]) -> ExitCode {
-    let default = [PathBuf::from(DEFAULT_DIR)];
+/// summary per workflow or all its errors. With no directory, checks the configured
+/// `workflows_dir` (config file, then `TESSERA_WORKFLOWS_DIR`): the folder `serve` would load.
+/// Exit code 1 when anything is wrong.
+pub fn run(dirs: &[PathBuf], configured: &Path) -> ExitCode {
+    let default = [configured.to_path_buf()];
     let dirs = if dirs.is_empty() { &default[..] } else { dirs };
     let mut out = std::io::stdout().lock();
     let mut failed = false;
@@ -21,7 +20,7 @@ pub fn run(dirs: &[PathBuf]) -> ExitCode {
         match validate_dir(dir, &mut out) {
             Ok(ok) => failed |= !ok,
             Err(e) => {
-                eprintln!("error: {}: {e}", dir.display());
+                eprintln!("error: {e}");
                 failed = true;
             }
         }
@@ -33,23 +32,39 @@ pub fn run(dirs: &[PathBuf]) -> ExitCode {
     }
 }
 
+/// The command that validates `dir` from where the user stands: `tessera validate DIR` when
+/// this binary is installed, `cargo run [--release] -- validate DIR` when it runs from a
+/// checkout's `target/` folder (where `tessera` is usually not on the PATH).
+pub fn validate_command(dir: &Path) -> String {
+    let exe = std::env::current_exe().ok();
+    let profile = exe.as_deref().and_then(|exe| {
+        let profile_dir = exe.parent()?;
+        let target = profile_dir.parent()?;
+        (target.file_name()? == "target").then(|| profile_dir.file_name())?
+    });
+    let dir = shell_word(&dir.display().to_string());
+    match profile.and_then(|p| p.to_str()) {
+        Some("release") => format!("cargo run --release -- validate {dir}"),
+        Some(_) => format!("cargo run -- validate {dir}"),
+        None => format!("tessera validate {dir}"),
+    }
+}
+
+/// Quotes a path for a POSIX shell when it has characters the shell would split or expand.
+fn shell_word(s: &str) -> String {
+    if !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "/._-+=:,@".contains(c))
+    {
+        s.to_owned()
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
+}
+
 /// Validates one directory; `Ok(false)` when some workflow has errors.
 fn validate_dir(dir: &Path, out: &mut impl Write) -> anyhow::Result<bool> {
-    if !dir.is_dir() {
-        anyhow::bail!("not a directory");
-    }
-    let results = if dir.join("workflow.json").is_file() {
-        let name = dir.file_name().map_or_else(
-            || dir.display().to_string(),
-            |n| n.to_string_lossy().into_owned(),
-        );
-        vec![(name, load_workflow(dir))]
-    } else {
-        load_workflows(dir)
-    };
-    if results.is_empty() {
-        anyhow::bail!("no workflows found (expected workflow.json here or in its subfolders)");
-    }
+    let results = load_workflow_dir(dir)?;
     let mut ok = true;
     for (name, result) in &results {
         match result {

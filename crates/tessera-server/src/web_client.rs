@@ -1,6 +1,8 @@
 //! The browser chat client, embedded in the binary so `tessera serve` needs nothing else.
 //!
-//! - `/` and `/static/*`: the page and its modules (`static/`, compiled in with `include_str!`).
+//! - `/` and `/static/*`: the page and its modules (`static/`, compiled in with `include_str!`),
+//!   including the vendored Markdown parser and sanitizer (`static/vendor/`, refreshed by
+//!   `scripts/vendor-web.sh`, licences alongside).
 //! - `/workflows/{Name}/ui/{Component}.js`: a workflow's own UI component, read from
 //!   `<workflows dir>/{Name}/ui/{Component}.js` at request time, so authors can edit it without
 //!   rebuilding. Only served workflows and plain names are accepted; anything else is a 404,
@@ -40,6 +42,27 @@ const ASSETS: &[Asset] = &[
         name: "generic-tool.js",
         content_type: "text/javascript; charset=utf-8",
         body: include_str!("../static/generic-tool.js"),
+    },
+    Asset {
+        name: "markdown.js",
+        content_type: "text/javascript; charset=utf-8",
+        body: include_str!("../static/markdown.js"),
+    },
+    // marked (MIT) and DOMPurify (Apache-2.0 OR MPL-2.0), pinned by scripts/vendor-web.sh.
+    Asset {
+        name: "marked.js",
+        content_type: "text/javascript; charset=utf-8",
+        body: include_str!("../static/vendor/marked.esm.js"),
+    },
+    Asset {
+        name: "purify.js",
+        content_type: "text/javascript; charset=utf-8",
+        body: include_str!("../static/vendor/purify.es.mjs"),
+    },
+    Asset {
+        name: "favicon.svg",
+        content_type: "image/svg+xml",
+        body: include_str!("../static/favicon.svg"),
     },
     Asset {
         name: "style.css",

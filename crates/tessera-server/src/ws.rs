@@ -32,6 +32,7 @@ use tessera_protocol::{
 };
 
 use crate::config::Limits;
+use crate::frame_guard::{FrameGuard, GuardVerdict, Violation};
 use crate::limits::TenantRateLimiter;
 use crate::metrics::Metrics;
 
@@ -234,6 +235,11 @@ pub struct WsConnection {
     hub_id: Option<u64>,
     queue: SharedQueue,
     outbox: Option<Addr<Outbox>>,
+    /// Set when the inbound [`FrameGuard`] ended the stream.
+    guard: GuardVerdict,
+    /// We pinged and no pong came back yet: that one pong is free (heartbeats of many idle
+    /// sockets must not eat the tenant's budget); any other pong is a frame like the rest.
+    pong_expected: bool,
 }
 
 impl WsConnection {
@@ -256,6 +262,8 @@ impl WsConnection {
             hub_id: None,
             queue: SharedQueue::default(),
             outbox: None,
+            guard: GuardVerdict::default(),
+            pong_expected: false,
         }
     }
 
@@ -350,30 +358,37 @@ impl WsConnection {
         ctx.stop();
     }
 
-    fn on_text(&mut self, text: &str, ctx: &mut ws::WebsocketContext<Self>) {
+    /// Spends one inbound frame — any frame, good or bad, so that frames refused for their
+    /// size or kind cannot flood for free — against the budgets. Over budget: `rate_limited`,
+    /// and after `rate_limit_strikes` refusals in a minute a 1008 close; false then.
+    fn admit_frame(&mut self, ctx: &mut ws::WebsocketContext<Self>) -> bool {
         self.metrics.ws_frames_in.fetch_add(1, Ordering::Relaxed);
-        if text.len() > self.limits.max_frame_bytes {
-            let err = tessera_protocol::FrameError::TooLarge {
-                size: text.len(),
-                limit: self.limits.max_frame_bytes,
-            };
-            self.send_error(ctx, err.code(), err.to_string(), true);
-            return;
+        if self.within_rate() {
+            return true;
         }
-        if !self.within_rate() {
-            self.strikes = self.strikes.saturating_add(1);
-            self.metrics.ws_rate_limited.fetch_add(1, Ordering::Relaxed);
-            if self.strikes >= self.limits.rate_limit_strikes.max(1) {
-                tracing::warn!(chat_id = %self.chat.identity.chat_id, "closing a websocket that keeps exceeding its rate limit");
-                self.close_with(ctx, ws::CloseCode::Policy, "rate limit exceeded");
-                return;
-            }
+        self.strikes = self.strikes.saturating_add(1);
+        self.metrics.ws_rate_limited.fetch_add(1, Ordering::Relaxed);
+        if self.strikes >= self.limits.rate_limit_strikes.max(1) {
+            tracing::warn!(chat_id = %self.chat.identity.chat_id, "closing a websocket that keeps exceeding its rate limit");
+            self.close_with(ctx, ws::CloseCode::Policy, "rate limit exceeded");
+        } else {
             self.send_error(
                 ctx,
                 ErrorCode::RateLimited,
                 "too many messages; slow down",
                 true,
             );
+        }
+        false
+    }
+
+    fn on_text(&mut self, text: &str, ctx: &mut ws::WebsocketContext<Self>) {
+        if text.len() > self.limits.max_frame_bytes {
+            let err = tessera_protocol::FrameError::TooLarge {
+                size: text.len(),
+                limit: self.limits.max_frame_bytes,
+            };
+            self.send_error(ctx, err.code(), err.to_string(), true);
             return;
         }
         let message = match parse_client_frame(text) {
@@ -463,6 +478,7 @@ impl Actor for WsConnection {
             if act.last_heard.elapsed() > idle {
                 act.close_with(ctx, ws::CloseCode::Away, "idle timeout");
             } else {
+                act.pong_expected = true;
                 ctx.ping(b"");
             }
         });
@@ -524,6 +540,14 @@ impl Handler<SlowConsumer> for WsConnection {
 impl StreamHandler<Result<ws::Message, ws::ProtocolError>> for WsConnection {
     fn handle(&mut self, item: Result<ws::Message, ws::ProtocolError>, ctx: &mut Self::Context) {
         self.last_heard = Instant::now();
+        let counted = match &item {
+            Ok(ws::Message::Close(_)) | Ok(ws::Message::Nop) | Err(_) => false,
+            Ok(ws::Message::Pong(_)) => !std::mem::take(&mut self.pong_expected),
+            Ok(_) => true,
+        };
+        if counted && !self.admit_frame(ctx) {
+            return;
+        }
         match item {
             Ok(ws::Message::Text(text)) => self.on_text(&text, ctx),
             Ok(ws::Message::Binary(_)) => self.send_error(
@@ -553,6 +577,14 @@ impl StreamHandler<Result<ws::Message, ws::ProtocolError>> for WsConnection {
                 }));
                 ctx.stop();
             }
+            Err(_) if self.guard.violation() == Some(Violation::TooLarge) => {
+                tracing::warn!(chat_id = %self.chat.identity.chat_id, "closing a websocket whose frame announces more than the hard limit");
+                self.close_with(ctx, ws::CloseCode::Size, "frame too large");
+            }
+            Err(_) if self.guard.violation() == Some(Violation::InvalidUtf8) => {
+                tracing::debug!(chat_id = %self.chat.identity.chat_id, "closing a websocket that sent text that is not UTF-8");
+                self.close_with(ctx, ws::CloseCode::Invalid, "text is not UTF-8");
+            }
             Err(err) => {
                 tracing::debug!(chat_id = %self.chat.identity.chat_id, error = %err, "websocket protocol error");
                 ctx.close(Some(ws::CloseReason {
@@ -566,9 +598,9 @@ impl StreamHandler<Result<ws::Message, ws::ProtocolError>> for WsConnection {
 }
 
 /// Upgrades `req` to a WebSocket bound to `chat`. Frames larger than 4× the text limit break
-/// the protocol and close the socket with 1009; smaller oversize frames get `chat.error`.
-/// The `tessera.v1` subprotocol is echoed when offered (never a `bearer.` entry), and no
-/// extension is negotiated.
+/// the protocol and close the socket with 1009 as soon as their header announces it (the
+/// [`FrameGuard`]); smaller oversize frames get `chat.error`. The `tessera.v1` subprotocol is
+/// echoed when offered (never a `bearer.` entry), and no extension is negotiated.
 pub fn upgrade(
     req: &HttpRequest,
     stream: web::Payload,
@@ -577,7 +609,9 @@ pub fn upgrade(
     shared: ConnectionShared,
 ) -> Result<HttpResponse, actix_web::Error> {
     let codec_limit = shared.limits.max_frame_bytes.saturating_mul(4);
-    ws::WsResponseBuilder::new(WsConnection::new(chat, after_seq, shared), req, stream)
+    let connection = WsConnection::new(chat, after_seq, shared);
+    let guarded = FrameGuard::new(stream, codec_limit, connection.guard.clone());
+    ws::WsResponseBuilder::new(connection, req, guarded)
         .frame_size(codec_limit)
         .protocols(&[crate::auth::WS_PROTOCOL])
         .start()

@@ -66,8 +66,8 @@ function label(key) {
   return text.charAt(0).toUpperCase() + text.slice(1);
 }
 
-/** Any JSON value as readable nested lists (depth-limited). */
-function describe(value, depth = 0) {
+/** Any JSON value as readable nested lists (depth-limited); text only, never HTML. */
+export function describe(value, depth = 0) {
   if (value === null || value === undefined) return el('span', { class: 'kv-empty', text: '—' });
   if (typeof value !== 'object') return el('span', { text: String(value) });
   if (depth > 6) return el('code', { text: JSON.stringify(value) });

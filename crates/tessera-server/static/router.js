@@ -72,6 +72,12 @@ function outcomeOf(result) {
   return payload.status === 'success' || result.success === true ? 'Answered' : 'Not completed';
 }
 
+/** The colour key of an outcome label (style.css colours each differently). */
+const OUTCOME_KEYS = {
+  Approved: 'approved', Rejected: 'rejected', Cancelled: 'cancelled', 'Timed out': 'timeout',
+  Submitted: 'approved', Done: 'approved', Confirmed: 'approved', Answered: 'approved',
+};
+
 /** Disables a finished component's controls; links (e.g. downloads) keep working. */
 function freeze(container) {
   for (const node of container.querySelectorAll('button, input, select, textarea, fieldset')) node.disabled = true;
@@ -287,9 +293,35 @@ export class UiToolHost {
     const wasShown = call.mounted;
     this.setState(call, 'done');
     this.status(call, outcome);
+    call.card.dataset.outcome = OUTCOME_KEYS[outcome] ?? (outcome.startsWith('Not accepted') ? 'rejected' : 'neutral');
     call.cancel = null;
-    if (call.display === 'artifact') this.closeOverlayOf(call);
-    else if (wasShown) freeze(call.body);
+    if (call.display === 'artifact') {
+      this.closeOverlayOf(call);
+      this.offerReopen(call);
+    } else if (wasShown) freeze(call.body);
     else this.mount(call, call.body, true);
+  }
+
+  /** A finished artifact can be looked at again, read-only, from its card. */
+  offerReopen(call) {
+    if (call.card.querySelector('[data-action=reopen]')) return;
+    const title = humanize(call.component || call.tool);
+    const button = el('button', {
+      class: 'btn btn-secondary btn-small', type: 'button', 'data-action': 'reopen',
+      'aria-label': `View ${title}`,
+      onclick: () => {
+        if (this.overlay) return; // an artifact waiting for an answer comes first
+        const overlay = openArtifact({ title, agent: call.agent, readonly: true, onCancel: () => close() });
+        const close = () => {
+          if (this.overlay?.readonly !== true) return;
+          this.overlay = null;
+          overlay.close();
+          this.nextArtifact();
+        };
+        this.overlay = { call: null, readonly: true, ...overlay };
+        this.mount({ ...call, state: 'done' }, overlay.container, true).then(() => overlay.focusFirst());
+      },
+    }, 'View');
+    call.card.querySelector('.tool-card-head').append(button);
   }
 }

@@ -2,7 +2,8 @@
 //!
 //! WHY blobs rather than files next to the database: one file to back up, writes are atomic
 //! with the metadata, and deleting a chat removes its files in the same transaction. The
-//! files are small (workflow bundles); object storage can come with a PostgreSQL store.
+//! files are small (workflow bundles). `PgStore` keeps them the same way (`BYTEA`); object
+//! storage would suit large files better.
 //!
 //! Isolation: reads filter on (tenant, user_id, chat_id) as well as the id.
 

@@ -10,15 +10,16 @@ pub(crate) fn create(conn: &Connection, record: &ChatRecord) -> Result<(), Store
     let state = ChatState::initial(record.created_at_ms);
     let context = serde_json::to_string(&state.context)?;
     conn.prepare_cached(
-        "INSERT INTO chats (chat_id, tenant, user_id, workflow, created_at_ms, status, \
-         current_agent, turn, consecutive, context, updated_at_ms) \
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "INSERT INTO chats (chat_id, tenant, user_id, workflow, workflow_version, \
+         created_at_ms, status, current_agent, turn, consecutive, context, updated_at_ms) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
     )?
     .execute(params![
         record.chat_id,
         record.tenant,
         record.user_id,
         record.workflow,
+        record.workflow_version,
         record.created_at_ms,
         state.status,
         state.current_agent,
@@ -37,7 +38,7 @@ pub(crate) async fn load(
     chat_id: String,
 ) -> Result<Option<StoredChat>, StoreError> {
     let row = sqlx::query(
-        "SELECT chat_id, tenant, user_id, workflow, created_at_ms, status, current_agent, \
+        "SELECT chat_id, tenant, user_id, workflow, workflow_version, created_at_ms, status, current_agent, \
          turn, consecutive, context, updated_at_ms FROM chats WHERE chat_id = ?",
     )
     .bind(&chat_id)
@@ -55,7 +56,7 @@ pub(crate) async fn list(
     offset: u32,
 ) -> Result<Vec<StoredChat>, StoreError> {
     let rows = sqlx::query(
-        "SELECT chat_id, tenant, user_id, workflow, created_at_ms, status, current_agent, \
+        "SELECT chat_id, tenant, user_id, workflow, workflow_version, created_at_ms, status, current_agent, \
          turn, consecutive, context, updated_at_ms FROM chats \
          WHERE tenant = ? AND user_id = ? \
          ORDER BY created_at_ms DESC, rowid DESC LIMIT ? OFFSET ?",
@@ -72,7 +73,7 @@ pub(crate) async fn list(
 /// Every chat not completed, oldest first.
 pub(crate) async fn list_open(pool: SqlitePool) -> Result<Vec<StoredChat>, StoreError> {
     let rows = sqlx::query(
-        "SELECT chat_id, tenant, user_id, workflow, created_at_ms, status, current_agent, \
+        "SELECT chat_id, tenant, user_id, workflow, workflow_version, created_at_ms, status, current_agent, \
          turn, consecutive, context, updated_at_ms FROM chats \
          WHERE status <> ? ORDER BY created_at_ms, rowid",
     )

@@ -18,10 +18,15 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "chat_secrets",
         include_str!("../migrations/0002_chat_secrets.sql"),
     ),
+    (
+        3,
+        "chat_workflow_version",
+        include_str!("../migrations/0003_chat_workflow_version.sql"),
+    ),
 ];
 
 /// Highest schema version this build knows.
-pub(crate) const LATEST_VERSION: i64 = 2;
+pub(crate) const LATEST_VERSION: i64 = 3;
 
 /// Bring the schema up to [`LATEST_VERSION`]; a no-op when it already is.
 pub(crate) async fn run(pool: &SqlitePool) -> Result<(), StoreError> {

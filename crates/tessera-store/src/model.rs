@@ -23,6 +23,9 @@ pub struct ChatRecord {
     pub user_id: String,
     /// Workflow the chat runs.
     pub workflow: String,
+    /// Version of the workflow the chat started with (`Workflow::version`); empty for chats
+    /// stored before versions were recorded.
+    pub workflow_version: String,
     /// Creation time, Unix milliseconds.
     pub created_at_ms: i64,
 }

@@ -30,7 +30,7 @@ where
 
 impl<'r, R: Row> StoreRow<'r> for R where &'static str: ColumnIndex<R> {}
 
-/// `chat_id, tenant, user_id, workflow, created_at_ms, status, current_agent, turn,
+/// `chat_id, tenant, user_id, workflow, workflow_version, created_at_ms, status, current_agent, turn,
 /// consecutive, context, updated_at_ms`.
 pub(crate) fn chat<'r, R>(row: &'r R) -> Result<StoredChat, StoreError>
 where
@@ -64,6 +64,7 @@ where
             tenant: row.col("tenant")?,
             user_id: row.col("user_id")?,
             workflow: row.col("workflow")?,
+            workflow_version: row.col("workflow_version")?,
             created_at_ms: row.col("created_at_ms")?,
         },
     })

@@ -1,4 +1,5 @@
-//! What only the SQLite store has: its WAL and its throwaway in-memory databases.
+//! What only the SQLite store has: its WAL, its throwaway in-memory databases, and files
+//! written by older schema versions.
 
 mod common;
 
@@ -70,4 +71,48 @@ async fn the_wal_stays_bounded_under_steady_writes() {
         "WAL grew to {wal_bytes} bytes"
     );
     assert_eq!(store.last_seq("big").await.unwrap(), 960);
+}
+
+#[tokio::test]
+async fn the_workflow_version_round_trips_and_older_chats_get_an_empty_one() {
+    // A database as schema 2 left it, with one chat, written without the store.
+    let (_db, path) = temp_db();
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).unwrap();
+    }
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute_batch(include_str!("../migrations/0001_init.sql"))
+            .unwrap();
+        conn.execute_batch(include_str!("../migrations/0002_chat_secrets.sql"))
+            .unwrap();
+        conn.execute_batch(
+            "CREATE TABLE schema_version (version INTEGER NOT NULL PRIMARY KEY, \
+             name TEXT NOT NULL, applied_at_ms INTEGER NOT NULL) STRICT;
+             INSERT INTO schema_version VALUES (1, 'init', 0), (2, 'chat_secrets', 0);
+             INSERT INTO chats (chat_id, tenant, user_id, workflow, created_at_ms, status, \
+             current_agent, turn, consecutive, context, updated_at_ms) \
+             VALUES ('old', 'acme', 'u1', 'support', 1, 'awaiting_user', '', 0, 0, '{}', 1);",
+        )
+        .unwrap();
+    }
+    let store = SqliteStore::open(&path).await.unwrap();
+    assert_eq!(store.schema_version().await.unwrap(), 3);
+    let old = store
+        .load_chat("old")
+        .await
+        .unwrap()
+        .expect("old chat kept");
+    assert_eq!(old.record.workflow_version, "");
+    let mut new = record("new", "acme", "u1", 2);
+    new.workflow_version = "0123456789abcdef".into();
+    store.create_chat(new).await.unwrap();
+    let loaded = store.load_chat("new").await.unwrap().expect("new chat");
+    assert_eq!(loaded.record.workflow_version, "0123456789abcdef");
+    let open_chats = store.list_open_chats().await.unwrap();
+    assert!(
+        open_chats
+            .iter()
+            .any(|c| c.record.workflow_version == "0123456789abcdef")
+    );
 }

@@ -70,17 +70,17 @@ export function render({ payload, onResponse, onCancel, container }) {
 
 // Styles scoped by the ap- prefix; the shared classes come from the page's style.css.
 const STYLE = `
-.ap-summary { padding: 1rem; border-radius: 10px; background: #f8f9fb; border: 1px solid #dfe3ea; }
+.ap-summary { padding: 1rem; border-radius: 10px; background: var(--surface-muted, #f8f9fb); border: 1px solid var(--border, #dfe3ea); }
 .ap-name { font-size: 1.125rem; line-height: 1.3; }
-.ap-desc { margin-top: 0.25rem; color: #5a6477; }
-.ap-counts { margin-top: 0.5rem; font-size: 0.8125rem; font-weight: 600; color: #4338ca; }
+.ap-desc { margin-top: 0.25rem; color: var(--muted, #5a6477); }
+.ap-counts { margin-top: 0.5rem; font-size: 0.8125rem; font-weight: 600; color: var(--accent, #4338ca); }
 .ap-phases { list-style: none; margin: 0; padding: 0; display: grid; gap: 0.75rem; }
 .ap-phase { display: grid; grid-template-columns: 2rem 1fr; gap: 0.75rem; align-items: start; }
 .ap-step { display: grid; place-items: center; width: 2rem; height: 2rem; border-radius: 50%;
-  background: #eef0ff; color: #4338ca; font-weight: 700; font-size: 0.875rem; }
+  background: var(--accent-soft, #eef0ff); color: var(--accent, #4338ca); font-weight: 700; font-size: 0.875rem; }
 .ap-phase-name { margin: 0.25rem 0 0; font-size: 1rem; }
-.ap-phase-desc { margin-top: 0.125rem; color: #5a6477; }
+.ap-phase-desc { margin-top: 0.125rem; color: var(--muted, #5a6477); }
 .ap-agents { list-style: none; margin: 0.5rem 0 0; padding: 0; display: flex; flex-wrap: wrap; gap: 0.375rem; }
-.ap-agent { padding: 0.125rem 0.5rem; border-radius: 999px; border: 1px solid #c7d2fe; background: #fff;
-  font-size: 0.8125rem; font-weight: 600; color: #3730a3; }
+.ap-agent { padding: 0.125rem 0.5rem; border-radius: 999px; border: 1px solid var(--border-strong, #c7d2fe); background: var(--surface, #fff);
+  font-size: 0.8125rem; font-weight: 600; color: var(--accent, #3730a3); }
 `;

@@ -65,11 +65,11 @@ export function render({ payload = {}, onResponse, container }) {
 const STYLE = `
 .fdc-files { list-style: none; margin: 0; padding: 0; display: grid; grid-template-columns: minmax(0, 1fr); gap: 0.5rem; }
 .fdc-file { min-width: 0; display: flex; align-items: center; gap: 0.75rem; padding: 0.625rem 0.75rem;
-  border: 1px solid #dfe3ea; border-radius: 10px; background: #f8f9fb; }
+  border: 1px solid var(--border, #dfe3ea); border-radius: 10px; background: var(--surface-muted, #f8f9fb); }
 .fdc-icon { flex: none; display: grid; place-items: center; width: 2.5rem; height: 2.5rem; border-radius: 8px;
-  background: #eef0ff; color: #4338ca; font-size: 0.6875rem; font-weight: 800; letter-spacing: 0.04em; }
+  background: var(--accent-soft, #eef0ff); color: var(--accent, #4338ca); font-size: 0.6875rem; font-weight: 800; letter-spacing: 0.04em; }
 .fdc-meta { flex: 1; min-width: 0; display: flex; flex-direction: column; }
 .fdc-name { font-weight: 600; overflow-wrap: anywhere; }
-.fdc-size { font-size: 0.8125rem; color: #5a6477; }
+.fdc-size { font-size: 0.8125rem; color: var(--muted, #5a6477); }
 .fdc-link { flex: none; }
 `;

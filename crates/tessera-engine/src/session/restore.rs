@@ -40,7 +40,7 @@ impl ChatSession {
             session.meta.push((message.message_id, message.ui_hidden));
         }
         for text in &stored.events {
-            session.log.push_text(text);
+            session.log.push_stored(text);
         }
         let restored_seq = session.last_seq();
         if let Some(persist) = &mut session.persist {
@@ -113,7 +113,8 @@ impl ChatSession {
                 self.turn = self.turn.saturating_sub(1);
                 self.start_turn(agent, ctx);
             }
-            ChatStatus::AwaitingUser | ChatStatus::Completed(_) => {}
+            ChatStatus::Completed(_) => self.schedule_retire(ctx),
+            ChatStatus::AwaitingUser => {}
         }
     }
 }

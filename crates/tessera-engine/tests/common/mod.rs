@@ -154,10 +154,23 @@ pub fn harness_with_hooks(
     hooks: tessera_engine::EngineHooks,
     script: impl Fn(&ChatRequest) -> Reply + Send + Sync + 'static,
 ) -> Harness {
-    let workflow = match tessera_manifest::load_workflow(&fixture_dir()) {
+    harness_custom(config, hooks, None, |_| {}, script)
+}
+
+/// A harness whose `echo` tool is `echo` (the counting echo when `None`) and whose fixture
+/// workflow is changed by `tweak` before the engine compiles it.
+pub fn harness_custom(
+    config: EngineConfig,
+    hooks: tessera_engine::EngineHooks,
+    echo: Option<Arc<dyn Tool>>,
+    tweak: impl FnOnce(&mut tessera_manifest::Workflow),
+    script: impl Fn(&ChatRequest) -> Reply + Send + Sync + 'static,
+) -> Harness {
+    let mut workflow = match tessera_manifest::load_workflow(&fixture_dir()) {
         Ok(w) => w,
         Err(e) => panic!("fixture must load: {e}"),
     };
+    tweak(&mut workflow);
     let model = Arc::new(FakeModel {
         script: Box::new(script),
         calls: AtomicUsize::new(0),
@@ -176,7 +189,7 @@ pub fn harness_with_hooks(
         "echo",
         "counting echo",
         echo_params,
-        Arc::new(CountingEcho(echo_runs.clone())),
+        echo.unwrap_or_else(|| Arc::new(CountingEcho(echo_runs.clone()))),
     );
     let engine = match Engine::start(
         vec![(workflow, model.clone() as Arc<dyn ChatModel>)],

@@ -31,6 +31,8 @@ pub(crate) struct WireRequest<'a> {
     response_format: Option<WireResponseFormat<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     temperature: Option<f32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_tokens: Option<u32>,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     stream: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -142,6 +144,7 @@ impl<'a> WireRequest<'a> {
                     },
                 }),
             temperature: request.temperature,
+            max_tokens: request.max_tokens,
             stream: request.stream,
             stream_options: request.stream.then_some(StreamOptions {
                 include_usage: true,
@@ -641,6 +644,7 @@ mod tests {
             strict: true,
         });
         request.temperature = Some(0.5);
+        request.max_tokens = Some(321);
         request.stream = true;
 
         let v = encode(&request);
@@ -678,6 +682,7 @@ mod tests {
             "name": "out", "schema": {"type": "object"}, "strict": true}})
         );
         assert_eq!(v["temperature"], json!(0.5));
+        assert_eq!(v["max_tokens"], json!(321));
         assert_eq!(v["stream"], true);
         assert_eq!(v["stream_options"], json!({"include_usage": true}));
     }

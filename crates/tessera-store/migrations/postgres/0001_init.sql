@@ -1,5 +1,5 @@
 -- Tessera store schema on PostgreSQL, version 1: the same records as the SQLite schema
--- (migrations/0001_init.sql and 0002_chat_secrets.sql) plus the chats' leases.
+-- (migrations/0001_init.sql to 0003_chat_workflow_version.sql) plus the chats' leases.
 -- Never edit a shipped migration: add a new numbered file and list it in src/pg/migrate.rs.
 -- JSON stays TEXT, as on SQLite: the store never looks inside it, and parsing it into jsonb
 -- on every write would cost CPU for nothing.
@@ -11,6 +11,8 @@ CREATE TABLE chats (
     tenant         TEXT    NOT NULL,
     user_id        TEXT    NOT NULL,
     workflow       TEXT    NOT NULL,
+    -- the workflow version the chat started with ('' = the current one)
+    workflow_version TEXT  NOT NULL DEFAULT '',
     created_at_ms  BIGINT  NOT NULL,
     status         TEXT    NOT NULL,
     current_agent  TEXT    NOT NULL,

@@ -12,7 +12,7 @@ use crate::{
 /// The columns `rows::chat` decodes. A macro so statements stay `&'static str`.
 macro_rules! select_chats {
     () => {
-        "SELECT chat_id, tenant, user_id, workflow, created_at_ms, status, current_agent, turn, \
+        "SELECT chat_id, tenant, user_id, workflow, workflow_version, created_at_ms, status, current_agent, turn, \
          consecutive, context, updated_at_ms FROM chats "
     };
 }

@@ -148,14 +148,15 @@ impl Write {
 async fn create_chat(conn: &mut PgConnection, record: &ChatRecord) -> Result<(), StoreError> {
     let state = ChatState::initial(record.created_at_ms);
     sqlx::query(
-        "INSERT INTO chats (chat_id, tenant, user_id, workflow, created_at_ms, status, \
-         current_agent, turn, consecutive, context, updated_at_ms) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+        "INSERT INTO chats (chat_id, tenant, user_id, workflow, workflow_version, \
+         created_at_ms, status, current_agent, turn, consecutive, context, updated_at_ms) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
     )
     .bind(&record.chat_id)
     .bind(&record.tenant)
     .bind(&record.user_id)
     .bind(&record.workflow)
+    .bind(&record.workflow_version)
     .bind(record.created_at_ms)
     .bind(&state.status)
     .bind(&state.current_agent)

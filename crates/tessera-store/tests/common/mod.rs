@@ -344,6 +344,7 @@ pub fn record(chat_id: &str, tenant: &str, user: &str, created_at_ms: i64) -> Ch
         tenant: tenant.to_owned(),
         user_id: user.to_owned(),
         workflow: "support".to_owned(),
+        workflow_version: "v1".to_owned(),
         created_at_ms,
     }
 }

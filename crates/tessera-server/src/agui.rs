@@ -525,7 +525,7 @@ impl Handler<Observed> for AguiRun {
         let signal = self.translator.translate(&event, &mut out);
         self.emit_all(out, Some(seq), ctx);
         // Stops the chat reached before this run handed over its input are not its end.
-        if !self.sent_after.is_some_and(|after| seq > after) {
+        if self.sent_after.is_none_or(|after| seq <= after) {
             return;
         }
         match signal {

@@ -66,6 +66,7 @@ async fn a_dead_nodes_chat_is_taken_over_on_postgres_and_its_old_epoch_is_fenced
             tenant: "t".into(),
             user_id: "u".into(),
             workflow: "W".into(),
+            workflow_version: String::new(),
             created_at_ms: 0,
         })
         .await

@@ -45,10 +45,12 @@ pub struct Subscribe {
     pub after_seq: u64,
 }
 
-/// A published event, typed, for in-process watchers (see [`Watch`]).
+/// A published event, typed, for in-process watchers (see [`Watch`]), with its seq in the
+/// chat's log (so a watcher can tell events before and after a point, and report resume
+/// positions).
 #[derive(Message, Clone)]
 #[rtype(result = "()")]
-pub struct Observed(pub ServerEvent);
+pub struct Observed(pub ServerEvent, pub u64);
 
 /// Attach an in-process watcher: it receives every event published from now on as typed
 /// data (no replay, no serialization). Detach it with [`Unsubscribe`].
@@ -223,7 +225,7 @@ impl ChatSession {
     /// Assigns the next seq, logs the event, and fans it out.
     fn publish(&mut self, event: ServerEvent) {
         if let Some(observe) = &self.shard.observer {
-            observe(&event);
+            observe(&self.id, &event);
         }
         let text = self.log.publish(&self.chat_id_json, &event);
         let seq = self.last_seq();
@@ -237,7 +239,7 @@ impl ChatSession {
         if !self.watchers.is_empty() {
             self.watchers.retain(|(_, w)| w.connected());
             for (_, watcher) in &self.watchers {
-                watcher.do_send(Observed(event.clone()));
+                watcher.do_send(Observed(event.clone(), seq));
             }
         }
     }

@@ -471,6 +471,8 @@ async fn a_relinquished_chat_stops_and_writes_nothing_more() {
     );
     let done = again.until("chat.tool_response").await;
     assert_eq!(done["seq"], seen + 1);
+}
+
 /// An `echo` that answers "a" at once and never answers "b"; counts the calls it started.
 struct HalfHanging(Arc<AtomicUsize>);
 

@@ -3,6 +3,8 @@
 //! The `tessera` binary (`main.rs`) only parses the command line, binds and waits for signals,
 //! and tests can start a server in-process the same way.
 
+mod agui;
+mod agui_events;
 mod auth;
 pub mod cluster;
 pub mod config;
@@ -15,6 +17,7 @@ mod reload;
 mod rest;
 mod serve;
 pub mod stores;
+mod usage;
 pub mod validate;
 mod web_client;
 mod ws;

@@ -12,6 +12,7 @@ use actix::prelude::*;
 use actix_web::{App, HttpServer, web};
 use anyhow::Context as _;
 use serde_json::{Value, json};
+use tessera_engine::session::ChatIdentity;
 use tessera_engine::{Engine, EngineConfig, EngineHooks};
 use tessera_llm::ChatModel;
 use tessera_llm::openai::{OpenAiClient, OpenAiConfig};
@@ -203,7 +204,9 @@ pub async fn run(
     let observed = metrics.clone();
     let hooks = EngineHooks {
         durable_dedup: None,
-        observer: Some(Arc::new(move |event: &ServerEvent| observed.observe(event))),
+        observer: Some(Arc::new(move |chat: &ChatIdentity, event: &ServerEvent| {
+            observed.observe(&chat.tenant, event)
+        })),
         store: Some(store.clone()),
     };
     let engine = Engine::start(with_models, &builtins, engine_config, hooks)

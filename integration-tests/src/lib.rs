@@ -69,5 +69,6 @@ fn build_bin(package: &str, bin: &str) -> PathBuf {
 }
 
 pub mod browser;
+pub mod postgres;
 pub mod server;
 pub mod wsclient;

@@ -246,6 +246,19 @@ impl Engine {
         Ok(self.start_restored(chat).await)
     }
 
+    /// Rebuilds one open chat from the store and resumes its pending work exactly as
+    /// [`Engine::rehydrate`] does after a restart: the way a node takes over a chat whose owner
+    /// died. `None` when the chat does not exist, has completed, or has an unknown workflow.
+    pub async fn take_over(&self, chat_id: &str) -> Result<Option<ChatHandle>, EngineError> {
+        let Some(rows) = self.rows() else {
+            return Ok(None);
+        };
+        let Some(chat) = rows.open_chat(chat_id).await? else {
+            return Ok(None);
+        };
+        Ok(self.start_restored(chat).await)
+    }
+
     /// Starts the session of a chat loaded from the store, on the workflow version it started
     /// with; `None` for an unknown workflow.
     async fn start_restored(&self, chat: RestoredChat) -> Option<ChatHandle> {

@@ -450,6 +450,15 @@ impl ChatRows {
         self.load(chat).await.map(Some)
     }
 
+    /// Chat `chat_id` if it exists and has not completed, loaded whole (a chat taken over from
+    /// another node).
+    pub async fn open_chat(&self, chat_id: &str) -> Result<Option<RestoredChat>, EngineError> {
+        match self.0.load_chat(chat_id).await.map_err(store_error)? {
+            Some(chat) if chat.state.status != STATUS_COMPLETED => self.load(chat).await.map(Some),
+            _ => Ok(None),
+        }
+    }
+
     /// Every chat that has not completed, oldest first, loaded whole; `keep` filters by
     /// (chat id, workflow) before the chat's rows are read.
     pub async fn open_chats(

@@ -45,10 +45,12 @@ pub struct Subscribe {
     pub after_seq: u64,
 }
 
-/// A published event, typed, for in-process watchers (see [`Watch`]).
+/// A published event, typed, for in-process watchers (see [`Watch`]), with its seq in the
+/// chat's log (so a watcher can tell events before and after a point, and report resume
+/// positions).
 #[derive(Message, Clone)]
 #[rtype(result = "()")]
-pub struct Observed(pub ServerEvent);
+pub struct Observed(pub ServerEvent, pub u64);
 
 /// Attach an in-process watcher: it receives every event published from now on as typed
 /// data (no replay, no serialization). Detach it with [`Unsubscribe`].
@@ -87,6 +89,12 @@ pub struct CancelRun;
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct StopChat;
+/// This node lost the chat (in a cluster, its lease moved to another node): stop at once and
+/// write nothing more; the new owner continues from the store. The running turn and any UI
+/// wait are dropped and subscribers are detached (their sockets resume on the new owner).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Relinquish;
 
 /// A read-only view of the chat, for REST.
 #[derive(Debug, Clone)]
@@ -222,7 +230,7 @@ impl ChatSession {
     /// Assigns the next seq, logs the event, and fans it out.
     fn publish(&mut self, event: ServerEvent) {
         if let Some(observe) = &self.shard.observer {
-            observe(&event);
+            observe(&self.id, &event);
         }
         let text = self.log.publish(&self.chat_id_json, &event);
         let seq = self.last_seq();
@@ -236,7 +244,7 @@ impl ChatSession {
         if !self.watchers.is_empty() {
             self.watchers.retain(|(_, w)| w.connected());
             for (_, watcher) in &self.watchers {
-                watcher.do_send(Observed(event.clone()));
+                watcher.do_send(Observed(event.clone(), seq));
             }
         }
     }
@@ -898,6 +906,25 @@ impl Handler<CancelRun> for ChatSession {
             }
             ChatStatus::AwaitingUser | ChatStatus::Completed(_) => {}
         }
+    }
+}
+
+impl Handler<Relinquish> for ChatSession {
+    type Result = ();
+
+    fn handle(&mut self, _: Relinquish, ctx: &mut Self::Context) {
+        tracing::warn!(chat_id = %self.id.chat_id, turn = self.turn, "chat relinquished: another node owns it now");
+        // First, so nothing below can queue a write.
+        self.persist = None;
+        if let Some(runner) = self.runner.take() {
+            runner.do_send(CancelTurn);
+        }
+        self.shard.correlator.do_send(CancelUiCalls {
+            chat_id: self.id.chat_id.clone(),
+        });
+        self.subscribers.clear();
+        self.watchers.clear();
+        ctx.stop();
     }
 }
 

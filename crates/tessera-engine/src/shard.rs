@@ -15,7 +15,7 @@ use crate::dedup::{DedupCache, DedupRecordStore};
 use crate::persist::StoreDedup;
 
 /// Sees every event a chat publishes (metrics, audit). Must be cheap and never block.
-pub type EventObserver = Arc<dyn Fn(&ServerEvent) + Send + Sync>;
+pub type EventObserver = Arc<dyn Fn(&crate::status::ChatIdentity, &ServerEvent) + Send + Sync>;
 
 /// Optional extensions of the engine.
 #[derive(Clone, Default)]

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use common::*;
 use serde_json::{Map, json};
-use tessera_engine::session::{GetSnapshot, ToolAnswer, UserInput};
+use tessera_engine::session::{GetSnapshot, Relinquish, ToolAnswer, UserInput};
 use tessera_engine::{EngineConfig, EngineHooks, NewChat};
 use tessera_store::{
     ChatRecord, ChatStore, ChatWriteBatch, PendingUiRecord, SqliteStore, StoreError, StoreFuture,
@@ -347,6 +347,136 @@ async fn a_ui_call_that_timed_out_leaves_the_stored_pending_list() {
     assert!(caught_up, "the store never caught up with the chat's log");
     let pending = store.pending_ui(&chat_id).await.unwrap_or_default();
     assert!(pending.is_empty(), "still pending: {pending:?}");
+}
+
+/// Failover: another node's engine takes one open chat over from the store (only that chat),
+/// and it continues where its dead owner's store writes stopped.
+#[actix::test]
+async fn one_open_chat_is_taken_over_by_another_engine() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let store = store_at(dir.path()).await;
+    let first = harness_with_hooks(EngineConfig::default(), hooks(&store), default_plan_script);
+    let mut c = new_chat(&first).await;
+    let _other = new_chat(&first).await;
+    c.until("chat.input_request").await;
+    let chat_id = c.chat.identity.chat_id.to_string();
+    let seen = c
+        .seen
+        .iter()
+        .filter_map(|e| e["seq"].as_u64())
+        .max()
+        .unwrap_or(0);
+    for _ in 0..200 {
+        if store.last_seq(&chat_id).await.unwrap_or(0) >= seen {
+            break;
+        }
+        actix::clock::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(store.last_seq(&chat_id).await.ok(), Some(seen));
+
+    let second = harness_with_hooks(EngineConfig::default(), hooks(&store), default_plan_script);
+    assert!(
+        matches!(second.engine.take_over("no-such-chat").await, Ok(None)),
+        "an unknown chat is not taken"
+    );
+    let chat = match second.engine.take_over(&chat_id).await {
+        Ok(Some(chat)) => chat,
+        other => panic!("not taken over: {:?}", other.map(|c| c.map(|h| h.identity))),
+    };
+    let snapshot = chat
+        .addr
+        .send(GetSnapshot)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        snapshot.last_seq, seen,
+        "seq continues where the store stopped"
+    );
+    let mut again = subscribe(chat.clone(), seen).await;
+    assert!(chat.addr.send(say("next")).await.is_ok());
+    again.until("chat.run_start").await;
+    // (`chat.session` and `chat.resume_boundary` are per connection, seq 0.)
+    let seqs: Vec<u64> = again
+        .seen
+        .iter()
+        .filter_map(|e| e["seq"].as_u64())
+        .filter(|seq| *seq > 0)
+        .collect();
+    assert!(!seqs.is_empty());
+    let expected: Vec<u64> = (seen + 1..=seen + seqs.len() as u64).collect();
+    assert_eq!(
+        seqs, expected,
+        "no gap and no reused seq after the takeover"
+    );
+}
+
+/// A node that lost a chat's lease stops the chat at once and writes nothing more; the node
+/// that took it over answers the pending UI call under the same `corr`.
+#[actix::test]
+async fn a_relinquished_chat_stops_and_writes_nothing_more() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let store = store_at(dir.path()).await;
+    let first = harness_with_hooks(EngineConfig::default(), hooks(&store), default_plan_script);
+    let mut c = new_chat(&first).await;
+    c.until("chat.input_request").await;
+    assert!(c.chat.addr.send(say("next")).await.is_ok());
+    let ui = loop {
+        let call = c.until("chat.tool_call").await;
+        if call["data"]["awaiting_response"] == true {
+            break call;
+        }
+    };
+    let corr = ui["data"]["corr"].as_str().unwrap_or_default().to_owned();
+    let chat_id = c.chat.identity.chat_id.to_string();
+    let seen = c
+        .seen
+        .iter()
+        .filter_map(|e| e["seq"].as_u64())
+        .max()
+        .unwrap_or(0);
+    for _ in 0..200 {
+        if store.last_seq(&chat_id).await.unwrap_or(0) >= seen
+            && !store
+                .pending_ui(&chat_id)
+                .await
+                .unwrap_or_default()
+                .is_empty()
+        {
+            break;
+        }
+        actix::clock::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(store.last_seq(&chat_id).await.ok(), Some(seen));
+
+    assert!(c.chat.addr.send(Relinquish).await.is_ok());
+    let answer = ToolAnswer {
+        corr: corr.clone(),
+        response: json!({"status": "success", "data": {}}),
+    };
+    assert!(
+        c.chat.addr.send(answer).await.is_err(),
+        "the relinquished session is stopped"
+    );
+    assert_eq!(
+        store.last_seq(&chat_id).await.ok(),
+        Some(seen),
+        "nothing was written after relinquishing"
+    );
+
+    let second = harness_with_hooks(EngineConfig::default(), hooks(&store), default_plan_script);
+    let chat = match second.engine.take_over(&chat_id).await {
+        Ok(Some(chat)) => chat,
+        _ => panic!("not taken over"),
+    };
+    let mut again = subscribe(chat.clone(), seen).await;
+    let response = json!({"status": "success", "data": {}});
+    assert_eq!(
+        chat.addr.send(ToolAnswer { corr, response }).await.ok(),
+        Some(Ok(())),
+        "the new owner answers the same corr"
+    );
+    let done = again.until("chat.tool_response").await;
+    assert_eq!(done["seq"], seen + 1);
 }
 
 /// An `echo` that answers "a" at once and never answers "b"; counts the calls it started.

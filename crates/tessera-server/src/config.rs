@@ -35,6 +35,8 @@ pub struct ServerConfig {
     pub secrets: SecretsConfig,
     /// How long finished chats are kept.
     pub retention: RetentionConfig,
+    /// Several nodes as one service (absent `nats_url`: one node, no leases, no NATS).
+    pub cluster: ClusterConfig,
 }
 
 /// Purging of finished chats (transcript, events, vault, files, tool records).
@@ -57,11 +59,60 @@ impl Default for RetentionConfig {
     }
 }
 
+/// Cluster mode: chats owned by leases in PostgreSQL, routed between nodes over NATS. See
+/// ARCHITECTURE.md, "Several nodes".
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// NATS server (`TESSERA_NATS_URL`); `None` = single node, today's behaviour.
+    pub nats_url: Option<String>,
+    /// This node's id in lease rows (`TESSERA_NODE_ID`); default: host name + random suffix.
+    pub node_id: Option<String>,
+    /// Lease time to live in seconds; renewed every third of it, taken over after expiry.
+    pub lease_ttl_s: u64,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        Self {
+            nats_url: None,
+            node_id: None,
+            lease_ttl_s: 10,
+        }
+    }
+}
+
 impl RetentionConfig {
     /// The age after which a completed chat is purged (`None` = kept forever).
     pub fn max_age(&self) -> Option<Duration> {
         (self.completed_chat_days > 0.0)
             .then(|| Duration::from_secs_f64(self.completed_chat_days * 86_400.0))
+    }
+}
+
+impl ClusterConfig {
+    /// True when several nodes share the work.
+    pub fn enabled(&self) -> bool {
+        self.nats_url.is_some()
+    }
+
+    /// The configured node id, or the host name plus a random suffix (unique per process, so
+    /// a restarted node never mistakes its predecessor's leases for its own).
+    pub fn node_id(&self) -> String {
+        self.node_id.clone().unwrap_or_else(|| {
+            let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|h| h.trim().to_owned())
+                .ok()
+                .filter(|h| !h.is_empty())
+                .unwrap_or_else(|| "node".to_owned());
+            let suffix = uuid::Uuid::new_v4().simple().to_string();
+            format!("{host}-{}", &suffix[..8])
+        })
+    }
+
+    /// The lease TTL (at least one second).
+    pub fn lease_ttl(&self) -> Duration {
+        Duration::from_secs(self.lease_ttl_s.max(1))
     }
 }
 
@@ -281,6 +332,7 @@ impl Default for ServerConfig {
             auth: AuthConfig::default(),
             secrets: SecretsConfig::default(),
             retention: RetentionConfig::default(),
+            cluster: ClusterConfig::default(),
         }
     }
 }
@@ -455,6 +507,15 @@ impl ServerConfig {
                 .parse()
                 .with_context(|| format!("TESSERA_HTTP_WORKERS={v:?} is not a number"))?;
         }
+        if let Some(v) = env("TESSERA_NATS_URL").filter(|v| !v.is_empty()) {
+            config.cluster.nats_url = Some(v);
+        }
+        if let Some(v) = env("TESSERA_NODE_ID").filter(|v| !v.is_empty()) {
+            config.cluster.node_id = Some(v);
+        }
+        if let Some(v) = number("TESSERA_LEASE_TTL_S")? {
+            config.cluster.lease_ttl_s = v;
+        }
         if let Some(v) = env("OPENAI_BASE_URL") {
             config.llm.base_url = Some(v);
         }
@@ -546,6 +607,34 @@ mod tests {
             ServerConfig::load(None, env("sqlite://"))?
                 .store_location()
                 .is_err()
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn cluster_mode_is_off_unless_a_nats_url_is_given() -> anyhow::Result<()> {
+        let single = ServerConfig::load(None, |_| None)?;
+        assert!(!single.cluster.enabled());
+        assert_eq!(single.cluster.lease_ttl(), Duration::from_secs(10));
+        let parsed: ServerConfig =
+            toml::from_str("[cluster]\nnats_url = \"nats://n:4222\"\nlease_ttl_s = 6\n")?;
+        assert!(parsed.cluster.enabled());
+        assert_eq!(parsed.cluster.lease_ttl_s, 6);
+        let from_env = ServerConfig::load(None, |k| match k {
+            "TESSERA_NATS_URL" => Some("nats://127.0.0.1:4222".to_owned()),
+            "TESSERA_NODE_ID" => Some("node-a".to_owned()),
+            _ => None,
+        })?;
+        assert_eq!(
+            from_env.cluster.nats_url.as_deref(),
+            Some("nats://127.0.0.1:4222")
+        );
+        assert_eq!(from_env.cluster.node_id(), "node-a");
+        let a = ServerConfig::default().cluster.node_id();
+        assert_ne!(
+            a,
+            ServerConfig::default().cluster.node_id(),
+            "a fresh id per process"
         );
         Ok(())
     }

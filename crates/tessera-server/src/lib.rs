@@ -3,7 +3,10 @@
 //! The `tessera` binary (`main.rs`) only parses the command line, binds and waits for signals,
 //! and tests can start a server in-process the same way.
 
+mod agui;
+mod agui_events;
 mod auth;
+pub mod cluster;
 pub mod config;
 mod data_lock;
 mod frame_guard;
@@ -15,6 +18,7 @@ mod reload;
 mod rest;
 mod serve;
 pub mod stores;
+mod usage;
 pub mod validate;
 mod web_client;
 mod ws;

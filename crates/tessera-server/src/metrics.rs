@@ -1,10 +1,15 @@
-//! Prometheus metrics as plain atomic counters (no labels that carry tenant or chat ids, so no
-//! tenant can learn about another from `/metrics`).
+//! Prometheus metrics as plain atomic counters. No label carries a chat id; the one series
+//! with a tenant label is the token usage (see `usage.rs`), so keep `/metrics` behind the
+//! network boundary when tenants must not learn of each other.
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
+use std::sync::Arc;
+
 use tessera_protocol::ServerEvent;
+
+use crate::usage::UsageCounters;
 
 /// Process-wide counters, shared by all handlers behind an `Arc`.
 #[derive(Debug, Default)]
@@ -28,14 +33,17 @@ pub struct Metrics {
     pub llm_latency_ms_sum: AtomicU64,
     /// Model calls by latency bucket (upper bounds in [`LATENCY_BUCKETS_MS`], then +Inf).
     pub llm_latency_buckets: [AtomicU64; LATENCY_BUCKETS_MS.len() + 1],
+    /// Token usage per tenant (the only series with a tenant label; see `usage.rs`).
+    pub usage: UsageCounters,
 }
 
 /// Upper bounds of the model-latency histogram, in milliseconds.
 pub const LATENCY_BUCKETS_MS: [u64; 8] = [10, 50, 100, 250, 500, 1000, 2500, 10000];
 
 impl Metrics {
-    /// Counts what a published event says (turns, tool results, tokens, ended chats).
-    pub fn observe(&self, event: &ServerEvent) {
+    /// Counts what a published event of a chat of `tenant` says (turns, tool results,
+    /// tokens, ended chats).
+    pub fn observe(&self, tenant: &Arc<str>, event: &ServerEvent) {
         match event {
             ServerEvent::RunStart { .. } => {
                 self.turns.fetch_add(1, Ordering::Relaxed);
@@ -49,10 +57,14 @@ impl Metrics {
                 counter.fetch_add(1, Ordering::Relaxed);
             }
             ServerEvent::Usage {
+                prompt_tokens,
+                completion_tokens,
                 total_tokens,
                 latency_ms,
                 ..
             } => {
+                self.usage
+                    .record(tenant, *prompt_tokens, *completion_tokens);
                 self.llm_tokens.fetch_add(*total_tokens, Ordering::Relaxed);
                 self.llm_calls.fetch_add(1, Ordering::Relaxed);
                 self.llm_latency_ms_sum
@@ -173,6 +185,7 @@ impl Metrics {
             "tessera_llm_latency_ms_count {}",
             self.llm_calls.load(Ordering::Relaxed)
         );
+        self.usage.render(&mut out);
         out
     }
 }

@@ -3,8 +3,9 @@
 //! exactly like a chat that does not exist.
 //!
 //! Every `/api/v1` route authenticates its caller (see `auth.rs`); `/healthz`, `/readyz` and
-//! `/metrics` stay open because they carry no tenant data (metrics have no tenant or chat
-//! labels) — put them behind the network boundary if even counts are sensitive.
+//! `/metrics` stay open because they carry no chat data (the only tenant label is on the token
+//! usage series) — put them behind the network boundary if tenant ids or counts are
+//! sensitive.
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -38,13 +39,23 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+    pub(crate) fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
         Self {
             status,
             code,
             message: message.into(),
             retry_after: None,
         }
+    }
+
+    /// The stable error code.
+    pub(crate) fn code(&self) -> &'static str {
+        self.code
+    }
+
+    /// A missing (or someone else's) resource.
+    pub(crate) fn is_not_found(&self) -> bool {
+        self.status == StatusCode::NOT_FOUND
     }
 
     fn not_found() -> Self {
@@ -88,7 +99,7 @@ impl From<EngineError> for ApiError {
     }
 }
 
-fn unavailable() -> ApiError {
+pub(crate) fn unavailable() -> ApiError {
     ApiError::new(
         StatusCode::SERVICE_UNAVAILABLE,
         "unavailable",
@@ -178,7 +189,7 @@ fn spend_input_budget(state: &AppState, caller: &Caller) -> Result<(), ApiError>
 }
 
 /// The caller's chat `chat_id`, or 404.
-async fn owned_chat(
+pub(crate) async fn owned_chat(
     state: &AppState,
     caller: &Caller,
     chat_id: &str,
@@ -227,7 +238,9 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
                 .route("/chats/{id}/files/{file}", web::get().to(download_file))
                 .route("/chats/{id}/ws", web::get().to(websocket))
                 .route("/ws-ticket", web::post().to(ws_ticket))
-                .route("/run", web::post().to(run_workflow)),
+                .route("/run", web::post().to(run_workflow))
+                .route("/usage", web::get().to(usage))
+                .route("/agui/{workflow}", web::post().to(crate::agui::run)),
         );
 }
 
@@ -256,6 +269,18 @@ async fn metrics(state: web::Data<AppState>) -> HttpResponse {
         .body(text)
 }
 
+/// The caller's tenant's token usage, counted on this node since it started.
+async fn usage(caller: Caller, state: web::Data<AppState>) -> HttpResponse {
+    let usage = state.metrics.usage.of(&caller.tenant);
+    HttpResponse::Ok().json(json!({
+        "tenant": &*caller.tenant,
+        "input_tokens": usage.input_tokens,
+        "output_tokens": usage.output_tokens,
+        "total_tokens": usage.input_tokens + usage.output_tokens,
+        "model_calls": usage.model_calls,
+    }))
+}
+
 async fn list_workflows(_: Caller, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     // Unlisted workflows (`"listed": false`) can still be started by name.
     let listed: Vec<&Value> = state
@@ -280,7 +305,7 @@ async fn create_chat(
     body: web::Json<CreateChat>,
 ) -> Result<HttpResponse, ApiError> {
     let body = body.into_inner();
-    let handle = start_chat(&state, &caller, body.workflow, body.context).await?;
+    let handle = start_chat(&state, &caller, body.workflow, body.context, None).await?;
     let chat_id = handle.identity.chat_id.to_string();
     Ok(HttpResponse::Created().json(json!({
         "chat_id": chat_id,
@@ -289,11 +314,12 @@ async fn create_chat(
     })))
 }
 
-async fn start_chat(
+pub(crate) async fn start_chat(
     state: &AppState,
     caller: &Caller,
     workflow: String,
     context: Map<String, Value>,
+    chat_id: Option<String>,
 ) -> Result<ChatHandle, ApiError> {
     let limit = state.limits.max_open_chats_per_tenant;
     // Held until the chat is registered, so concurrent creations cannot overshoot the cap.
@@ -325,7 +351,7 @@ async fn start_chat(
             user: caller.user.to_string(),
             workflow,
             context,
-            chat_id: None,
+            chat_id,
         })
         .await?;
     state
@@ -381,7 +407,7 @@ async fn list_chats(
     Ok(HttpResponse::Ok().json(json!({"chats": list, "offset": paging.offset, "limit": limit})))
 }
 
-async fn snapshot(chat: &ChatHandle) -> Result<ChatSnapshot, ApiError> {
+pub(crate) async fn snapshot(chat: &ChatHandle) -> Result<ChatSnapshot, ApiError> {
     chat.addr.send(GetSnapshot).await.map_err(|_| unavailable())
 }
 
@@ -467,7 +493,10 @@ async fn cancel_chat(OwnedChat { chat, .. }: OwnedChat) -> Result<HttpResponse, 
 
 /// Parses a REST body as the data of a client frame of type `kind`: one parser and one set of
 /// error codes for both transports.
-fn parse_body(kind: &str, body: Value) -> Result<tessera_protocol::ClientMessage, ApiError> {
+pub(crate) fn parse_body(
+    kind: &str,
+    body: Value,
+) -> Result<tessera_protocol::ClientMessage, ApiError> {
     let frame = json!({"type": kind, "data": body}).to_string();
     tessera_protocol::parse_client_frame(&frame)
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.code().as_str(), e.to_string()))
@@ -632,7 +661,7 @@ async fn run_workflow(
 ) -> Result<HttpResponse, ApiError> {
     spend_input_budget(&state, &caller)?;
     let body = body.into_inner();
-    let chat = start_chat(&state, &caller, body.workflow, Map::new()).await?;
+    let chat = start_chat(&state, &caller, body.workflow, Map::new(), None).await?;
     let (done, result) = oneshot::channel();
     let collector = RunCollector {
         done: Some(done),
@@ -713,7 +742,7 @@ impl Actor for RunCollector {
 impl Handler<Observed> for RunCollector {
     type Result = ();
 
-    fn handle(&mut self, Observed(event): Observed, ctx: &mut Self::Context) {
+    fn handle(&mut self, Observed(event, _): Observed, ctx: &mut Self::Context) {
         match event {
             ServerEvent::RunStart { .. } => self.started = true,
             ServerEvent::Text {

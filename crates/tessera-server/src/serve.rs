@@ -12,6 +12,7 @@ use actix::prelude::*;
 use actix_web::{App, HttpServer, web};
 use anyhow::Context as _;
 use serde_json::{Value, json};
+use tessera_engine::session::ChatIdentity;
 use tessera_engine::{Engine, EngineConfig, EngineHooks};
 use tessera_llm::ChatModel;
 use tessera_llm::openai::{OpenAiClient, OpenAiConfig};
@@ -140,6 +141,13 @@ pub async fn run(
     config: ServerConfig,
     shutdown: impl Future<Output = ()> + 'static,
 ) -> anyhow::Result<()> {
+    if config.cluster.enabled() {
+        // Refused rather than ignored: a node that believed it was alone would run chats
+        // another node also runs.
+        anyhow::bail!(
+            "cluster.nats_url / TESSERA_NATS_URL is set, but this build does not run several nodes yet (leases, routing and failover are not wired into `tessera serve`); unset it to run a single node"
+        );
+    }
     let auth = Authenticator::new(config.tenants.clone(), &config.auth)?;
     if auth.dev_mode() {
         tracing::warn!("no tenants or JWT configured: DEV MODE, every request is trusted");
@@ -200,7 +208,9 @@ pub async fn run(
     let observed = metrics.clone();
     let hooks = EngineHooks {
         durable_dedup: None,
-        observer: Some(Arc::new(move |event: &ServerEvent| observed.observe(event))),
+        observer: Some(Arc::new(move |chat: &ChatIdentity, event: &ServerEvent| {
+            observed.observe(&chat.tenant, event)
+        })),
         store: Some(store.clone()),
     };
     let engine = Engine::start(with_models, &builtins, engine_config, hooks)

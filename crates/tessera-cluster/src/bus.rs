@@ -1,0 +1,282 @@
+//! Routing between nodes over NATS: the owner of a chat publishes its live events on the
+//! chat's events subject and answers commands on its commands subject; any other node relays
+//! events to its own sockets and forwards its clients' commands by request/reply.
+//!
+//! WHY per-chat subjects: a forwarder needs no routing table. When no node serves a chat (a
+//! takeover is under way), NATS answers "no responders" at once, and the forwarder retries.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use async_nats::{Client, Subject, Subscriber};
+use bytes::Bytes;
+use futures::{Stream, StreamExt};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::{ClusterError, ClusterMetrics, Subjects};
+
+/// A client's command for a chat, forwarded to the chat's owner.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum ChatCommand {
+    /// User input (`chat.user_input`).
+    Input {
+        /// The text.
+        content: String,
+        /// The client's id for it, echoed in the ack.
+        client_msg_id: Option<String>,
+    },
+    /// The answer to a UI tool call.
+    ToolAnswer {
+        /// The call's correlation id.
+        corr: String,
+        /// What the user answered.
+        response: Value,
+    },
+    /// Stop the running turn.
+    Cancel,
+}
+
+/// The owner's answer to a [`ChatCommand`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum CommandReply {
+    /// Taken.
+    Accepted,
+    /// Refused with a stable error code (the one the owner's own socket would have sent).
+    Refused {
+        /// Stable error code.
+        code: String,
+        /// For the user.
+        message: String,
+    },
+}
+
+/// One live event relayed from the owner: its seq and its serialized envelope (the same bytes
+/// the owner's own sockets get).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LiveEvent {
+    /// The event's seq in its chat.
+    pub seq: u64,
+    /// The JSON envelope.
+    pub envelope: Bytes,
+}
+
+impl LiveEvent {
+    fn encode(&self) -> Bytes {
+        let mut out = Vec::with_capacity(8 + self.envelope.len());
+        out.extend_from_slice(&self.seq.to_be_bytes());
+        out.extend_from_slice(&self.envelope);
+        Bytes::from(out)
+    }
+
+    fn decode(payload: &Bytes) -> Result<Self, ClusterError> {
+        let head: [u8; 8] = payload
+            .get(..8)
+            .and_then(|h| h.try_into().ok())
+            .ok_or_else(|| ClusterError::Decode("live event shorter than its seq".into()))?;
+        Ok(Self {
+            seq: u64::from_be_bytes(head),
+            envelope: payload.slice(8..),
+        })
+    }
+}
+
+/// A command that arrived for a chat this node owns; answer it with [`ClusterBus::reply`].
+#[derive(Debug)]
+pub struct IncomingCommand {
+    /// The command.
+    pub command: ChatCommand,
+    reply_to: Option<Subject>,
+}
+
+/// The NATS connection of one node.
+#[derive(Clone)]
+pub struct ClusterBus {
+    client: Client,
+    subjects: Subjects,
+    request_timeout: Duration,
+    metrics: Arc<ClusterMetrics>,
+}
+
+impl ClusterBus {
+    /// Connects to `url` as `node_id`, with subjects under `prefix`. Commands forwarded to an
+    /// owner wait at most `request_timeout` for its answer. The first connection must succeed
+    /// (a node does not start without NATS); after that the client reconnects by itself for
+    /// as long as it takes, and [`Self::is_connected`] says whether it is connected now.
+    pub async fn connect(
+        url: &str,
+        node_id: &str,
+        prefix: &str,
+        request_timeout: Duration,
+        metrics: Arc<ClusterMetrics>,
+    ) -> Result<Self, ClusterError> {
+        let client = async_nats::ConnectOptions::new()
+            .name(format!("tessera-{node_id}"))
+            .connect(url)
+            .await
+            .map_err(|e| ClusterError::Nats(e.to_string()))?;
+        Ok(Self {
+            client,
+            subjects: Subjects::new(prefix),
+            request_timeout,
+            metrics,
+        })
+    }
+
+    /// The underlying client (the key-value buckets of [`crate::GlobalLimits`] share it).
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// The deployment's subjects.
+    pub fn subjects(&self) -> &Subjects {
+        &self.subjects
+    }
+
+    /// True while the connection to NATS is up.
+    pub fn is_connected(&self) -> bool {
+        matches!(
+            self.client.connection_state(),
+            async_nats::connection::State::Connected
+        )
+    }
+
+    /// One round trip to the server, recorded in the metrics: a message to a fresh inbox of
+    /// this connection, received back. The server handles a connection's operations in order,
+    /// so once it is back every subscription made before it is in force.
+    pub async fn round_trip(&self) -> Result<Duration, ClusterError> {
+        let started = Instant::now();
+        let inbox = self.client.new_inbox();
+        let mut echo = self
+            .client
+            .subscribe(inbox.clone())
+            .await
+            .map_err(|e| ClusterError::Nats(e.to_string()))?;
+        self.client
+            .publish(inbox, Bytes::new())
+            .await
+            .map_err(|e| ClusterError::Nats(e.to_string()))?;
+        tokio::time::timeout(self.request_timeout, echo.next())
+            .await
+            .map_err(|_| ClusterError::Timeout(self.request_timeout))?
+            .ok_or_else(|| ClusterError::Nats("connection closed".into()))?;
+        let rtt = started.elapsed();
+        self.metrics.nats_rtt_us.store(
+            u64::try_from(rtt.as_micros()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+        Ok(rtt)
+    }
+
+    /// Publishes one of the chat's live events (owner side).
+    pub async fn publish_event(
+        &self,
+        chat_id: &str,
+        event: &LiveEvent,
+    ) -> Result<(), ClusterError> {
+        self.client
+            .publish(self.subjects.events(chat_id), event.encode())
+            .await
+            .map_err(|e| ClusterError::Nats(e.to_string()))
+    }
+
+    /// The chat's live events from now on (relay side). Undecodable messages are logged and
+    /// skipped; the subscriber resumes from the store if it sees a seq gap.
+    pub async fn subscribe_events(
+        &self,
+        chat_id: &str,
+    ) -> Result<impl Stream<Item = LiveEvent> + Send + Unpin + use<>, ClusterError> {
+        let subscriber = self.subscribe(self.subjects.events(chat_id)).await?;
+        let chat = chat_id.to_owned();
+        Ok(subscriber.filter_map(move |msg| {
+            let decoded = LiveEvent::decode(&msg.payload);
+            if let Err(e) = &decoded {
+                tracing::warn!(chat_id = %chat, error = %e, "dropped an undecodable live event");
+            }
+            futures::future::ready(decoded.ok())
+        }))
+    }
+
+    /// The commands other nodes forward for `chat_id` (owner side). Subscribe when taking the
+    /// chat; drop the stream when giving it up.
+    pub async fn serve_commands(
+        &self,
+        chat_id: &str,
+    ) -> Result<impl Stream<Item = IncomingCommand> + Send + Unpin + use<>, ClusterError> {
+        let subscriber = self.subscribe(self.subjects.commands(chat_id)).await?;
+        let chat = chat_id.to_owned();
+        Ok(subscriber.filter_map(move |msg| {
+            let decoded = serde_json::from_slice::<ChatCommand>(&msg.payload);
+            let incoming = match decoded {
+                Ok(command) => Some(IncomingCommand {
+                    command,
+                    reply_to: msg.reply,
+                }),
+                Err(e) => {
+                    tracing::warn!(chat_id = %chat, error = %e, "dropped an undecodable command");
+                    None
+                }
+            };
+            futures::future::ready(incoming)
+        }))
+    }
+
+    /// Answers a command (owner side). A command sent without a reply subject needs none.
+    pub async fn reply(
+        &self,
+        incoming: IncomingCommand,
+        reply: &CommandReply,
+    ) -> Result<(), ClusterError> {
+        let Some(to) = incoming.reply_to else {
+            return Ok(());
+        };
+        let body = serde_json::to_vec(reply).map_err(|e| ClusterError::Decode(e.to_string()))?;
+        self.client
+            .publish(to, Bytes::from(body))
+            .await
+            .map_err(|e| ClusterError::Nats(e.to_string()))
+    }
+
+    /// Forwards `command` to the chat's owner and waits for its answer (forwarder side).
+    /// [`ClusterError::NoOwner`] when no node serves the chat right now;
+    /// [`ClusterError::Timeout`] when the owner did not answer in time.
+    pub async fn send_command(
+        &self,
+        chat_id: &str,
+        command: &ChatCommand,
+    ) -> Result<CommandReply, ClusterError> {
+        use async_nats::RequestErrorKind;
+        let body = serde_json::to_vec(command).map_err(|e| ClusterError::Decode(e.to_string()))?;
+        let request = async_nats::Request::new()
+            .payload(Bytes::from(body))
+            .timeout(Some(self.request_timeout));
+        self.metrics
+            .commands_forwarded
+            .fetch_add(1, Ordering::Relaxed);
+        let answer = self
+            .client
+            .send_request(self.subjects.commands(chat_id), request)
+            .await
+            .map_err(|e| match e.kind() {
+                RequestErrorKind::TimedOut => ClusterError::Timeout(self.request_timeout),
+                RequestErrorKind::NoResponders => ClusterError::NoOwner(chat_id.to_owned()),
+                _ => ClusterError::Nats(e.to_string()),
+            })?;
+        serde_json::from_slice(&answer.payload).map_err(|e| ClusterError::Decode(e.to_string()))
+    }
+
+    async fn subscribe(&self, subject: String) -> Result<Subscriber, ClusterError> {
+        let subscriber = self
+            .client
+            .subscribe(subject)
+            .await
+            .map_err(|e| ClusterError::Nats(e.to_string()))?;
+        // Only once the server has handled the SUB does a publish from another node reach
+        // it: wait for a round trip on this connection, which comes after it.
+        self.round_trip().await?;
+        Ok(subscriber)
+    }
+}

@@ -1,0 +1,322 @@
+//! `LeaseManager`: the actor that holds this node's chat leases.
+//!
+//! - [`AcquireLease`] takes a chat's lease (a new chat, or one a client asked for).
+//! - Every `ttl / 3` it renews every held lease in ONE batched store call; leases the store
+//!   did not renew are lost. If no renewal has succeeded for a whole TTL (store unreachable),
+//!   every lease is considered lost too: another node may have taken the chats over by then,
+//!   and the store would refuse this node's writes anyway (fencing by epoch).
+//! - On the same tick it asks the store for orphaned chats (expired lease, or none) and takes
+//!   them over; the store's atomic acquire lets exactly one node win each chat.
+//! - [`Drain`] releases every lease (expires it now) so other nodes take the chats at once.
+//!
+//! It tells the node about every change through a `Recipient<OwnershipChange>`: the node
+//! starts a taken-over chat from the store and stops a lost one.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use tessera_store::{LeaseStore, StoreError};
+
+use crate::ClusterMetrics;
+
+/// The lease manager's settings.
+#[derive(Debug, Clone)]
+pub struct LeaseManagerConfig {
+    /// This node's id (the lease rows' `node`).
+    pub node_id: String,
+    /// Lease time to live; renewed every third of it.
+    pub ttl: Duration,
+    /// Orphaned chats taken over per tick at most (bounds the burst of restores).
+    pub takeover_batch: i64,
+}
+
+/// What the node must do about a chat.
+#[derive(Message, Debug, Clone, PartialEq, Eq)]
+#[rtype(result = "()")]
+pub enum OwnershipChange {
+    /// This node took the chat over at `epoch` (its previous owner's lease expired): start it
+    /// from the store; its durable writes carry `epoch`.
+    TakenOver {
+        /// The chat.
+        chat_id: String,
+        /// The new epoch.
+        epoch: i64,
+    },
+    /// This node no longer owns the chat: stop its session without writing anything more.
+    Lost {
+        /// The chat.
+        chat_id: String,
+        /// The epoch it held.
+        epoch: i64,
+    },
+}
+
+/// Take `chat_id`'s lease; the epoch, or `None` when another node holds it.
+#[derive(Message, Debug)]
+#[rtype(result = "Result<Option<i64>, StoreError>")]
+pub struct AcquireLease {
+    /// The chat.
+    pub chat_id: String,
+}
+
+/// Give one chat's lease up (the chat completed, or was handed over).
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub struct ReleaseLease {
+    /// The chat.
+    pub chat_id: String,
+}
+
+/// Graceful drain: stop taking chats over and release every lease; the released chat ids.
+#[derive(Message, Debug)]
+#[rtype(result = "Vec<String>")]
+pub struct Drain;
+
+/// The leases held now (chat id, epoch).
+#[derive(Message, Debug)]
+#[rtype(result = "Vec<(String, i64)>")]
+pub struct HeldLeases;
+
+/// See the module docs.
+pub struct LeaseManager {
+    store: Arc<dyn LeaseStore>,
+    config: LeaseManagerConfig,
+    owner: Recipient<OwnershipChange>,
+    metrics: Arc<ClusterMetrics>,
+    held: HashMap<String, i64>,
+    /// When the last successful renewal was sent (local clock): the store's expiry is at least
+    /// this plus the TTL, so until then no other node can hold our chats.
+    last_renewed: Instant,
+    renewing: bool,
+    scanning: bool,
+    draining: bool,
+}
+
+impl LeaseManager {
+    /// A manager for `config.node_id` that reports to `owner`.
+    pub fn new(
+        store: Arc<dyn LeaseStore>,
+        config: LeaseManagerConfig,
+        owner: Recipient<OwnershipChange>,
+        metrics: Arc<ClusterMetrics>,
+    ) -> Self {
+        Self {
+            store,
+            config,
+            owner,
+            metrics,
+            held: HashMap::new(),
+            last_renewed: Instant::now(),
+            renewing: false,
+            scanning: false,
+            draining: false,
+        }
+    }
+
+    fn ttl_ms(&self) -> i64 {
+        i64::try_from(self.config.ttl.as_millis()).unwrap_or(i64::MAX)
+    }
+
+    fn set_owned_gauge(&self) {
+        self.metrics.owned_chats.store(
+            i64::try_from(self.held.len()).unwrap_or(i64::MAX),
+            Ordering::Relaxed,
+        );
+    }
+
+    fn lose(&mut self, chat_id: &str) {
+        if let Some(epoch) = self.held.remove(chat_id) {
+            self.metrics.leases_lost.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(chat_id, epoch, node = %self.config.node_id, "lease lost");
+            self.owner.do_send(OwnershipChange::Lost {
+                chat_id: chat_id.to_owned(),
+                epoch,
+            });
+        }
+    }
+
+    fn renew(&mut self, ctx: &mut Context<Self>) {
+        if self.renewing || self.held.is_empty() {
+            if self.held.is_empty() {
+                self.last_renewed = Instant::now();
+            }
+            return;
+        }
+        self.renewing = true;
+        let sent_at = Instant::now();
+        let batch: Vec<(String, i64)> = self.held.iter().map(|(c, e)| (c.clone(), *e)).collect();
+        let store = self.store.clone();
+        let node = self.config.node_id.clone();
+        let ttl_ms = self.ttl_ms();
+        let call = async move { store.renew_leases(&node, &batch, ttl_ms).await };
+        ctx.spawn(call.into_actor(self).map(move |result, act, _| {
+            act.renewing = false;
+            match result {
+                Ok(lost) => {
+                    act.last_renewed = sent_at;
+                    for chat_id in lost {
+                        act.lose(&chat_id);
+                    }
+                }
+                Err(e) => {
+                    act.metrics
+                        .lease_renew_failures
+                        .fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(node = %act.config.node_id, error = %e, "lease renewal failed");
+                    // Past a whole TTL without a renewal the leases may have been taken
+                    // over: stop the chats before they try to write (they would be fenced).
+                    if act.last_renewed.elapsed() >= act.config.ttl {
+                        let all: Vec<String> = act.held.keys().cloned().collect();
+                        for chat_id in all {
+                            act.lose(&chat_id);
+                        }
+                    }
+                }
+            }
+            act.set_owned_gauge();
+        }));
+    }
+
+    fn take_over_orphans(&mut self, ctx: &mut Context<Self>) {
+        if self.scanning || self.draining {
+            return;
+        }
+        self.scanning = true;
+        let store = self.store.clone();
+        let node = self.config.node_id.clone();
+        let ttl_ms = self.ttl_ms();
+        let limit = self.config.takeover_batch.max(1);
+        let scan = async move {
+            let orphans = store.orphaned_chats(limit).await?;
+            let mut taken = Vec::new();
+            for chat_id in orphans {
+                // Another node may win the race for any of them; that is the point.
+                if let Some(lease) = store.acquire_lease(&chat_id, &node, ttl_ms).await? {
+                    taken.push((lease.chat_id, lease.epoch));
+                }
+            }
+            Ok::<_, StoreError>(taken)
+        };
+        ctx.spawn(scan.into_actor(self).map(|result, act, _| {
+            act.scanning = false;
+            match result {
+                Ok(taken) => {
+                    for (chat_id, epoch) in taken {
+                        if act.draining {
+                            // Drain began meanwhile: give it straight back.
+                            act.release_in_background(chat_id, epoch);
+                            continue;
+                        }
+                        act.metrics.takeovers.fetch_add(1, Ordering::Relaxed);
+                        tracing::info!(chat_id, epoch, node = %act.config.node_id, "took over chat");
+                        act.held.insert(chat_id.clone(), epoch);
+                        act.owner
+                            .do_send(OwnershipChange::TakenOver { chat_id, epoch });
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(node = %act.config.node_id, error = %e, "orphan scan failed")
+                }
+            }
+            act.set_owned_gauge();
+        }));
+    }
+
+    fn release_in_background(&self, chat_id: String, epoch: i64) {
+        let store = self.store.clone();
+        let node = self.config.node_id.clone();
+        actix::spawn(async move {
+            if let Err(e) = store.release_lease(&chat_id, &node, epoch).await {
+                // It expires by itself within the TTL.
+                tracing::warn!(chat_id, error = %e, "lease release failed");
+            }
+        });
+    }
+}
+
+impl Actor for LeaseManager {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        let period = (self.config.ttl / 3).max(Duration::from_millis(10));
+        ctx.run_interval(period, |act, ctx| {
+            act.renew(ctx);
+            act.take_over_orphans(ctx);
+        });
+    }
+}
+
+impl Handler<AcquireLease> for LeaseManager {
+    type Result = ResponseActFuture<Self, Result<Option<i64>, StoreError>>;
+
+    fn handle(&mut self, msg: AcquireLease, _: &mut Self::Context) -> Self::Result {
+        if self.draining {
+            return Box::pin(fut::ready(Ok(None)));
+        }
+        if let Some(epoch) = self.held.get(&msg.chat_id) {
+            return Box::pin(fut::ready(Ok(Some(*epoch))));
+        }
+        let store = self.store.clone();
+        let node = self.config.node_id.clone();
+        let ttl_ms = self.ttl_ms();
+        let chat_id = msg.chat_id;
+        let call = async move { store.acquire_lease(&chat_id, &node, ttl_ms).await };
+        Box::pin(call.into_actor(self).map(|result, act, _| {
+            let lease = result?;
+            Ok(lease.map(|lease| {
+                act.held.insert(lease.chat_id, lease.epoch);
+                act.set_owned_gauge();
+                lease.epoch
+            }))
+        }))
+    }
+}
+
+impl Handler<ReleaseLease> for LeaseManager {
+    type Result = ();
+
+    fn handle(&mut self, msg: ReleaseLease, _: &mut Self::Context) {
+        if let Some(epoch) = self.held.remove(&msg.chat_id) {
+            self.release_in_background(msg.chat_id, epoch);
+            self.set_owned_gauge();
+        }
+    }
+}
+
+impl Handler<Drain> for LeaseManager {
+    type Result = ResponseActFuture<Self, Vec<String>>;
+
+    fn handle(&mut self, _: Drain, _: &mut Self::Context) -> Self::Result {
+        self.draining = true;
+        let held: Vec<(String, i64)> = self.held.drain().collect();
+        self.set_owned_gauge();
+        let store = self.store.clone();
+        let node = self.config.node_id.clone();
+        let release = async move {
+            let mut released = Vec::with_capacity(held.len());
+            for (chat_id, epoch) in held {
+                match store.release_lease(&chat_id, &node, epoch).await {
+                    Ok(()) => released.push(chat_id),
+                    Err(e) => {
+                        tracing::warn!(chat_id, error = %e, "lease release failed; it expires by itself")
+                    }
+                }
+            }
+            released
+        };
+        Box::pin(release.into_actor(self))
+    }
+}
+
+impl Handler<HeldLeases> for LeaseManager {
+    type Result = MessageResult<HeldLeases>;
+
+    fn handle(&mut self, _: HeldLeases, _: &mut Self::Context) -> Self::Result {
+        let mut held: Vec<(String, i64)> = self.held.iter().map(|(c, e)| (c.clone(), *e)).collect();
+        held.sort();
+        MessageResult(held)
+    }
+}

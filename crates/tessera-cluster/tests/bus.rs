@@ -1,0 +1,134 @@
+//! Routing between nodes over a real NATS server: commands reach the chat's owner and come
+//! back answered; with no owner or a silent one the forwarder gets a clear error in time;
+//! live events reach another node's subscriber in order.
+
+mod common;
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use tessera_cluster::{ChatCommand, ClusterError, CommandReply, LiveEvent};
+
+#[actix_rt::test]
+async fn a_command_reaches_the_owner_and_its_answer_comes_back() {
+    let Some(url) = common::nats_url("a_command_reaches_the_owner") else {
+        return;
+    };
+    let prefix = common::unique_prefix();
+    let owner = common::node_bus(&url, "owner", &prefix, Duration::from_secs(5)).await;
+    let other = common::node_bus(&url, "other", &prefix, Duration::from_secs(5)).await;
+    let mut commands = owner.serve_commands("chat-1").await.expect("subscribe");
+    let serving = owner.clone();
+    let server = actix_rt::spawn(async move {
+        let mut seen = Vec::new();
+        for _ in 0..2 {
+            let incoming = commands.next().await.expect("a command");
+            seen.push(incoming.command.clone());
+            let reply = match &incoming.command {
+                ChatCommand::Cancel => CommandReply::Refused {
+                    code: "nothing_to_cancel".into(),
+                    message: "no run".into(),
+                },
+                _ => CommandReply::Accepted,
+            };
+            serving.reply(incoming, &reply).await.expect("reply");
+        }
+        seen
+    });
+    let input = ChatCommand::Input {
+        content: "hello".into(),
+        client_msg_id: Some("m1".into()),
+    };
+    assert_eq!(
+        other
+            .send_command("chat-1", &input)
+            .await
+            .expect("answered"),
+        CommandReply::Accepted
+    );
+    let refused = other
+        .send_command("chat-1", &ChatCommand::Cancel)
+        .await
+        .expect("answered");
+    assert!(matches!(refused, CommandReply::Refused { code, .. } if code == "nothing_to_cancel"));
+    assert_eq!(
+        server.await.expect("server task"),
+        vec![input, ChatCommand::Cancel],
+        "the owner saw both commands, in order"
+    );
+}
+
+#[actix_rt::test]
+async fn no_owner_and_a_silent_owner_are_told_apart() {
+    let Some(url) = common::nats_url("no_owner_and_a_silent_owner") else {
+        return;
+    };
+    let prefix = common::unique_prefix();
+    let forwarder = common::node_bus(&url, "fwd", &prefix, Duration::from_millis(300)).await;
+    let err = forwarder
+        .send_command("orphan", &ChatCommand::Cancel)
+        .await
+        .expect_err("nobody serves the chat");
+    assert!(
+        matches!(err, ClusterError::NoOwner(ref c) if c == "orphan"),
+        "{err:?}"
+    );
+
+    // An owner that subscribed but never answers (paused, overloaded).
+    let silent = common::node_bus(&url, "silent", &prefix, Duration::from_secs(5)).await;
+    let _commands = silent.serve_commands("stuck").await.expect("subscribe");
+    let err = forwarder
+        .send_command("stuck", &ChatCommand::Cancel)
+        .await
+        .expect_err("no answer");
+    assert!(matches!(err, ClusterError::Timeout(_)), "{err:?}");
+}
+
+#[actix_rt::test]
+async fn live_events_reach_another_node_in_order() {
+    let Some(url) = common::nats_url("live_events_reach_another_node") else {
+        return;
+    };
+    let prefix = common::unique_prefix();
+    let owner = common::node_bus(&url, "owner", &prefix, Duration::from_secs(5)).await;
+    let relay = common::node_bus(&url, "relay", &prefix, Duration::from_secs(5)).await;
+    let mut events = relay.subscribe_events("chat-9").await.expect("subscribe");
+    let mut other_chat = relay.subscribe_events("chat-10").await.expect("subscribe");
+    for seq in 1..=50u64 {
+        let event = LiveEvent {
+            seq,
+            envelope: format!(r#"{{"seq":{seq}}}"#).into(),
+        };
+        owner
+            .publish_event("chat-9", &event)
+            .await
+            .expect("publish");
+    }
+    owner
+        .publish_event(
+            "chat-10",
+            &LiveEvent {
+                seq: 1,
+                envelope: "{}".into(),
+            },
+        )
+        .await
+        .expect("publish");
+    for seq in 1..=50u64 {
+        let event = tokio::time::timeout(Duration::from_secs(5), events.next())
+            .await
+            .expect("in time")
+            .expect("an event");
+        assert_eq!(event.seq, seq);
+        assert_eq!(
+            &event.envelope[..],
+            format!(r#"{{"seq":{seq}}}"#).as_bytes()
+        );
+    }
+    let other = tokio::time::timeout(Duration::from_secs(5), other_chat.next())
+        .await
+        .expect("in time")
+        .expect("an event");
+    assert_eq!(other.seq, 1, "each chat has its own subject");
+    assert!(owner.round_trip().await.expect("rtt") < Duration::from_secs(5));
+}

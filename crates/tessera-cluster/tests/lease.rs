@@ -1,0 +1,394 @@
+//! The lease manager against an in-memory lease store that follows the `LeaseStore` contract
+//! (expiry by the store's clock, epoch bumped on takeover). The PostgreSQL implementation is
+//! exercised by the multi-node tests.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use tessera_cluster::{
+    AcquireLease, ClusterMetrics, Drain, HeldLeases, LeaseManager, LeaseManagerConfig,
+    OwnershipChange, ReleaseLease,
+};
+use tessera_store::{Lease, LeaseStore, StoreError, StoreFuture};
+
+struct MemoryLeases {
+    rows: Mutex<HashMap<String, (String, i64, Instant)>>,
+    /// Chats that are open (candidates for orphan takeover).
+    open: Mutex<Vec<String>>,
+    /// While set, every call fails as if the database were unreachable.
+    down: AtomicBool,
+    /// The store's clock origin (`expires_at_ms` counts from it).
+    origin: Instant,
+}
+
+impl MemoryLeases {
+    fn new(open: &[&str]) -> Arc<Self> {
+        Arc::new(Self {
+            rows: Mutex::default(),
+            open: Mutex::new(open.iter().map(|s| s.to_string()).collect()),
+            down: AtomicBool::new(false),
+            origin: Instant::now(),
+        })
+    }
+
+    fn check(&self) -> Result<(), StoreError> {
+        if self.down.load(Ordering::SeqCst) {
+            return Err(StoreError::Transient("database down".into()));
+        }
+        Ok(())
+    }
+
+    fn owner(&self, chat: &str) -> Option<(String, i64)> {
+        let rows = self.rows.lock().unwrap();
+        rows.get(chat).map(|(n, e, _)| (n.clone(), *e))
+    }
+}
+
+impl LeaseStore for MemoryLeases {
+    fn acquire_lease(&self, chat_id: &str, node: &str, ttl_ms: i64) -> StoreFuture<Option<Lease>> {
+        let result = self.check().map(|()| {
+            let now = Instant::now();
+            let expires = now + Duration::from_millis(ttl_ms as u64);
+            let mut rows = self.rows.lock().unwrap();
+            let row = rows.entry(chat_id.to_owned());
+            let (owner, epoch, until) = match row {
+                std::collections::hash_map::Entry::Vacant(v) => {
+                    v.insert((node.to_owned(), 1, expires)).clone()
+                }
+                std::collections::hash_map::Entry::Occupied(mut o) => {
+                    let (owner, epoch, until) = o.get().clone();
+                    if owner == node && until > now {
+                        (owner, epoch, until)
+                    } else if until <= now {
+                        o.insert((node.to_owned(), epoch + 1, expires));
+                        o.get().clone()
+                    } else {
+                        return None;
+                    }
+                }
+            };
+            Some(Lease {
+                chat_id: chat_id.to_owned(),
+                node: owner,
+                epoch,
+                expires_at_ms: until.duration_since(self.origin).as_millis() as i64,
+            })
+        });
+        Box::pin(async move { result })
+    }
+
+    fn renew_leases(
+        &self,
+        node: &str,
+        held: &[(String, i64)],
+        ttl_ms: i64,
+    ) -> StoreFuture<Vec<String>> {
+        let result = self.check().map(|()| {
+            let now = Instant::now();
+            let mut rows = self.rows.lock().unwrap();
+            let mut lost = Vec::new();
+            for (chat, epoch) in held {
+                match rows.get_mut(chat) {
+                    Some(row) if row.0 == node && row.1 == *epoch && row.2 > now => {
+                        row.2 = now + Duration::from_millis(ttl_ms as u64);
+                    }
+                    _ => lost.push(chat.clone()),
+                }
+            }
+            lost
+        });
+        Box::pin(async move { result })
+    }
+
+    fn release_lease(&self, chat_id: &str, node: &str, epoch: i64) -> StoreFuture<()> {
+        let result = self.check().map(|()| {
+            let mut rows = self.rows.lock().unwrap();
+            if let Some(row) = rows.get_mut(chat_id)
+                && row.0 == node
+                && row.1 == epoch
+            {
+                row.2 = Instant::now();
+            }
+        });
+        Box::pin(async move { result })
+    }
+
+    fn orphaned_chats(&self, limit: i64) -> StoreFuture<Vec<String>> {
+        let result = self.check().map(|()| {
+            let now = Instant::now();
+            let rows = self.rows.lock().unwrap();
+            self.open
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|c| rows.get(*c).is_none_or(|r| r.2 <= now))
+                .take(limit as usize)
+                .cloned()
+                .collect()
+        });
+        Box::pin(async move { result })
+    }
+}
+
+/// Records what a lease manager told its node.
+#[derive(Default)]
+struct Node {
+    changes: Vec<OwnershipChange>,
+}
+impl Actor for Node {
+    type Context = Context<Self>;
+}
+impl Handler<OwnershipChange> for Node {
+    type Result = ();
+    fn handle(&mut self, msg: OwnershipChange, _: &mut Self::Context) {
+        self.changes.push(msg);
+    }
+}
+#[derive(Message)]
+#[rtype(result = "Vec<OwnershipChange>")]
+struct Changes;
+impl Handler<Changes> for Node {
+    type Result = MessageResult<Changes>;
+    fn handle(&mut self, _: Changes, _: &mut Self::Context) -> Self::Result {
+        MessageResult(self.changes.clone())
+    }
+}
+
+const TTL: Duration = Duration::from_millis(300);
+
+fn manager(
+    store: &Arc<MemoryLeases>,
+    node: &str,
+) -> (Addr<LeaseManager>, Addr<Node>, Arc<ClusterMetrics>) {
+    let recorder = Node::default().start();
+    let metrics = Arc::new(ClusterMetrics::default());
+    let config = LeaseManagerConfig {
+        node_id: node.to_owned(),
+        ttl: TTL,
+        takeover_batch: 100,
+    };
+    let addr = LeaseManager::new(
+        store.clone(),
+        config,
+        recorder.clone().recipient(),
+        metrics.clone(),
+    )
+    .start();
+    (addr, recorder, metrics)
+}
+
+/// Waits (up to 5 s) until `node` has been told `change`; returns how long it took.
+async fn told(node: &Addr<Node>, change: &OwnershipChange) -> Duration {
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(5) {
+        if node.send(Changes).await.unwrap().contains(change) {
+            return started.elapsed();
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("never told {change:?}");
+}
+
+#[actix_rt::test]
+async fn a_held_lease_is_renewed_and_never_taken() {
+    let store = MemoryLeases::new(&["c1"]);
+    let (a, _, metrics) = manager(&store, "a");
+    assert_eq!(
+        a.send(AcquireLease {
+            chat_id: "c1".into()
+        })
+        .await
+        .unwrap()
+        .unwrap(),
+        Some(1)
+    );
+    let (b, b_node, _) = manager(&store, "b");
+    assert_eq!(
+        b.send(AcquireLease {
+            chat_id: "c1".into()
+        })
+        .await
+        .unwrap()
+        .unwrap(),
+        None
+    );
+    // Several TTLs: renewals keep it, and b's orphan scans never take it.
+    let until = Instant::now() + TTL * 5;
+    while Instant::now() < until {
+        assert_eq!(store.owner("c1"), Some(("a".into(), 1)));
+        tokio::time::sleep(TTL / 10).await;
+    }
+    assert!(b_node.send(Changes).await.unwrap().is_empty());
+    assert_eq!(a.send(HeldLeases).await.unwrap(), vec![("c1".into(), 1)]);
+    assert_eq!(metrics.owned_chats.load(Ordering::Relaxed), 1);
+}
+
+#[actix_rt::test]
+async fn a_dead_nodes_chats_are_taken_over_with_a_new_epoch() {
+    let store = MemoryLeases::new(&["c1", "c2"]);
+    // a runs on its own arbiter (thread), stopped below as a killed process stops.
+    let arbiter = Arbiter::new();
+    let recorder = Node::default().start();
+    let config = LeaseManagerConfig {
+        node_id: "a".into(),
+        ttl: TTL,
+        takeover_batch: 100,
+    };
+    let a_store = store.clone();
+    let a = LeaseManager::start_in_arbiter(&arbiter.handle(), move |_| {
+        LeaseManager::new(
+            a_store,
+            config,
+            recorder.recipient(),
+            Arc::new(ClusterMetrics::default()),
+        )
+    });
+    for chat in ["c1", "c2"] {
+        a.send(AcquireLease {
+            chat_id: chat.into(),
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    }
+    arbiter.stop();
+    let died = Instant::now();
+    let (_b, b_node, b_metrics) = manager(&store, "b");
+    for chat in ["c1", "c2"] {
+        told(
+            &b_node,
+            &OwnershipChange::TakenOver {
+                chat_id: chat.into(),
+                epoch: 2,
+            },
+        )
+        .await;
+    }
+    let took = died.elapsed();
+    // Expiry is at most TTL after a's last renewal; one scan period (TTL/3) later b has it.
+    assert!(took >= TTL / 2, "not before the lease expired ({took:?})");
+    assert_eq!(store.owner("c1"), Some(("b".into(), 2)));
+    assert_eq!(b_metrics.takeovers.load(Ordering::Relaxed), 2);
+}
+
+#[actix_rt::test]
+async fn a_node_cut_off_from_the_store_drops_its_chats_and_the_other_takes_them() {
+    let store = MemoryLeases::new(&["c1"]);
+    let (a, a_node, a_metrics) = manager(&store, "a");
+    a.send(AcquireLease {
+        chat_id: "c1".into(),
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    store.down.store(true, Ordering::SeqCst);
+    told(
+        &a_node,
+        &OwnershipChange::Lost {
+            chat_id: "c1".into(),
+            epoch: 1,
+        },
+    )
+    .await;
+    assert!(a_metrics.lease_renew_failures.load(Ordering::Relaxed) >= 1);
+    assert!(a.send(HeldLeases).await.unwrap().is_empty());
+    store.down.store(false, Ordering::SeqCst);
+    let (_b, b_node, _) = manager(&store, "b");
+    // a (recovered) races b for the orphan; the store gives it to exactly one of them, and
+    // only that one is told to start it.
+    let started = Instant::now();
+    while store.owner("c1").is_none_or(|(_, epoch)| epoch < 2) {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "never taken over"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (winner, epoch) = store.owner("c1").unwrap();
+    assert_eq!(epoch, 2);
+    let taken = OwnershipChange::TakenOver {
+        chat_id: "c1".into(),
+        epoch: 2,
+    };
+    let (winner_node, loser_node) = if winner == "a" {
+        (&a_node, &b_node)
+    } else {
+        (&b_node, &a_node)
+    };
+    told(winner_node, &taken).await;
+    assert!(!loser_node.send(Changes).await.unwrap().contains(&taken));
+}
+
+#[actix_rt::test]
+async fn a_lease_taken_while_paused_is_reported_lost_on_the_next_renewal() {
+    let store = MemoryLeases::new(&[]);
+    let (a, a_node, _) = manager(&store, "a");
+    a.send(AcquireLease {
+        chat_id: "c1".into(),
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    // Another node took it over (as after a's pause past the TTL).
+    store
+        .rows
+        .lock()
+        .unwrap()
+        .insert("c1".into(), ("b".into(), 2, Instant::now() + TTL * 100));
+    told(
+        &a_node,
+        &OwnershipChange::Lost {
+            chat_id: "c1".into(),
+            epoch: 1,
+        },
+    )
+    .await;
+}
+
+#[actix_rt::test]
+async fn drain_hands_chats_over_without_waiting_for_expiry() {
+    let store = MemoryLeases::new(&["c1", "c2"]);
+    let (a, _, _) = manager(&store, "a");
+    for chat in ["c1", "c2"] {
+        a.send(AcquireLease {
+            chat_id: chat.into(),
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    }
+    let mut released = a.send(Drain).await.unwrap();
+    released.sort();
+    assert_eq!(released, vec!["c1".to_string(), "c2".to_string()]);
+    assert_eq!(
+        a.send(AcquireLease {
+            chat_id: "c3".into()
+        })
+        .await
+        .unwrap()
+        .unwrap(),
+        None,
+        "a draining node takes nothing"
+    );
+    // Immediately acquirable elsewhere, well before a TTL has passed.
+    let (b, _, _) = manager(&store, "b");
+    let started = Instant::now();
+    assert_eq!(
+        b.send(AcquireLease {
+            chat_id: "c1".into()
+        })
+        .await
+        .unwrap()
+        .unwrap(),
+        Some(2)
+    );
+    assert!(started.elapsed() < TTL);
+    a.send(ReleaseLease {
+        chat_id: "c2".into(),
+    })
+    .await
+    .unwrap();
+}

@@ -1,0 +1,354 @@
+//! Routing between nodes with a real engine and a real NATS server: another node (here a
+//! second NATS connection) sees the owned chat's live events in seq order and drives the chat
+//! with forwarded commands, answered as the owner's own socket would answer them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::Actor;
+use futures::StreamExt;
+use serde_json::{Map, Value, json};
+use tessera_cluster::{ChatCommand, ClusterBus, ClusterMetrics, CommandReply};
+use tessera_engine::{Engine, EngineConfig, EngineHooks, NewChat};
+use tessera_llm::ChatModel;
+use tessera_llm::scripted::ScriptedModel;
+use tessera_server::cluster::ChatRelay;
+use tessera_store::SqliteStore;
+use tessera_tools::{ArtifactStore, BuiltinRegistry, ToolServices};
+
+async fn bus(url: &str, node: &str, prefix: &str) -> ClusterBus {
+    ClusterBus::connect(
+        url,
+        node,
+        prefix,
+        Duration::from_secs(5),
+        Arc::new(ClusterMetrics::default()),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("NATS: {e}"))
+}
+
+/// An engine serving the TodoAssistant demo, with `store` for its tools and (when `durable`)
+/// as its chat store.
+fn todo_engine(store: &Arc<SqliteStore>, durable: bool) -> Engine {
+    let workflows_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../workflows");
+    let workflow = tessera_manifest::load_workflows(&workflows_dir)
+        .into_iter()
+        .find(|(name, _)| name == "TodoAssistant")
+        .and_then(|(_, w)| w.ok())
+        .unwrap_or_else(|| panic!("TodoAssistant loads"));
+    let model: Arc<dyn ChatModel> = Arc::new(
+        ScriptedModel::from_file(&workflow.dir.join("demo.json")).unwrap_or_else(|e| panic!("{e}")),
+    );
+    let artifacts: Arc<dyn ArtifactStore> = store.clone();
+    let builtins = BuiltinRegistry::with_defaults(ToolServices {
+        tasks: store.clone(),
+        artifacts,
+    });
+    Engine::start(
+        vec![(workflow, model)],
+        &builtins,
+        EngineConfig::default(),
+        EngineHooks {
+            store: durable.then(|| store.clone() as Arc<dyn tessera_store::ChatStore>),
+            ..EngineHooks::default()
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A SQLite store in `dir`, an engine on it and one new TodoAssistant chat.
+async fn todo_chat(
+    dir: &std::path::Path,
+    durable: bool,
+) -> (Engine, tessera_engine::ChatHandle, Arc<SqliteStore>) {
+    let store = Arc::new(
+        SqliteStore::open(&dir.join("t.db"))
+            .await
+            .unwrap_or_else(|e| panic!("{e}")),
+    );
+    let engine = todo_engine(&store, durable);
+    let chat = engine
+        .start_chat(NewChat {
+            tenant: "t".into(),
+            user: "u".into(),
+            workflow: "TodoAssistant".into(),
+            context: Map::new(),
+            chat_id: None,
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    (engine, chat, store)
+}
+
+#[actix::test]
+async fn another_node_sees_live_events_in_order_and_drives_the_chat() {
+    let Some(url) = tessera_cluster::testing::test_nats_url("another_node_sees_live_events") else {
+        return;
+    };
+    let data = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let (_engine, chat, _store) = todo_chat(data.path(), false).await;
+    let chat_id = chat.identity.chat_id.to_string();
+
+    let prefix = format!("t{}", uuid::Uuid::new_v4().simple());
+    let owner = bus(&url, "owner", &prefix).await;
+    let other = bus(&url, "other", &prefix).await;
+    let mut events = other
+        .subscribe_events(&chat_id)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let arbiter = chat.arbiter.clone();
+    let relayed = chat.clone();
+    let _relay = ChatRelay::start_in_arbiter(&arbiter, move |_| ChatRelay::new(relayed, owner));
+
+    // The relay serves commands once it is subscribed; until then the chat has no responder.
+    let input = ChatCommand::Input {
+        content: "Buy milk".into(),
+        client_msg_id: Some("m1".into()),
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let reply = loop {
+        match other.send_command(&chat_id, &input).await {
+            Err(tessera_cluster::ClusterError::NoOwner(_))
+                if tokio::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            other => break other.unwrap_or_else(|e| panic!("{e}")),
+        }
+    };
+    assert_eq!(reply, CommandReply::Accepted);
+
+    let mut seqs = Vec::new();
+    let mut types = Vec::new();
+    loop {
+        let event = tokio::time::timeout(Duration::from_secs(10), events.next())
+            .await
+            .unwrap_or_else(|_| panic!("the turn did not end; saw {types:?}"))
+            .unwrap_or_else(|| panic!("stream ended"));
+        let body: Value = serde_json::from_slice(&event.envelope).unwrap_or_default();
+        assert_eq!(
+            body["seq"],
+            json!(event.seq),
+            "the relayed seq is the event's own"
+        );
+        seqs.push(event.seq);
+        let kind = body["type"].as_str().unwrap_or_default().to_owned();
+        types.push(kind.clone());
+        // The turn is over when the chat asks the user again.
+        if kind == "chat.input_request" && types.iter().any(|t| t == "chat.run_start") {
+            break;
+        }
+    }
+    let first = seqs[0];
+    assert_eq!(
+        seqs,
+        (first..first + seqs.len() as u64).collect::<Vec<_>>(),
+        "contiguous, no duplicate"
+    );
+    assert!(types.iter().any(|t| t == "chat.tool_call"), "{types:?}");
+
+    let bogus = ChatCommand::ToolAnswer {
+        corr: "no-such-corr".into(),
+        response: json!({"status": "success"}),
+    };
+    match other.send_command(&chat_id, &bogus).await {
+        Ok(CommandReply::Refused { code, .. }) => assert_eq!(code, "unknown_correlation"),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+/// Collects what a feed delivers.
+#[derive(Default)]
+struct Collector(Vec<Value>);
+impl actix::Actor for Collector {
+    type Context = actix::Context<Self>;
+}
+impl actix::Handler<tessera_engine::session::Deliver> for Collector {
+    type Result = ();
+    fn handle(&mut self, msg: tessera_engine::session::Deliver, _: &mut Self::Context) {
+        self.0
+            .push(serde_json::from_str(&msg.0).unwrap_or_default());
+    }
+}
+#[derive(actix::Message)]
+#[rtype(result = "Vec<Value>")]
+struct Collected;
+impl actix::Handler<Collected> for Collector {
+    type Result = actix::MessageResult<Collected>;
+    fn handle(&mut self, _: Collected, _: &mut Self::Context) -> Self::Result {
+        actix::MessageResult(self.0.clone())
+    }
+}
+
+#[actix::test]
+async fn a_reader_on_another_node_gets_replay_then_live_events_without_gap_or_duplicate() {
+    let Some(url) = tessera_cluster::testing::test_nats_url("a_reader_on_another_node") else {
+        return;
+    };
+    let data = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let (_engine, chat, store) = todo_chat(data.path(), true).await;
+    let chat_id = chat.identity.chat_id.to_string();
+    let prefix = format!("t{}", uuid::Uuid::new_v4().simple());
+    let owner = bus(&url, "owner", &prefix).await;
+    let reader = bus(&url, "reader", &prefix).await;
+    let relayed = chat.clone();
+    let _relay = ChatRelay::start_in_arbiter(&chat.arbiter.clone(), move |_| {
+        ChatRelay::new(relayed, owner)
+    });
+
+    // A first turn before the reader arrives: only the store has it for the reader.
+    let say = |text: &str| ChatCommand::Input {
+        content: text.into(),
+        client_msg_id: None,
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match reader.send_command(&chat_id, &say("Buy milk")).await {
+            Err(tessera_cluster::ClusterError::NoOwner(_))
+                if tokio::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            other => {
+                assert_eq!(
+                    other.unwrap_or_else(|e| panic!("{e}")),
+                    CommandReply::Accepted
+                );
+                break;
+            }
+        }
+    }
+
+    let collector = Collector::default().start();
+    let store_for_feed: Arc<dyn tessera_store::ChatStore> = store.clone();
+    let _feed = tessera_server::cluster::RemoteFeed::new(
+        chat_id.clone(),
+        0,
+        store_for_feed,
+        reader.clone(),
+        collector.clone().recipient(),
+    )
+    .start();
+    // A second turn while the feed replays and follows.
+    let second = loop {
+        match reader.send_command(&chat_id, &say("Buy bread")).await {
+            Ok(CommandReply::Refused { code, .. }) if code == "not_accepting_input" => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            other => break other.unwrap_or_else(|e| panic!("{e}")),
+        }
+    };
+    assert_eq!(second, CommandReply::Accepted);
+
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let seen = collector.send(Collected).await.unwrap_or_default();
+        let input_requests = seen
+            .iter()
+            .filter(|e| e["type"] == "chat.input_request")
+            .count();
+        let texts: Vec<String> = seen
+            .iter()
+            .filter(|e| e["type"] == "chat.text")
+            .map(|e| e["data"]["content"].to_string())
+            .collect();
+        // The greeting's request, then one per turn.
+        if input_requests >= 3 && texts.iter().any(|t| t.contains("Buy bread")) {
+            let seqs: Vec<u64> = seen.iter().filter_map(|e| e["seq"].as_u64()).collect();
+            assert_eq!(
+                seqs,
+                (1..=seqs.len() as u64).collect::<Vec<_>>(),
+                "every event once, in order, from the first"
+            );
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the reader did not get both turns: {seen:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[actix::test]
+async fn a_chat_taken_over_is_served_to_other_nodes_until_it_is_lost() {
+    use tessera_cluster::{ClusterError, OwnershipChange};
+    use tessera_server::cluster::{ClusterNode, FindOwned};
+    let Some(url) = tessera_cluster::testing::test_nats_url("a_chat_taken_over_is_served") else {
+        return;
+    };
+    let data = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    // The dead node's engine created the chat; its greeting reached the store.
+    let (_dead, chat, store) = todo_chat(data.path(), true).await;
+    let chat_id = chat.identity.chat_id.to_string();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while tessera_store::ChatStore::events_after(&*store, &chat_id, 0, 10)
+        .await
+        .unwrap_or_default()
+        .is_empty()
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "greeting never stored"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    drop(chat);
+
+    let engine = todo_engine(&store, true);
+    let prefix = format!("t{}", uuid::Uuid::new_v4().simple());
+    let node = ClusterNode::new(engine, bus(&url, "survivor", &prefix).await).start();
+    let client_node = bus(&url, "entry", &prefix).await;
+    node.do_send(OwnershipChange::TakenOver {
+        chat_id: chat_id.clone(),
+        epoch: 2,
+    });
+    let say = ChatCommand::Input {
+        content: "Buy milk".into(),
+        client_msg_id: None,
+    };
+    loop {
+        match client_node.send_command(&chat_id, &say).await {
+            Err(ClusterError::NoOwner(_)) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            other => {
+                assert_eq!(
+                    other.unwrap_or_else(|e| panic!("{e}")),
+                    CommandReply::Accepted
+                );
+                break;
+            }
+        }
+    }
+    let owned = node.send(FindOwned(chat_id.clone())).await.unwrap_or(None);
+    assert_eq!(owned.map(|(_, epoch)| epoch), Some(2));
+
+    node.do_send(OwnershipChange::Lost {
+        chat_id: chat_id.clone(),
+        epoch: 2,
+    });
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match client_node
+            .send_command(&chat_id, &ChatCommand::Cancel)
+            .await
+        {
+            Err(ClusterError::NoOwner(_)) => break,
+            other => {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "still served after being lost: {other:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+    assert!(
+        node.send(FindOwned(chat_id))
+            .await
+            .unwrap_or(None)
+            .is_none()
+    );
+}

@@ -59,6 +59,20 @@ drain=$(grep -oE 'shutdown_timeout\([0-9]+\)' crates/tessera-server/src/serve.rs
 grace=$(grep -oE 'terminationGracePeriodSeconds: [0-9]+' deploy/k8s/tessera.yaml | grep -oE '[0-9]+')
 [ "$grace" -gt "$((drain + 10))" ] || { echo "terminationGracePeriodSeconds $grace is not above the $drain s drain" >&2; exit 1; }
 
+echo "-- every node gets the store, NATS and its own id; readiness on /readyz"
+for var in TESSERA_STORE_URL TESSERA_NATS_URL TESSERA_NODE_ID TESSERA_SECRET_KEY; do
+  grep -q "$var" deploy/compose.yaml || { echo "compose.yaml does not set $var" >&2; exit 1; }
+  grep -q "name: $var" deploy/k8s/tessera.yaml || { echo "k8s does not set $var" >&2; exit 1; }
+done
+grep -A3 'name: TESSERA_NODE_ID' deploy/k8s/tessera.yaml | grep -q 'fieldPath: metadata.name' \
+  || { echo "k8s: TESSERA_NODE_ID must come from the pod name" >&2; exit 1; }
+for node in 1 2 3; do
+  grep -q "TESSERA_NODE_ID: tessera-$node" deploy/compose.yaml || { echo "compose.yaml: tessera-$node has no node id" >&2; exit 1; }
+done
+grep -q 'http://127.0.0.1:8080/readyz' deploy/compose.yaml || { echo "compose.yaml: no health check on /readyz" >&2; exit 1; }
+stop=$(grep -oE 'stop_grace_period: [0-9]+s' deploy/compose.yaml | grep -oE '[0-9]+')
+[ "$stop" -gt "$((drain + 10))" ] || { echo "compose stop_grace_period ${stop}s is not above the $drain s drain" >&2; exit 1; }
+
 echo "-- proxy timeouts outlast the WebSocket idle timeout"
 idle=$(grep -oE 'idle_timeout_s: [0-9]+' crates/tessera-server/src/config.rs | grep -oE '[0-9]+')
 for conf in deploy/nginx/*.conf; do

@@ -201,7 +201,13 @@ pub async fn run(
             return Err(bad_request(format!("{field} must be 1 to 128 bytes")));
         }
     }
-    if !state.tenant_limiter.allow(&caller.tenant) {
+    if state
+        .tenant_budget
+        .spend(&caller.tenant)
+        .resolve()
+        .await
+        .is_err()
+    {
         return Err(ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,
             ErrorCode::RateLimited.as_str(),

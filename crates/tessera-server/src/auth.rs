@@ -10,6 +10,9 @@
 //!   (which cannot set headers) sends it as the subprotocol `bearer.<token>` next to
 //!   `tessera.v1`, or redeems a single-use ticket from `POST /api/v1/ws-ticket` as `?ticket=`,
 //!   so no long-lived credential ever appears in a URL.
+//! - Tickets are this node's (a map in memory) on a single node, and the deployment's in
+//!   cluster mode (`GlobalLimits`: issued on one node, redeemed once on any), behind one
+//!   `TicketBook`.
 //! - A request with an `Origin` header (a browser) must come from the server's own origin or
 //!   one of `auth.allowed_origins`; requests without `Origin` (non-browser clients) pass.
 
@@ -20,7 +23,8 @@ use std::time::{Duration, Instant};
 use actix_web::HttpRequest;
 use anyhow::Context as _;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
-use serde_json::{Map, Value};
+use serde_json::{Map, Value, json};
+use tessera_cluster::{GlobalLimits, TicketRedeemError};
 
 use crate::config::{AuthConfig, JwtConfig, TenantConfig};
 
@@ -60,6 +64,30 @@ struct Ticket {
     user: Arc<str>,
     chat_id: Arc<str>,
     expires: Instant,
+}
+
+/// Where tickets are kept between issue and redemption.
+enum TicketBook {
+    /// This node's memory (single node).
+    Local(Mutex<HashMap<String, Ticket>>),
+    /// The deployment's ticket bucket (cluster mode): any node redeems, once.
+    Global(Box<GlobalLimits>),
+}
+
+impl std::fmt::Debug for TicketBook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Local(_) => "TicketBook::Local",
+            Self::Global(_) => "TicketBook::Global",
+        })
+    }
+}
+
+/// Seconds since the Unix epoch (ticket expiry in the global book, compared across nodes).
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 /// Verifies JWTs with the configured keys only.
@@ -159,7 +187,7 @@ pub struct Authenticator {
     jwt: Option<JwtVerifier>,
     allowed_origins: Vec<String>,
     ticket_ttl: Duration,
-    tickets: Mutex<HashMap<String, Ticket>>,
+    tickets: TicketBook,
 }
 
 impl Authenticator {
@@ -176,8 +204,14 @@ impl Authenticator {
                 .map(|o| o.trim_end_matches('/').to_ascii_lowercase())
                 .collect(),
             ticket_ttl: Duration::from_secs(auth.ticket_ttl_s.max(1)),
-            tickets: Mutex::new(HashMap::new()),
+            tickets: TicketBook::Local(Mutex::new(HashMap::new())),
         })
+    }
+
+    /// Keeps tickets in the deployment's bucket (cluster mode) instead of this node's memory.
+    pub fn with_global_tickets(mut self, limits: Box<GlobalLimits>) -> Self {
+        self.tickets = TicketBook::Global(limits);
+        self
     }
 
     /// True when no tenants and no JWT are configured.
@@ -197,7 +231,7 @@ impl Authenticator {
 
     /// The caller of a WebSocket upgrade: `Authorization`, then a `bearer.<token>`
     /// subprotocol, then `ticket` (single use, bound to `chat_id`).
-    pub fn ws_caller(
+    pub async fn ws_caller(
         &self,
         req: &HttpRequest,
         chat_id: &str,
@@ -205,7 +239,7 @@ impl Authenticator {
     ) -> Result<Caller, AuthError> {
         self.check_origin(req)?;
         if let Some(ticket) = ticket {
-            return self.redeem_ticket(ticket, chat_id);
+            return self.redeem_ticket(ticket, chat_id).await;
         }
         if self.dev_mode() {
             return Ok(dev_caller(req));
@@ -246,48 +280,91 @@ impl Authenticator {
     }
 
     /// Issues a single-use ticket for `caller` to open `chat_id`'s socket; returns it and
-    /// its lifetime in seconds.
-    pub fn issue_ticket(&self, caller: &Caller, chat_id: &str) -> Result<(String, u64), AuthError> {
+    /// its lifetime in seconds. `Invalid` when no randomness or the global book is unreachable.
+    pub async fn issue_ticket(
+        &self,
+        caller: &Caller,
+        chat_id: &str,
+    ) -> Result<(String, u64), AuthError> {
         let mut bytes = [0u8; 32];
         getrandom::fill(&mut bytes).map_err(|_| AuthError::Invalid)?;
         let ticket: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-        let now = Instant::now();
-        let mut tickets = self.tickets.lock().unwrap_or_else(|p| p.into_inner());
-        tickets.retain(|_, t| t.expires > now);
-        if tickets.len() >= MAX_TICKETS {
-            // Abuse: drop the ones closest to expiring.
-            let mut by_expiry: Vec<(String, Instant)> = tickets
-                .iter()
-                .map(|(k, t)| (k.clone(), t.expires))
-                .collect();
-            by_expiry.sort_by_key(|(_, e)| *e);
-            for (key, _) in by_expiry.into_iter().take(MAX_TICKETS / 10) {
-                tickets.remove(&key);
+        match &self.tickets {
+            TicketBook::Local(tickets) => {
+                let now = Instant::now();
+                let mut tickets = tickets.lock().unwrap_or_else(|p| p.into_inner());
+                tickets.retain(|_, t| t.expires > now);
+                if tickets.len() >= MAX_TICKETS {
+                    // Abuse: drop the ones closest to expiring.
+                    let mut by_expiry: Vec<(String, Instant)> = tickets
+                        .iter()
+                        .map(|(k, t)| (k.clone(), t.expires))
+                        .collect();
+                    by_expiry.sort_by_key(|(_, e)| *e);
+                    for (key, _) in by_expiry.into_iter().take(MAX_TICKETS / 10) {
+                        tickets.remove(&key);
+                    }
+                }
+                tickets.insert(
+                    ticket.clone(),
+                    Ticket {
+                        tenant: caller.tenant.clone(),
+                        user: caller.user.clone(),
+                        chat_id: Arc::from(chat_id),
+                        expires: now + self.ticket_ttl,
+                    },
+                );
+            }
+            TicketBook::Global(limits) => {
+                // The bucket also expires it, but only roughly: the expiry is checked here.
+                let claims = json!({
+                    "tenant": &*caller.tenant,
+                    "user": &*caller.user,
+                    "expires_unix": unix_now() + self.ticket_ttl.as_secs(),
+                });
+                limits
+                    .issue_ticket(&ticket, chat_id, claims)
+                    .await
+                    .map_err(|e| {
+                        tracing::warn!(chat_id, error = %e, "cannot record a ticket");
+                        AuthError::Invalid
+                    })?;
             }
         }
-        tickets.insert(
-            ticket.clone(),
-            Ticket {
-                tenant: caller.tenant.clone(),
-                user: caller.user.clone(),
-                chat_id: Arc::from(chat_id),
-                expires: now + self.ticket_ttl,
-            },
-        );
         Ok((ticket, self.ticket_ttl.as_secs()))
     }
 
-    fn redeem_ticket(&self, ticket: &str, chat_id: &str) -> Result<Caller, AuthError> {
-        let mut tickets = self.tickets.lock().unwrap_or_else(|p| p.into_inner());
-        // Removed whatever happens next: a ticket is spent by its first use.
-        let found = tickets.remove(ticket).ok_or(AuthError::Invalid)?;
-        if found.expires <= Instant::now() || *found.chat_id != *chat_id {
-            return Err(AuthError::Invalid);
+    async fn redeem_ticket(&self, ticket: &str, chat_id: &str) -> Result<Caller, AuthError> {
+        match &self.tickets {
+            TicketBook::Local(tickets) => {
+                let mut tickets = tickets.lock().unwrap_or_else(|p| p.into_inner());
+                // Removed whatever happens next: a ticket is spent by its first use.
+                let found = tickets.remove(ticket).ok_or(AuthError::Invalid)?;
+                if found.expires <= Instant::now() || *found.chat_id != *chat_id {
+                    return Err(AuthError::Invalid);
+                }
+                Ok(Caller {
+                    tenant: found.tenant,
+                    user: found.user,
+                })
+            }
+            TicketBook::Global(limits) => {
+                let claims = limits.redeem_ticket(ticket, chat_id).await.map_err(|e| {
+                    if let TicketRedeemError::Unavailable(e) = &e {
+                        tracing::warn!(chat_id, error = %e, "cannot redeem a ticket");
+                    }
+                    AuthError::Invalid
+                })?;
+                let text = |key: &str| claims.get(key).and_then(Value::as_str).map(Arc::from);
+                let expires = claims.get("expires_unix").and_then(Value::as_u64);
+                match (text("tenant"), text("user"), expires) {
+                    (Some(tenant), Some(user), Some(expires)) if unix_now() < expires => {
+                        Ok(Caller { tenant, user })
+                    }
+                    _ => Err(AuthError::Invalid),
+                }
+            }
         }
-        Ok(Caller {
-            tenant: found.tenant,
-            user: found.user,
-        })
     }
 
     /// Refuses browsers calling from a foreign origin (cross-site WebSocket hijacking, CSRF).
@@ -365,7 +442,7 @@ pub fn sha256_hex(data: &[u8]) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use actix_web::test::TestRequest;
     use jsonwebtoken::{EncodingKey, Header};
@@ -373,7 +450,7 @@ mod tests {
 
     const SECRET: &str = "unit-test-hs256-secret-0123456789";
 
-    fn authenticator() -> anyhow::Result<Authenticator> {
+    pub(crate) fn authenticator() -> anyhow::Result<Authenticator> {
         let auth = AuthConfig {
             jwt: Some(JwtConfig {
                 hs256_secret: Some(SECRET.into()),
@@ -497,8 +574,8 @@ mod tests {
         out
     }
 
-    #[test]
-    fn api_keys_origins_and_tickets() -> anyhow::Result<()> {
+    #[actix_rt::test]
+    async fn api_keys_origins_and_tickets() -> anyhow::Result<()> {
         let auth = authenticator()?;
         let req = TestRequest::default()
             .insert_header(("authorization", "Bearer acme-key"))
@@ -519,33 +596,63 @@ mod tests {
             .to_http_request();
         assert!(auth.caller(&allowed).is_ok());
 
-        let (ticket, ttl) = auth
-            .issue_ticket(&caller, "chat-1")
-            .map_err(|e| anyhow::anyhow!("{e:?}"))?;
-        assert_eq!(ttl, 30);
-        let plain = TestRequest::default().to_http_request();
-        assert_eq!(
-            auth.ws_caller(&plain, "chat-2", Some(&ticket)).err(),
-            Some(AuthError::Invalid),
-            "a ticket is bound to its chat (and spent by the failed try)"
-        );
-        let (ticket, _) = auth
-            .issue_ticket(&caller, "chat-1")
-            .map_err(|e| anyhow::anyhow!("{e:?}"))?;
-        let used = auth
-            .ws_caller(&plain, "chat-1", Some(&ticket))
-            .map_err(|e| anyhow::anyhow!("{e:?}"))?;
-        assert_eq!(&*used.user, "bob");
-        assert_eq!(
-            auth.ws_caller(&plain, "chat-1", Some(&ticket)).err(),
-            Some(AuthError::Invalid),
-            "single use"
-        );
+        tickets_are_single_use_and_bound_to_their_chat(&auth, &auth, &caller).await?;
 
         let protocol = TestRequest::default()
             .insert_header(("sec-websocket-protocol", "tessera.v1, bearer.acme-key"))
             .to_http_request();
-        assert!(auth.ws_caller(&protocol, "chat-1", None).is_ok());
+        assert!(auth.ws_caller(&protocol, "chat-1", None).await.is_ok());
+        Ok(())
+    }
+
+    /// A ticket `issuer` issued for `caller` is redeemed by `redeemer` (the same node, or
+    /// another node of a cluster) once, for its own chat only.
+    pub(crate) async fn tickets_are_single_use_and_bound_to_their_chat(
+        issuer: &Authenticator,
+        redeemer: &Authenticator,
+        caller: &Caller,
+    ) -> anyhow::Result<()> {
+        let (ticket, ttl) = issuer
+            .issue_ticket(caller, "chat-1")
+            .await
+            .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        assert_eq!(ttl, 30);
+        let plain = TestRequest::default().to_http_request();
+        assert_eq!(
+            redeemer
+                .ws_caller(&plain, "chat-2", Some(&ticket))
+                .await
+                .err(),
+            Some(AuthError::Invalid),
+            "a ticket is bound to its chat (and spent by the failed try)"
+        );
+        assert_eq!(
+            redeemer
+                .ws_caller(&plain, "chat-1", Some(&ticket))
+                .await
+                .err(),
+            Some(AuthError::Invalid),
+            "spent by the failed try"
+        );
+        let (ticket, _) = issuer
+            .issue_ticket(caller, "chat-1")
+            .await
+            .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        let used = redeemer
+            .ws_caller(&plain, "chat-1", Some(&ticket))
+            .await
+            .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        assert_eq!(
+            (&*used.tenant, &*used.user),
+            (&*caller.tenant, &*caller.user)
+        );
+        for node in [issuer, redeemer] {
+            assert_eq!(
+                node.ws_caller(&plain, "chat-1", Some(&ticket)).await.err(),
+                Some(AuthError::Invalid),
+                "single use, on every node"
+            );
+        }
         Ok(())
     }
 

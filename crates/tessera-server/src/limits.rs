@@ -1,16 +1,26 @@
 //! Per-tenant limits shared by every connection and worker: the tenant-wide message budget
 //! and the cap on open chats. Per-connection limits live in `ws.rs`.
 //!
-//! WHY a mutex-guarded map and not an actor: each check is a few nanoseconds of arithmetic
-//! on the request path; a round trip through a mailbox would cost more than the check.
+//! Each limit is one seam with two sides: [`TenantBudget`] and [`OpenChatQuota`] are this
+//! node's own counters on a single node, and the deployment's `GlobalLimits` (NATS key-value,
+//! `tessera-cluster`) in cluster mode, where every node must count the same tenant. Callers
+//! (`ws.rs`, `rest.rs`, `agui.rs`) use the seam only.
+//!
+//! WHY a mutex-guarded map and not an actor for the local side: each check is a few
+//! nanoseconds of arithmetic on the request path; a round trip through a mailbox would cost
+//! more than the check.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use actix::Addr;
 use futures::future::join_all;
+use tessera_cluster::{AllowMessage, GlobalLimits, TenantBudgets};
 use tessera_engine::ChatHandle;
 use tessera_engine::session::{ChatStatus, GetSnapshot};
+
+use crate::registry::{ChatRegistry, TenantChats};
 
 /// The budget window.
 const WINDOW: Duration = Duration::from_secs(60);
@@ -42,6 +52,7 @@ impl TenantRateLimiter {
     }
 
     /// Counts one message of `tenant`; false when the tenant is over its budget.
+    #[cfg(test)]
     pub fn allow(&self, tenant: &Arc<str>) -> bool {
         self.check(tenant).is_ok()
     }
@@ -102,19 +113,76 @@ impl RestInputBudget {
 
     /// Spends one input of `user` of `tenant` from both budgets; `Err(retry_after)` when over
     /// either (both are spent either way, as a WebSocket frame spends both).
-    pub fn spend(
+    pub async fn spend(
         &self,
-        tenants: &TenantRateLimiter,
+        tenants: &TenantBudget,
         tenant: &Arc<str>,
         user: &str,
     ) -> Result<(), Duration> {
         let caller: Arc<str> = Arc::from(format!("{tenant}\u{0}{user}"));
         let own = self.per_caller.check(&caller);
-        let shared = tenants.check(tenant);
+        let shared = tenants.spend(tenant).resolve().await;
         match (own, shared) {
             (Ok(()), Ok(())) => Ok(()),
             (Err(a), Err(b)) => Err(a.max(b)),
             (Err(wait), _) | (_, Err(wait)) => Err(wait),
+        }
+    }
+}
+
+/// The tenant-wide message budget (WebSocket frames and REST inputs): this node's windows, or
+/// in cluster mode the deployment's, reserved in chunks by the node's `TenantBudgets` actor
+/// (accuracy: ARCHITECTURE.md, "Global limits").
+pub enum TenantBudget {
+    /// One node: [`TenantRateLimiter`].
+    Local(TenantRateLimiter),
+    /// Several nodes: every node spends from the same per-tenant budget.
+    Global(Addr<TenantBudgets>),
+}
+
+/// The answer of [`TenantBudget::spend`]: known now, or to be awaited (the global budget may
+/// have to reserve a chunk first).
+pub enum BudgetCheck {
+    /// Decided; `Err` says when the window ends.
+    Now(Result<(), Duration>),
+    /// Ask the node's `TenantBudgets` actor.
+    Ask(actix::dev::Request<TenantBudgets, AllowMessage>),
+}
+
+impl BudgetCheck {
+    /// The decision (an unreachable budget actor refuses: never let a tenant over).
+    pub async fn resolve(self) -> Result<(), Duration> {
+        match self {
+            Self::Now(decided) => decided,
+            Self::Ask(asked) => match asked.await {
+                Ok(true) => Ok(()),
+                Ok(false) | Err(_) => Err(until_next_minute()),
+            },
+        }
+    }
+}
+
+/// What is left of this wall-clock minute (the global budget's window).
+fn until_next_minute() -> Duration {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    Duration::from_secs(60 - now.as_secs() % 60)
+}
+
+impl TenantBudget {
+    /// `per_minute` messages per tenant (0 = unlimited) on this node only.
+    pub fn local(per_minute: u32) -> Self {
+        Self::Local(TenantRateLimiter::new(per_minute))
+    }
+
+    /// Spends one message of `tenant` (refused ones count too, so hammering does not help).
+    pub fn spend(&self, tenant: &Arc<str>) -> BudgetCheck {
+        match self {
+            Self::Local(limiter) => BudgetCheck::Now(limiter.check(tenant)),
+            Self::Global(budgets) => BudgetCheck::Ask(budgets.send(AllowMessage {
+                tenant: tenant.to_string(),
+            })),
         }
     }
 }
@@ -190,9 +258,125 @@ impl ChatQuota {
     }
 }
 
+/// The cap on each tenant's open chats: counted from this node's chats in memory
+/// ([`ChatQuota`]), or in cluster mode in the deployment's key-value bucket (exact while nodes
+/// live; see ARCHITECTURE.md, "Global limits").
+pub enum OpenChatQuota {
+    /// One node.
+    Local(ChatQuota),
+    /// Several nodes.
+    Global(Box<GlobalLimits>),
+}
+
+/// Why a chat may not be opened now.
+#[derive(Debug, PartialEq, Eq)]
+pub enum QuotaRefusal {
+    /// The tenant has `limit` open chats already.
+    Full,
+    /// The count could not be read (registry stopped, key-value bucket unreachable).
+    Unavailable,
+}
+
+/// A tenant's place for one more open chat, held while the chat is created: keep it with
+/// [`QuotaSlot::opened`] once the chat exists, or give it back with [`QuotaSlot::abandon`].
+pub struct QuotaSlot {
+    /// Local: creations of one tenant are serialized until the chat is registered.
+    _serialized: Option<tokio::sync::OwnedMutexGuard<()>>,
+    /// Global: the counted place, given back when the creation fails.
+    counted: Option<(GlobalLimits, Arc<str>)>,
+}
+
+impl QuotaSlot {
+    /// The chat was created (and registered): its place stays counted until it ends.
+    pub fn opened(self) {}
+
+    /// The chat was not created: give the place back.
+    pub async fn abandon(self) {
+        if let Some((limits, tenant)) = self.counted
+            && let Err(e) = limits.chat_closed(&tenant).await
+        {
+            tracing::warn!(tenant = %tenant, error = %e, "could not give back an open-chat place");
+        }
+    }
+}
+
+impl OpenChatQuota {
+    /// Takes a place for one more open chat of `tenant` if it has fewer than `limit`
+    /// (0 = unlimited). `registry` holds this node's chats (the local count).
+    pub async fn reserve(
+        &self,
+        registry: &Addr<ChatRegistry>,
+        tenant: &Arc<str>,
+        limit: usize,
+    ) -> Result<QuotaSlot, QuotaRefusal> {
+        match self {
+            Self::Local(quota) => {
+                // Held until the chat is registered, so concurrent creations cannot overshoot.
+                let serialized = quota.tenant_lock(tenant).lock_owned().await;
+                if limit > 0 {
+                    let chats = registry
+                        .send(TenantChats(tenant.clone()))
+                        .await
+                        .map_err(|_| QuotaRefusal::Unavailable)?;
+                    if quota.open_count(tenant, chats, limit).await >= limit {
+                        return Err(QuotaRefusal::Full);
+                    }
+                }
+                Ok(QuotaSlot {
+                    _serialized: Some(serialized),
+                    counted: None,
+                })
+            }
+            Self::Global(limits) => {
+                if limit == 0 {
+                    return Ok(QuotaSlot {
+                        _serialized: None,
+                        counted: None,
+                    });
+                }
+                let limit = u64::try_from(limit).unwrap_or(u64::MAX);
+                match limits.try_open_chat(tenant, limit).await {
+                    Ok(true) => Ok(QuotaSlot {
+                        _serialized: None,
+                        counted: Some(((**limits).clone(), tenant.clone())),
+                    }),
+                    Ok(false) => Err(QuotaRefusal::Full),
+                    Err(e) => {
+                        tracing::warn!(tenant = %tenant, error = %e, "open-chat quota unavailable");
+                        Err(QuotaRefusal::Unavailable)
+                    }
+                }
+            }
+        }
+    }
+
+    /// A chat of `tenant` ended (completed, or deleted while open): its place is free. The
+    /// local count reads the chats themselves and needs nothing; the global one is decremented
+    /// in the background (called from the engine's event observer, which must not wait).
+    pub fn chat_ended(&self, tenant: &Arc<str>, limit: usize) {
+        if let Self::Global(limits) = self
+            && limit > 0
+        {
+            let (limits, tenant) = ((**limits).clone(), tenant.clone());
+            actix_rt::spawn(async move {
+                if let Err(e) = limits.chat_closed(&tenant).await {
+                    tracing::warn!(tenant = %tenant, error = %e, "could not count an ended chat");
+                }
+            });
+        }
+    }
+}
+
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// The current wall-clock minute (the global budget's window).
+    pub(crate) fn current_minute() -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() / 60)
+    }
 
     #[test]
     fn tenant_budget_is_per_tenant() {
@@ -209,20 +393,22 @@ mod tests {
 
     #[test]
     fn rest_inputs_spend_the_caller_and_the_tenant_budget() {
-        let tenants = TenantRateLimiter::new(3);
+        let tenants = TenantBudget::local(3);
         let budget = RestInputBudget::new(2);
         let a: Arc<str> = Arc::from("a");
-        assert!(budget.spend(&tenants, &a, "alice").is_ok());
-        assert!(budget.spend(&tenants, &a, "alice").is_ok());
+        let spend =
+            |user: &'static str| futures::executor::block_on(budget.spend(&tenants, &a, user));
+        assert!(spend("alice").is_ok());
+        assert!(spend("alice").is_ok());
+        assert!(spend("alice").is_err(), "alice's own limit");
         assert!(
-            budget.spend(&tenants, &a, "alice").is_err(),
-            "alice's own limit"
-        );
-        assert!(
-            budget.spend(&tenants, &a, "carol").is_err(),
+            spend("carol").is_err(),
             "the tenant's budget is spent (3 of 3 by alice)"
         );
-        assert!(!tenants.allow(&a), "WebSocket frames share it");
+        assert!(
+            futures::executor::block_on(tenants.spend(&a).resolve()).is_err(),
+            "WebSocket frames share it"
+        );
     }
 
     #[test]

@@ -75,9 +75,7 @@ impl Metrics {
                     .unwrap_or(LATENCY_BUCKETS_MS.len());
                 self.llm_latency_buckets[bucket].fetch_add(1, Ordering::Relaxed);
             }
-            ServerEvent::RunComplete { reason, .. }
-                if reason == "terminate" || reason == "max_turns" =>
-            {
+            event if ends_chat(event) => {
                 self.chats_open.fetch_sub(1, Ordering::Relaxed);
             }
             _ => {}
@@ -188,6 +186,57 @@ impl Metrics {
         self.usage.render(&mut out);
         out
     }
+}
+
+/// Appends this node's cluster counters (cluster mode).
+pub fn render_cluster(out: &mut String, cluster: &tessera_cluster::ClusterMetrics) {
+    let load = |a: &AtomicU64| i64::try_from(a.load(Ordering::Relaxed)).unwrap_or(i64::MAX);
+    write_metric(
+        out,
+        "tessera_cluster_owned_chats",
+        "Chats whose lease this node holds.",
+        "gauge",
+        cluster.owned_chats.load(Ordering::Relaxed),
+    );
+    write_metric(
+        out,
+        "tessera_cluster_lease_renew_failures_total",
+        "Batched lease renewals that failed (store unreachable).",
+        "counter",
+        load(&cluster.lease_renew_failures),
+    );
+    write_metric(
+        out,
+        "tessera_cluster_takeovers_total",
+        "Chats this node took over after another node's lease expired or was released.",
+        "counter",
+        load(&cluster.takeovers),
+    );
+    write_metric(
+        out,
+        "tessera_cluster_leases_lost_total",
+        "Leases this node lost (renewal refused, or not renewed within the TTL).",
+        "counter",
+        load(&cluster.leases_lost),
+    );
+    write_metric(
+        out,
+        "tessera_cluster_commands_forwarded_total",
+        "Client commands forwarded to the owner of a chat on another node.",
+        "counter",
+        load(&cluster.commands_forwarded),
+    );
+    let rtt_us = cluster.nats_rtt_us.load(Ordering::Relaxed);
+    let _ = writeln!(
+        out,
+        "# HELP tessera_cluster_nats_rtt_seconds Last measured NATS round trip.\n# TYPE tessera_cluster_nats_rtt_seconds gauge\ntessera_cluster_nats_rtt_seconds {}",
+        rtt_us as f64 / 1e6
+    );
+}
+
+/// True for the event that completes a chat (it no longer counts as open).
+pub fn ends_chat(event: &ServerEvent) -> bool {
+    matches!(event, ServerEvent::RunComplete { reason, .. } if reason == "terminate" || reason == "max_turns")
 }
 
 /// Appends one metric in the Prometheus text format; `kind` is `gauge` or `counter`.

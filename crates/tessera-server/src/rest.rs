@@ -25,6 +25,7 @@ use tessera_protocol::{ErrorCode, ServerEvent, ToolCallEvent};
 use tokio::sync::oneshot;
 
 use crate::auth::{AuthError, Caller};
+use crate::limits::QuotaRefusal;
 use crate::registry::{FindChat, RegisterChat};
 use crate::serve::AppState;
 
@@ -173,10 +174,11 @@ fn caller_error(e: AuthError) -> ApiError {
 
 /// Spends one REST input of `caller` (see `RestInputBudget`); over budget: 429 with
 /// `Retry-After`.
-fn spend_input_budget(state: &AppState, caller: &Caller) -> Result<(), ApiError> {
+async fn spend_input_budget(state: &AppState, caller: &Caller) -> Result<(), ApiError> {
     state
         .rest_budget
-        .spend(&state.tenant_limiter, &caller.tenant, &caller.user)
+        .spend(&state.tenant_budget, &caller.tenant, &caller.user)
+        .await
         .map_err(|wait| {
             let mut error = ApiError::new(
                 StatusCode::TOO_MANY_REQUESTS,
@@ -252,6 +254,12 @@ async fn readyz(state: web::Data<AppState>) -> HttpResponse {
     if state.shutting_down.load(Ordering::Relaxed) {
         return HttpResponse::ServiceUnavailable().json(json!({"status": "shutting_down"}));
     }
+    let failing = state.readiness.failing().await;
+    if !failing.is_empty() {
+        tracing::warn!(failing = ?failing, "not ready: dependencies do not answer");
+        return HttpResponse::ServiceUnavailable()
+            .json(json!({"status": "unavailable", "failing": failing}));
+    }
     HttpResponse::Ok().json(json!({"status": "ready", "workflows": state.workflows.len()}))
 }
 
@@ -264,6 +272,9 @@ async fn metrics(state: web::Data<AppState>) -> HttpResponse {
         "gauge",
         i64::try_from(state.engine.chats_in_memory()).unwrap_or(i64::MAX),
     );
+    if let Some(cluster) = &state.cluster_metrics {
+        crate::metrics::render_cluster(&mut text, cluster);
+    }
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4")
         .body(text)
@@ -322,29 +333,22 @@ pub(crate) async fn start_chat(
     chat_id: Option<String>,
 ) -> Result<ChatHandle, ApiError> {
     let limit = state.limits.max_open_chats_per_tenant;
-    // Held until the chat is registered, so concurrent creations cannot overshoot the cap.
-    let lock = state.chat_quota.tenant_lock(&caller.tenant);
-    let _guard = lock.lock().await;
-    if limit > 0 {
-        let chats = state
-            .registry
-            .send(crate::registry::TenantChats(caller.tenant.clone()))
-            .await
-            .map_err(|_| unavailable())?;
-        if state
-            .chat_quota
-            .open_count(&caller.tenant, chats, limit)
-            .await
-            >= limit
-        {
+    let slot = match state
+        .chat_quota
+        .reserve(&state.registry, &caller.tenant, limit)
+        .await
+    {
+        Ok(slot) => slot,
+        Err(QuotaRefusal::Full) => {
             return Err(ApiError::new(
                 StatusCode::TOO_MANY_REQUESTS,
                 "too_many_chats",
                 format!("at most {limit} open chats per tenant; finish or cancel one first"),
             ));
         }
-    }
-    let handle = state
+        Err(QuotaRefusal::Unavailable) => return Err(unavailable()),
+    };
+    let created = state
         .engine
         .start_chat(NewChat {
             tenant: caller.tenant.to_string(),
@@ -353,12 +357,24 @@ pub(crate) async fn start_chat(
             context,
             chat_id,
         })
-        .await?;
-    state
+        .await;
+    let handle = match created {
+        Ok(handle) => handle,
+        Err(e) => {
+            slot.abandon().await;
+            return Err(e.into());
+        }
+    };
+    if state
         .registry
         .send(RegisterChat(handle.clone()))
         .await
-        .map_err(|_| unavailable())?;
+        .is_err()
+    {
+        slot.abandon().await;
+        return Err(unavailable());
+    }
+    slot.opened();
     state.metrics.chats_created.fetch_add(1, Ordering::Relaxed);
     state.metrics.chats_open.fetch_add(1, Ordering::Relaxed);
     tracing::info!(chat_id = %handle.identity.chat_id, tenant = %caller.tenant, workflow = %handle.workflow, "chat created");
@@ -507,7 +523,7 @@ async fn post_input(
     state: web::Data<AppState>,
     body: web::Json<Value>,
 ) -> Result<HttpResponse, ApiError> {
-    spend_input_budget(&state, &caller)?;
+    spend_input_budget(&state, &caller).await?;
     let message = parse_body("chat.user_message", body.into_inner())?;
     let tessera_protocol::ClientMessage::UserMessage {
         content,
@@ -535,7 +551,7 @@ async fn post_tool_response(
     state: web::Data<AppState>,
     body: web::Json<Value>,
 ) -> Result<HttpResponse, ApiError> {
-    spend_input_budget(&state, &caller)?;
+    spend_input_budget(&state, &caller).await?;
     let tessera_protocol::ClientMessage::ToolResponse(frame) =
         parse_body("chat.tool_response", body.into_inner())?
     else {
@@ -607,6 +623,7 @@ async fn websocket(
     let caller = state
         .auth
         .ws_caller(&req, &path, query.ticket.as_deref())
+        .await
         .map_err(caller_error)?;
     let chat = owned_chat(&state, &caller, &path).await?;
     crate::ws::upgrade(
@@ -618,7 +635,7 @@ async fn websocket(
             limits: state.limits.clone(),
             metrics: state.metrics.clone(),
             hub: state.connections.clone(),
-            tenant_limiter: state.tenant_limiter.clone(),
+            tenant_budget: state.tenant_budget.clone(),
             tenant: caller.tenant.clone(),
         },
     )
@@ -641,6 +658,7 @@ async fn ws_ticket(
     let (ticket, ttl) = state
         .auth
         .issue_ticket(&caller, &chat.identity.chat_id)
+        .await
         .map_err(caller_error)?;
     Ok(HttpResponse::Ok().json(json!({"ticket": ticket, "expires_in_s": ttl})))
 }
@@ -659,7 +677,7 @@ async fn run_workflow(
     state: web::Data<AppState>,
     body: web::Json<RunRequest>,
 ) -> Result<HttpResponse, ApiError> {
-    spend_input_budget(&state, &caller)?;
+    spend_input_budget(&state, &caller).await?;
     let body = body.into_inner();
     let chat = start_chat(&state, &caller, body.workflow, Map::new(), None).await?;
     let (done, result) = oneshot::channel();

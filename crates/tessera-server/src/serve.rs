@@ -32,13 +32,17 @@ pub struct AppState {
     pub engine: Engine,
     pub registry: Addr<ChatRegistry>,
     pub auth: Authenticator,
-    /// Tenant-wide message budget (WebSocket frames and REST inputs).
-    pub tenant_limiter: Arc<crate::limits::TenantRateLimiter>,
+    /// Tenant-wide message budget (WebSocket frames and REST inputs), local or global.
+    pub tenant_budget: Arc<crate::limits::TenantBudget>,
     /// Per-caller REST input budget.
     pub rest_budget: crate::limits::RestInputBudget,
-    /// Cap on each tenant's open chats.
-    pub chat_quota: crate::limits::ChatQuota,
+    /// Cap on each tenant's open chats, local or global.
+    pub chat_quota: Arc<crate::limits::OpenChatQuota>,
     pub metrics: Arc<Metrics>,
+    /// This node's cluster counters (cluster mode only), shown on `/metrics`.
+    pub cluster_metrics: Option<Arc<tessera_cluster::ClusterMetrics>>,
+    /// What `/readyz` checks (the store; NATS in cluster mode).
+    pub readiness: crate::readiness::Readiness,
     pub limits: Arc<Limits>,
     pub artifacts: Arc<dyn ArtifactStore>,
     /// Every chat ever created, for listings that survive restarts.
@@ -148,7 +152,9 @@ pub async fn run(
             "cluster.nats_url / TESSERA_NATS_URL is set, but this build does not run several nodes yet (leases, routing and failover are not wired into `tessera serve`); unset it to run a single node"
         );
     }
-    let auth = Authenticator::new(config.tenants.clone(), &config.auth)?;
+    // Cluster mode passes `Some(crate::cluster_limits::cluster_limits(&config, &bus).await?)`.
+    let limit_seams = crate::cluster_limits::LimitSeams::new(&config, None);
+    let auth = limit_seams.tickets_for(Authenticator::new(config.tenants.clone(), &config.auth)?);
     if auth.dev_mode() {
         tracing::warn!("no tenants or JWT configured: DEV MODE, every request is trusted");
     }
@@ -168,12 +174,21 @@ pub async fn run(
     // Taken before anything is written to the data dir; held until `run` returns, i.e. for
     // the server's lifetime.
     let _data_lock = crate::data_lock::lock_data_dir(&config.data_dir)?;
-    // Each served version is pinned in the data dir first (see `reload`), so chats stored
-    // with it get it back after a restart even if the live folder has changed.
-    let workflows = workflows
-        .iter()
-        .map(|w| reload::pin_version(&config.data_dir, w))
-        .collect::<anyhow::Result<Vec<Workflow>>>()?;
+    let stores = crate::stores::Stores::open(
+        &config.store_location()?,
+        config.limits.max_file_bytes_per_tenant,
+    )
+    .await?;
+    // Each served version is pinned in the data dir and the store first (see `reload`), so
+    // chats stored with it get it back after a restart, or on another node, even if the live
+    // folder has changed.
+    let versions = reload::PinnedVersions::new(config.data_dir.clone(), stores.workflow_versions());
+    versions.sync().await?;
+    let mut pinned = Vec::with_capacity(workflows.len());
+    for workflow in &workflows {
+        pinned.push(versions.pin(workflow).await?);
+    }
+    let workflows = pinned;
     let older = reload::older_versions(&config.data_dir, &workflows);
     let models = model_source(&config)?;
     let with_models = reload::with_models(&models, workflows);
@@ -181,13 +196,6 @@ pub async fn run(
         .iter()
         .map(|(w, m)| workflow_summary(w, m.is_demo()))
         .collect();
-    std::fs::create_dir_all(&config.data_dir)
-        .with_context(|| format!("cannot create the data dir {}", config.data_dir.display()))?;
-    let stores = crate::stores::Stores::open(
-        &config.store_location()?,
-        config.limits.max_file_bytes_per_tenant,
-    )
-    .await?;
     let store = stores.chats();
     let artifacts = stores.artifacts();
     let services = ToolServices {
@@ -206,10 +214,17 @@ pub async fn run(
     };
     let metrics = Arc::new(Metrics::default());
     let observed = metrics.clone();
+    let (quota, quota_limit) = (
+        limit_seams.chat_quota.clone(),
+        config.limits.max_open_chats_per_tenant,
+    );
     let hooks = EngineHooks {
         durable_dedup: None,
         observer: Some(Arc::new(move |chat: &ChatIdentity, event: &ServerEvent| {
-            observed.observe(&chat.tenant, event)
+            observed.observe(&chat.tenant, event);
+            if crate::metrics::ends_chat(event) {
+                quota.chat_ended(&chat.tenant, quota_limit);
+            }
         })),
         store: Some(store.clone()),
     };
@@ -233,7 +248,7 @@ pub async fn run(
         actix_rt::spawn(reload::watch(
             engine.clone(),
             config.workflows_dir.clone(),
-            config.data_dir.clone(),
+            versions.clone(),
             models.clone(),
             Duration::from_secs_f64(config.workflows_watch_s.max(0.05)),
         ));
@@ -242,7 +257,7 @@ pub async fn run(
     actix_rt::spawn(reload::on_sighup(
         engine.clone(),
         config.workflows_dir.clone(),
-        config.data_dir.clone(),
+        versions.clone(),
         models.clone(),
     ));
     let registry = ChatRegistry::default().start();
@@ -279,12 +294,13 @@ pub async fn run(
         engine,
         registry,
         auth,
-        tenant_limiter: Arc::new(crate::limits::TenantRateLimiter::new(
-            config.limits.messages_per_minute_per_tenant,
-        )),
+        tenant_budget: limit_seams.tenant_budget.clone(),
         rest_budget: crate::limits::RestInputBudget::new(config.limits.rest_inputs_per_minute),
-        chat_quota: crate::limits::ChatQuota::default(),
+        chat_quota: limit_seams.chat_quota.clone(),
         metrics,
+        // Cluster mode: `Some(cluster metrics)` and the bus for the readiness probe.
+        cluster_metrics: None,
+        readiness: crate::readiness::Readiness::new(store.clone(), None),
         limits: Arc::new(config.limits.clone()),
         artifacts,
         chats: store.clone(),

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use tessera_store::{ChatStore, LeaseStore, PgStore, SqliteStore};
+use tessera_store::{ChatStore, LeaseStore, PgStore, SqliteStore, WorkflowVersionStore};
 use tessera_tools::{ArtifactStore, TaskStore};
 
 use crate::config::{StoreLocation, redact_url};
@@ -56,6 +56,13 @@ impl Stores {
     }
 
     pub fn artifacts(&self) -> Arc<dyn ArtifactStore> {
+        match self {
+            Self::Sqlite(s) => Arc::new(s.clone()),
+            Self::Postgres(s) => Arc::new(s.clone()),
+        }
+    }
+
+    pub fn workflow_versions(&self) -> Arc<dyn WorkflowVersionStore> {
         match self {
             Self::Sqlite(s) => Arc::new(s.clone()),
             Self::Postgres(s) => Arc::new(s.clone()),

@@ -33,7 +33,7 @@ use tessera_protocol::{
 
 use crate::config::Limits;
 use crate::frame_guard::{FrameGuard, GuardVerdict, Violation};
-use crate::limits::TenantRateLimiter;
+use crate::limits::{BudgetCheck, TenantBudget};
 use crate::metrics::Metrics;
 
 /// How often we ping an idle client (at most; shorter when the idle timeout is short).
@@ -50,8 +50,8 @@ pub struct ConnectionShared {
     pub metrics: Arc<Metrics>,
     /// Open sockets, for shutdown.
     pub hub: Addr<ConnectionHub>,
-    /// The tenant-wide message budget.
-    pub tenant_limiter: Arc<TenantRateLimiter>,
+    /// The tenant-wide message budget (this node's, or the deployment's in cluster mode).
+    pub tenant_budget: Arc<TenantBudget>,
     /// The caller's tenant.
     pub tenant: Arc<str>,
 }
@@ -224,7 +224,7 @@ pub struct WsConnection {
     subscription: Option<u64>,
     limits: Arc<Limits>,
     metrics: Arc<Metrics>,
-    tenant_limiter: Arc<TenantRateLimiter>,
+    tenant_budget: Arc<TenantBudget>,
     tenant: Arc<str>,
     last_heard: Instant,
     window_start: Instant,
@@ -252,7 +252,7 @@ impl WsConnection {
             subscription: None,
             limits: shared.limits,
             metrics: shared.metrics,
-            tenant_limiter: shared.tenant_limiter,
+            tenant_budget: shared.tenant_budget,
             tenant: shared.tenant,
             last_heard: now,
             window_start: now,
@@ -330,18 +330,15 @@ impl WsConnection {
         );
     }
 
-    /// Counts a frame against the connection's and the tenant's per-minute budgets; false
-    /// when over either.
-    fn within_rate(&mut self) -> bool {
+    /// Counts a frame against the connection's per-minute budget; false when over it.
+    fn within_connection_rate(&mut self) -> bool {
         if self.window_start.elapsed() >= Duration::from_secs(60) {
             self.window_start = Instant::now();
             self.window_count = 0;
             self.strikes = 0;
         }
         self.window_count = self.window_count.saturating_add(1);
-        // Both are counted: refused frames use up the tenant's budget too.
-        let tenant_ok = self.tenant_limiter.allow(&self.tenant);
-        self.window_count <= self.limits.messages_per_minute && tenant_ok
+        self.window_count <= self.limits.messages_per_minute
     }
 
     /// Closes the socket with `code` and stops the actor.
@@ -358,12 +355,10 @@ impl WsConnection {
         ctx.stop();
     }
 
-    /// Spends one inbound frame — any frame, good or bad, so that frames refused for their
-    /// size or kind cannot flood for free — against the budgets. Over budget: `rate_limited`,
-    /// and after `rate_limit_strikes` refusals in a minute a 1008 close; false then.
-    fn admit_frame(&mut self, ctx: &mut ws::WebsocketContext<Self>) -> bool {
-        self.metrics.ws_frames_in.fetch_add(1, Ordering::Relaxed);
-        if self.within_rate() {
+    /// Acts on the budgets' verdict on one inbound frame. Over budget: `rate_limited`, and
+    /// after `rate_limit_strikes` refusals in a minute a 1008 close; false then.
+    fn admit_frame(&mut self, within_budgets: bool, ctx: &mut ws::WebsocketContext<Self>) -> bool {
+        if within_budgets {
             return true;
         }
         self.strikes = self.strikes.saturating_add(1);
@@ -545,9 +540,45 @@ impl StreamHandler<Result<ws::Message, ws::ProtocolError>> for WsConnection {
             Ok(ws::Message::Pong(_)) => !std::mem::take(&mut self.pong_expected),
             Ok(_) => true,
         };
-        if counted && !self.admit_frame(ctx) {
+        if !counted {
+            self.on_frame(item, ctx);
             return;
         }
+        // Any frame, good or bad, spends both budgets (so frames refused for their size or
+        // kind cannot flood for free), and refused frames spend them too.
+        self.metrics.ws_frames_in.fetch_add(1, Ordering::Relaxed);
+        let own_ok = self.within_connection_rate();
+        match self.tenant_budget.spend(&self.tenant) {
+            BudgetCheck::Now(tenant) => {
+                if self.admit_frame(own_ok && tenant.is_ok(), ctx) {
+                    self.on_frame(item, ctx);
+                }
+            }
+            asked @ BudgetCheck::Ask(_) => {
+                // The global budget answers asynchronously: later frames wait (`ctx.wait`) so
+                // they are handled in the order they came.
+                ctx.wait(
+                    asked
+                        .resolve()
+                        .into_actor(self)
+                        .map(move |tenant, act, ctx| {
+                            if act.admit_frame(own_ok && tenant.is_ok(), ctx) {
+                                act.on_frame(item, ctx);
+                            }
+                        }),
+                );
+            }
+        }
+    }
+}
+
+impl WsConnection {
+    /// Handles one inbound frame the budgets admitted (or that does not count).
+    fn on_frame(
+        &mut self,
+        item: Result<ws::Message, ws::ProtocolError>,
+        ctx: &mut ws::WebsocketContext<Self>,
+    ) {
         match item {
             Ok(ws::Message::Text(text)) => self.on_text(&text, ctx),
             Ok(ws::Message::Binary(_)) => self.send_error(

@@ -39,6 +39,7 @@ mod tasks;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod tools;
+mod workflow_versions;
 mod writer;
 
 pub use error::StoreError;
@@ -50,5 +51,6 @@ pub use model::{
 pub use pg::PgStore;
 pub use sqlite::SqliteStore;
 pub use store::{ChatStore, StoreFuture};
+pub use workflow_versions::{WorkflowVersion, WorkflowVersionStore};
 
 pub use batch::ChatWriteBatch;

@@ -324,6 +324,16 @@ impl ChatStore for PgStore {
     }
 }
 
+impl crate::WorkflowVersionStore for PgStore {
+    fn put_workflow_version(&self, version: crate::WorkflowVersion) -> StoreFuture<bool> {
+        self.on_runtime(crate::workflow_versions::pg_put(self.pool.clone(), version))
+    }
+
+    fn workflow_versions(&self) -> StoreFuture<Vec<crate::WorkflowVersion>> {
+        self.on_runtime(crate::workflow_versions::pg_all(self.pool.clone()))
+    }
+}
+
 /// Finer-grained operations than [`ChatStore`] offers, as on [`crate::SqliteStore`].
 impl PgStore {
     /// Up to `limit` messages with `idx >= offset`, ordered by idx.

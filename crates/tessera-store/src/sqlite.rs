@@ -252,6 +252,19 @@ impl ChatStore for SqliteStore {
     }
 }
 
+impl crate::WorkflowVersionStore for SqliteStore {
+    fn put_workflow_version(&self, version: crate::WorkflowVersion) -> StoreFuture<bool> {
+        Box::pin(
+            self.writer
+                .call(move |conn| crate::workflow_versions::sqlite_put(conn, &version)),
+        )
+    }
+
+    fn workflow_versions(&self) -> StoreFuture<Vec<crate::WorkflowVersion>> {
+        Box::pin(crate::workflow_versions::sqlite_all(self.pool.clone()))
+    }
+}
+
 /// Finer-grained operations than [`ChatStore`] offers: each is one write or read of its own.
 impl SqliteStore {
     /// Replace the chat's state. Unknown chat: [`StoreError::NotFound`].

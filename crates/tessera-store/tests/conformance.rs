@@ -14,7 +14,7 @@ use futures::future::join_all;
 use serde_json::json;
 use tessera_store::{
     ChatState, ChatStore, ChatWriteBatch, LeaseStore, PendingUiRecord, STATUS_AWAITING_USER,
-    STATUS_COMPLETED, StoreError, ToolClaim,
+    STATUS_COMPLETED, StoreError, ToolClaim, WorkflowVersion, WorkflowVersionStore,
 };
 use tessera_tools::{ArtifactStore, TaskFilter, TaskStore};
 
@@ -534,6 +534,56 @@ async fn migrations_are_idempotent(db: TestDb) {
         first.latest_schema_version()
     );
     assert!(third.load_chat("c1").await.unwrap().is_some());
+}
+
+fn versions_of(store: &common::TestStore) -> Arc<dyn WorkflowVersionStore> {
+    match store {
+        common::TestStore::Sqlite(s) => Arc::new(s.clone()),
+        common::TestStore::Pg(s) => Arc::new(s.clone()),
+    }
+}
+
+fn workflow_version(name: &str, version: &str, agents: &str) -> WorkflowVersion {
+    WorkflowVersion {
+        name: name.into(),
+        version: version.into(),
+        files: [
+            (
+                "workflow.json".to_owned(),
+                format!("{{\"name\": \"{name}\"}}"),
+            ),
+            ("agents.json".to_owned(), agents.to_owned()),
+        ]
+        .into_iter()
+        .collect(),
+    }
+}
+
+async fn workflow_versions_are_kept_once_and_seen_by_every_store(db: TestDb) {
+    let first = open(&db).await;
+    let versions = versions_of(&first);
+    assert!(versions.workflow_versions().await.unwrap().is_empty());
+    let v1 = workflow_version("support", "v1", "{\"a\": \"ünïcode ✓\"}");
+    let v2 = workflow_version("support", "v2", "{}");
+    let other = workflow_version("billing", "v1", "{}");
+    assert!(versions.put_workflow_version(v1.clone()).await.unwrap());
+    assert!(versions.put_workflow_version(v2.clone()).await.unwrap());
+    assert!(versions.put_workflow_version(other.clone()).await.unwrap());
+    // A version is a content hash: written again (by another node, or after a restart) it
+    // is kept as first written.
+    let changed = workflow_version("support", "v1", "{\"changed\": true}");
+    assert!(!versions.put_workflow_version(changed).await.unwrap());
+    assert_eq!(
+        versions.workflow_versions().await.unwrap(),
+        [other.clone(), v1.clone(), v2.clone()]
+    );
+    // Another store on the same database (another node, or this one after a restart).
+    first.close().await;
+    let second = open(&db).await;
+    assert_eq!(
+        versions_of(&second).workflow_versions().await.unwrap(),
+        [other, v1, v2]
+    );
 }
 
 fn state(status: &str, turn: u32) -> ChatState {
@@ -1291,7 +1341,8 @@ conformance!(
     concurrent_claims_from_two_stores_have_one_winner,
     a_claim_left_started_survives_a_restart_as_interrupted,
     tasks_are_isolated_by_tenant_and_user,
-    artifacts_are_isolated_by_tenant_user_and_chat;
+    artifacts_are_isolated_by_tenant_user_and_chat,
+    workflow_versions_are_kept_once_and_seen_by_every_store;
     postgres_only:
     lease_acquire_renew_and_release,
     an_expired_lease_is_taken_over_with_the_next_epoch,

@@ -11,14 +11,23 @@ use crate::StoreError;
 use crate::convert::now_ms;
 
 /// (version, name, SQL), ascending by version. Append only.
-const MIGRATIONS: &[(i64, &str, &str)] = &[(
-    1,
-    "init",
-    include_str!("../../migrations/postgres/0001_init.sql"),
-)];
+const MIGRATIONS: &[(i64, &str, &str)] = &[
+    (
+        1,
+        "init",
+        include_str!("../../migrations/postgres/0001_init.sql"),
+    ),
+    // 2 and 3 are SQLite's catch-up to what PostgreSQL's 0001 already has; numbers stay
+    // aligned so one schema version means the same tables on both backends.
+    (
+        4,
+        "workflow_versions",
+        include_str!("../../migrations/postgres/0004_workflow_versions.sql"),
+    ),
+];
 
 /// Highest schema version this build knows.
-pub(crate) const LATEST_VERSION: i64 = 1;
+pub(crate) const LATEST_VERSION: i64 = 4;
 
 /// Bring the schema up to [`LATEST_VERSION`]; a no-op when it already is.
 pub(crate) async fn run(pool: &PgPool) -> Result<(), StoreError> {

@@ -37,6 +37,17 @@ async fn wait_for(ws: &mut WsClient, kind: &str, pred: impl Fn(&Value) -> bool) 
     }
 }
 
+/// Sends `content` as `id` and waits for its ack, then for the end of its turn (the chat asks
+/// for input again).
+async fn turn(ws: &mut WsClient, id: &str, content: &str) {
+    ws.send(
+        json!({"type": "chat.user_message", "data": {"content": content, "client_msg_id": id}}),
+    )
+    .await;
+    wait_for(ws, "chat.ack", |d| d["client_msg_id"] == id).await;
+    wait_for(ws, "chat.input_request", |_| true).await;
+}
+
 /// One user's steady conversation: sends a message, waits for its ack and the end of its turn,
 /// again, until `stop`; returns the contents the server acknowledged.
 async fn converse(
@@ -47,6 +58,7 @@ async fn converse(
     acks: Arc<AtomicUsize>,
 ) -> Vec<String> {
     let mut ws = WsClient::connect(&server_ws, &user).await;
+    wait_for(&mut ws, "chat.input_request", |_| true).await;
     let mut acked = Vec::new();
     let mut n = 0;
     while !stop.load(Ordering::Relaxed) {
@@ -165,13 +177,13 @@ async fn a_postgres_restart_under_load_loses_nothing_acknowledged_and_the_server
     let (_, user) = &chats[0];
     let fresh = server.create_chat("LoadTest", user).await;
     let mut ws = WsClient::connect(&server.ws_url(&fresh, 0), user).await;
-    ws.say("after the outage").await;
-    let done = wait_for(&mut ws, "chat.run_complete", |_| true).await;
+    wait_for(&mut ws, "chat.input_request", |_| true).await;
+    turn(&mut ws, "fresh-1", "after the outage").await;
     assert!(
         ws.of("chat.tool_response")
             .iter()
             .any(|e| e["data"]["success"] == true),
-        "a new turn runs its tool again: {:?} / {done}",
+        "a new turn runs its tool again: {:?}",
         ws.types()
     );
     ws.close().await;

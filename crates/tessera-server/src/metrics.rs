@@ -246,3 +246,32 @@ pub fn write_metric(out: &mut String, name: &str, help: &str, kind: &str, value:
         "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
     );
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_cluster::ClusterMetrics;
+
+    #[test]
+    fn cluster_counters_are_rendered_with_their_values() {
+        let cluster = ClusterMetrics::default();
+        cluster.owned_chats.store(7, Ordering::Relaxed);
+        cluster.lease_renew_failures.store(2, Ordering::Relaxed);
+        cluster.takeovers.store(3, Ordering::Relaxed);
+        cluster.leases_lost.store(1, Ordering::Relaxed);
+        cluster.commands_forwarded.store(11, Ordering::Relaxed);
+        cluster.nats_rtt_us.store(1500, Ordering::Relaxed);
+        let mut out = String::new();
+        render_cluster(&mut out, &cluster);
+        for line in [
+            "tessera_cluster_owned_chats 7",
+            "tessera_cluster_lease_renew_failures_total 2",
+            "tessera_cluster_takeovers_total 3",
+            "tessera_cluster_leases_lost_total 1",
+            "tessera_cluster_commands_forwarded_total 11",
+            "tessera_cluster_nats_rtt_seconds 0.0015",
+        ] {
+            assert!(out.lines().any(|l| l == line), "{line} missing in:\n{out}");
+        }
+    }
+}

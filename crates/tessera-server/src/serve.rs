@@ -13,6 +13,7 @@ use actix_web::{App, HttpServer, web};
 use anyhow::Context as _;
 use serde_json::{Value, json};
 use tessera_engine::session::ChatIdentity;
+use tessera_engine::mcp::McpCatalog;
 use tessera_engine::{Engine, EngineConfig, EngineHooks};
 use tessera_llm::ChatModel;
 use tessera_llm::openai::{OpenAiClient, OpenAiConfig};
@@ -212,6 +213,13 @@ pub async fn run(
             observed.observe(&chat.tenant, event)
         })),
         store: Some(store.clone()),
+        mcp: Some(
+            McpCatalog::discover(
+                McpCatalog::start_hub(),
+                &with_models.iter().map(|(w, _)| w).collect::<Vec<_>>(),
+            )
+            .await,
+        ),
     };
     let engine = Engine::start(with_models, &builtins, engine_config, hooks)
         .map_err(|e| anyhow::anyhow!("{e}"))?;

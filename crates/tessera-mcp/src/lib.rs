@@ -262,6 +262,64 @@ impl McpConnection {
     }
 }
 
+/// What `tessera validate` found out about one declared server.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ServerCheck {
+    /// The server could not be started or reached, or did not list its tools in time.
+    Unreachable(String),
+    /// The server listed its tools.
+    Listed {
+        /// How many tools it lists.
+        listed: usize,
+        /// Allow-listed tools it does not list.
+        missing: Vec<String>,
+        /// Allow-listed tools whose input schema cannot be used for strict validation.
+        unusable: Vec<(String, String)>,
+    },
+}
+
+/// Connects to `transport`, lists its tools and checks `allowed` against them, all within
+/// `deadline`.
+pub async fn check_server(
+    transport: &McpTransport,
+    allowed: &[String],
+    deadline: Duration,
+) -> ServerCheck {
+    let listed = tokio::time::timeout(deadline, async {
+        let endpoint = McpEndpoint::resolve(transport)?;
+        let conn = McpConnection::connect(&endpoint, &reqwest::Client::new()).await?;
+        conn.list_tools().await
+    })
+    .await;
+    let tools = match listed {
+        Ok(Ok(tools)) => tools,
+        Ok(Err(e)) => return ServerCheck::Unreachable(e.to_string()),
+        Err(_) => {
+            return ServerCheck::Unreachable(format!(
+                "no answer within {}s",
+                deadline.as_secs_f64()
+            ));
+        }
+    };
+    let mut missing = Vec::new();
+    let mut unusable = Vec::new();
+    for name in allowed {
+        match tools.iter().find(|t| &t.name == name) {
+            None => missing.push(name.clone()),
+            Some(tool) => {
+                if let Err(e) = tessera_tools::ArgSchema::new(&tool.input_schema) {
+                    unusable.push((name.clone(), e));
+                }
+            }
+        }
+    }
+    ServerCheck::Listed {
+        listed: tools.len(),
+        missing,
+        unusable,
+    }
+}
+
 /// A dropped response stream is resumed a couple of times, quickly; rmcp's default retries
 /// forever, which would leave a call to a dead server waiting for its whole tool timeout.
 fn stream_retry() -> ExponentialBackoff {

@@ -6,10 +6,10 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use integration_tests::mcp_testserver_bin;
 use integration_tests::mock_llm::MockLlm;
 use integration_tests::server::{ServerOptions, TestServer};
 use integration_tests::wsclient::WsClient;
+use integration_tests::{mcp_testserver_bin, tessera_bin, workspace_root};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
@@ -18,6 +18,10 @@ const FINAL_TEXT: &str = "Done: the tool returned its result.";
 
 /// A workflow folder `McpDemo` whose one agent may call `tool` of the server `test`.
 fn workflow(root: &Path, server: Value, tool: &str) -> PathBuf {
+    workflow_allowing(root, server, &[tool])
+}
+
+fn workflow_allowing(root: &Path, server: Value, tools: &[&str]) -> PathBuf {
     let dir = root.join("McpDemo");
     std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
     let write = |name: &str, v: Value| {
@@ -30,7 +34,7 @@ fn workflow(root: &Path, server: Value, tool: &str) -> PathBuf {
     );
     write(
         "agents.json",
-        json!({"agents": {"McpAgent": {"system_message": "Use the tools."}}}),
+        json!({"agents": {"McpAgent": {"system_message": "Use the tools.", "max_consecutive_auto_reply": 5}}}),
     );
     write(
         "handoffs.json",
@@ -38,7 +42,7 @@ fn workflow(root: &Path, server: Value, tool: &str) -> PathBuf {
     );
     write(
         "mcp.json",
-        json!({"servers": {"test": server}, "agents": {"McpAgent": {"test": [tool]}}}),
+        json!({"servers": {"test": server}, "agents": {"McpAgent": {"test": tools}}}),
     );
     root.to_path_buf()
 }
@@ -102,7 +106,7 @@ async fn a_stdio_mcp_tool_runs_exactly_once_and_its_result_reaches_the_model() {
     let response = one_turn(&mut ws, "test_echo").await;
     assert_eq!(response["data"]["success"], true, "{response}");
     assert_eq!(
-        response["data"]["result"]["result"], "mock",
+        response["data"]["payload"]["result"], "mock",
         "the server echoed the model's argument: {response}"
     );
     let calls = logged_calls(&log);
@@ -139,7 +143,7 @@ async fn a_stdio_server_that_crashes_mid_call_gives_a_tool_error_and_is_restarte
     let crashed = one_turn(&mut ws, "test_crash").await;
     assert_eq!(crashed["data"]["success"], false, "{crashed}");
     assert!(
-        crashed["data"]["result"]["message"]
+        crashed["data"]["payload"]["message"]
             .as_str()
             .is_some_and(|m| m.contains("MCP server")),
         "a clear tool error: {crashed}"
@@ -148,7 +152,7 @@ async fn a_stdio_server_that_crashes_mid_call_gives_a_tool_error_and_is_restarte
     // The next call reaches a restarted server.
     let recovered = one_turn(&mut ws, "test_crash").await;
     assert_eq!(recovered["data"]["success"], true, "{recovered}");
-    assert_eq!(recovered["data"]["result"]["result"], "recovered");
+    assert_eq!(recovered["data"]["payload"]["result"], "recovered");
     assert_eq!(logged_calls(&log).len(), 2, "one call per turn");
 }
 
@@ -198,7 +202,7 @@ async fn a_hanging_http_mcp_tool_times_out_and_the_turn_completes() {
     let mut ws = open_chat(&server).await;
     let hung = one_turn(&mut ws, "hang").await;
     assert_eq!(hung["data"]["success"], false, "{hung}");
-    assert_eq!(hung["data"]["result"]["code"], "timeout", "{hung}");
+    assert_eq!(hung["data"]["payload"]["code"], "timeout", "{hung}");
 }
 
 #[tokio::test]
@@ -219,5 +223,48 @@ async fn an_http_mcp_tool_is_called_over_streamable_http() {
     let mut ws = open_chat(&server).await;
     let response = one_turn(&mut ws, "remote_echo").await;
     assert_eq!(response["data"]["success"], true, "{response}");
-    assert_eq!(response["data"]["result"]["result"], "mock");
+    assert_eq!(response["data"]["payload"]["result"], "mock");
+}
+
+fn validate(dir: &Path) -> (bool, String) {
+    let out = std::process::Command::new(tessera_bin())
+        .arg("validate")
+        .arg(dir)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run tessera: {e}"));
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+#[test]
+fn validate_checks_allow_listed_tools_against_a_reachable_server() {
+    let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let root = workflow_allowing(
+        &tmp.path().join("workflows"),
+        stdio_server(json!({})),
+        &["echo", "nope"],
+    );
+    let (ok, stdout) = validate(&root);
+    assert!(!ok, "a missing tool fails validation:\n{stdout}");
+    assert!(
+        stdout.contains("mcp:      test (stdio): 3 tools listed, allowed: echo, nope"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("tool \"nope\" is allowed but MCP server \"test\" does not list it"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn the_shipped_mcp_workflow_validates_with_or_without_its_server() {
+    let (ok, stdout) = validate(&workspace_root().join("workflows/McpEverything"));
+    assert!(ok, "{stdout}");
+    assert!(
+        stdout.contains("warning: MCP server \"everything\" (http) is unreachable")
+            || stdout.contains("mcp:      everything (http):"),
+        "{stdout}"
+    );
 }

@@ -3,8 +3,8 @@
 
 use integration_tests::mock_llm::MockLlm;
 use integration_tests::server::{ServerOptions, TestServer};
-use integration_tests::wsclient::WsClient;
 use integration_tests::workspace_root;
+use integration_tests::wsclient::WsClient;
 use serde_json::{Value, json};
 
 fn answer(call: &Value, data: Value) -> Value {

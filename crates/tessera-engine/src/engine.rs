@@ -13,8 +13,8 @@ use tessera_llm::ChatModel;
 use tessera_manifest::{ToolImpl, Workflow};
 use tessera_tools::BuiltinRegistry;
 
-use crate::mcp::McpCatalog;
 use crate::catalog::{CurrentVersions, InstallWorkflows, ResolveWorkflow, WorkflowCatalog};
+use crate::mcp::McpCatalog;
 use crate::persist::{ChatRows, RestoredChat};
 use crate::plan::CompiledWorkflow;
 use crate::session::{ChatIdentity, ChatSession};

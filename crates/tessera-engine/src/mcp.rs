@@ -40,9 +40,14 @@ enum SlotState {
         since: Instant,
     },
     /// A connect is running or scheduled; callers wait for it.
-    Connecting { waiters: Vec<Waiter> },
+    Connecting {
+        waiters: Vec<Waiter>,
+    },
     /// The last start failed; the next call after `retry_at` tries again, earlier ones fail.
-    Down { retry_at: Instant, error: String },
+    Down {
+        retry_at: Instant,
+        error: String,
+    },
 }
 
 struct Slot {
@@ -212,7 +217,9 @@ impl McpHub {
                     let _ = tx.send(Err(format!(
                         "the MCP server \"{}\" is unavailable (retrying in {} ms): {error}",
                         slot.name,
-                        retry_at.saturating_duration_since(Instant::now()).as_millis()
+                        retry_at
+                            .saturating_duration_since(Instant::now())
+                            .as_millis()
                     )));
                 } else {
                     slot.state = SlotState::Connecting { waiters: vec![tx] };
@@ -341,8 +348,14 @@ impl std::fmt::Debug for McpCatalog {
 
 impl McpCatalog {
     /// Starts a hub on the current arbiter.
-    pub fn start_hub() -> Addr<McpHub> {
-        McpHub::new(reqwest::Client::new()).start()
+    pub fn start_hub() -> Result<Addr<McpHub>, crate::EngineError> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .build()
+            .map_err(|e| {
+                crate::EngineError::Workflow(format!("cannot build the MCP HTTP client: {e}"))
+            })?;
+        Ok(McpHub::new(http).start())
     }
 
     /// Lists the tools of every server `workflows` grant to an agent (all at once; each bounded

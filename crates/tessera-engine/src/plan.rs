@@ -124,14 +124,7 @@ impl CompiledWorkflow {
         http: Option<&reqwest::Client>,
         default_tool_timeout: Duration,
     ) -> Result<Self, EngineError> {
-        Self::compile_with_mcp(
-            workflow,
-            model,
-            builtins,
-            http,
-            default_tool_timeout,
-            None,
-        )
+        Self::compile_with_mcp(workflow, model, builtins, http, default_tool_timeout, None)
     }
 
     /// [`Self::compile`] with the MCP servers' tools: each agent is also offered the

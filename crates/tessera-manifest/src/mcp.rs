@@ -225,7 +225,10 @@ fn tool_list(v: &Value, loc: &Loc, d: &mut Diag) -> Vec<(usize, String)> {
         return Vec::new();
     };
     if items.is_empty() {
-        loc.err(d, "the allow-list is empty; list the tools the agent may call or remove the server");
+        loc.err(
+            d,
+            "the allow-list is empty; list the tools the agent may call or remove the server",
+        );
     }
     let mut seen = BTreeSet::new();
     let mut out = Vec::new();
@@ -261,7 +264,10 @@ fn parse_server(name: &str, v: &Value, loc: &Loc, d: &mut Diag) -> Option<McpSer
     let transport = match (command, url) {
         (Some(command), None) => {
             if o.get("headers").is_some() {
-                loc.key("headers").err(d, "\"headers\" belong to an HTTP server (\"url\"); a stdio server takes \"env\"");
+                loc.key("headers").err(
+                    d,
+                    "\"headers\" belong to an HTTP server (\"url\"); a stdio server takes \"env\"",
+                );
             }
             if command.trim().is_empty() {
                 loc.key("command").err(d, "\"command\" must not be empty");
@@ -283,8 +289,10 @@ fn parse_server(name: &str, v: &Value, loc: &Loc, d: &mut Diag) -> Option<McpSer
                 }
             }
             if !(url.starts_with("http://") || url.starts_with("https://")) {
-                loc.key("url")
-                    .err(d, format!("\"url\" must start with http:// or https://, found \"{url}\""));
+                loc.key("url").err(
+                    d,
+                    format!("\"url\" must start with http:// or https://, found \"{url}\""),
+                );
             }
             McpTransport::Http {
                 url: url.to_owned(),
@@ -292,7 +300,12 @@ fn parse_server(name: &str, v: &Value, loc: &Loc, d: &mut Diag) -> Option<McpSer
             }
         }
         (Some(_), Some(_)) => {
-            loc.err(d, format!("server \"{name}\" has both \"command\" (stdio) and \"url\" (HTTP); keep one"));
+            loc.err(
+                d,
+                format!(
+                    "server \"{name}\" has both \"command\" (stdio) and \"url\" (HTTP); keep one"
+                ),
+            );
             return None;
         }
         (None, None) => {
@@ -340,9 +353,16 @@ fn string_map(o: &Obj<'_>, key: &str, d: &mut Diag) -> BTreeMap<String, String> 
 
 fn looks_like_credential(name: &str) -> bool {
     let lower = name.to_ascii_lowercase();
-    ["authorization", "token", "secret", "password", "key", "cookie"]
-        .iter()
-        .any(|w| lower.contains(w))
+    [
+        "authorization",
+        "token",
+        "secret",
+        "password",
+        "key",
+        "cookie",
+    ]
+    .iter()
+    .any(|w| lower.contains(w))
 }
 
 /// Every `${...}` in `value` must be `${env:NAME}` with a valid variable name.

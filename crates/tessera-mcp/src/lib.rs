@@ -100,7 +100,12 @@ impl McpEndpoint {
     pub fn resolve(transport: &McpTransport) -> Result<Self, McpError> {
         let resolve_map = |map: &BTreeMap<String, String>| {
             map.iter()
-                .map(|(k, v)| Ok((k.clone(), resolve_references(v, |name| std::env::var(name).ok())?)))
+                .map(|(k, v)| {
+                    Ok((
+                        k.clone(),
+                        resolve_references(v, |name| std::env::var(name).ok())?,
+                    ))
+                })
                 .collect::<Result<BTreeMap<_, _>, McpError>>()
         };
         Ok(match transport {
@@ -369,10 +374,16 @@ mod tests {
         assert!(matches!(missing, Err(McpError::MissingSecret(n)) if n == "NOPE"));
         let endpoint = McpEndpoint::Http {
             url: "http://x/mcp".to_owned(),
-            headers: BTreeMap::from([("Authorization".to_owned(), "Bearer sk-canary-7".to_owned())]),
+            headers: BTreeMap::from([(
+                "Authorization".to_owned(),
+                "Bearer sk-canary-7".to_owned(),
+            )]),
         };
         let shown = format!("{endpoint:?}");
-        assert!(shown.contains("Authorization") && !shown.contains("sk-canary-7"), "{shown}");
+        assert!(
+            shown.contains("Authorization") && !shown.contains("sk-canary-7"),
+            "{shown}"
+        );
     }
 
     #[test]

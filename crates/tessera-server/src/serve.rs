@@ -12,8 +12,8 @@ use actix::prelude::*;
 use actix_web::{App, HttpServer, web};
 use anyhow::Context as _;
 use serde_json::{Value, json};
-use tessera_engine::session::ChatIdentity;
 use tessera_engine::mcp::McpCatalog;
+use tessera_engine::session::ChatIdentity;
 use tessera_engine::{Engine, EngineConfig, EngineHooks};
 use tessera_llm::ChatModel;
 use tessera_llm::openai::{OpenAiClient, OpenAiConfig};
@@ -215,7 +215,7 @@ pub async fn run(
         store: Some(store.clone()),
         mcp: Some(
             McpCatalog::discover(
-                McpCatalog::start_hub(),
+                McpCatalog::start_hub().map_err(|e| anyhow::anyhow!("{e}"))?,
                 &with_models.iter().map(|(w, _)| w).collect::<Vec<_>>(),
             )
             .await,

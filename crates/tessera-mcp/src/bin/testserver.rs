@@ -20,7 +20,7 @@ use rmcp::ServerHandler;
 use rmcp::ServiceExt;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ListToolsResult,
-    PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+    PaginatedRequestParams, RequestMetaObject, ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::service::{RequestContext, RoleServer};
 use rmcp::transport::streamable_http_server::StreamableHttpService;
@@ -63,9 +63,9 @@ impl ServerHandler for TestServer {
     async fn call_tool(
         &self,
         request: CallToolRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        log_call(&request);
+        log_call(&request, &context.meta);
         match &*request.name {
             "echo" => {
                 let message = request
@@ -100,14 +100,14 @@ impl ServerHandler for TestServer {
     }
 }
 
-fn log_call(request: &CallToolRequestParams) {
+fn log_call(request: &CallToolRequestParams, meta: &RequestMetaObject) {
     let Ok(path) = std::env::var("TESSERA_MCP_TESTSERVER_LOG") else {
         return;
     };
     let line = json!({
         "tool": &*request.name,
         "arguments": request.arguments,
-        "meta": request.meta,
+        "meta": meta,
     });
     let appended = std::fs::OpenOptions::new()
         .create(true)

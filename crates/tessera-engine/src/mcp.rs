@@ -33,6 +33,8 @@ const HEALTHY_UPTIME: Duration = Duration::from_secs(30);
 const LIVENESS_CHECK: Duration = Duration::from_secs(1);
 
 type Waiter = oneshot::Sender<Result<McpConnection, String>>;
+/// A server's `tools/list`, or why it could not be had.
+pub type ToolListing = Result<Arc<[McpToolInfo]>, String>;
 
 enum SlotState {
     Up {
@@ -335,7 +337,7 @@ impl Handler<McpListTools> for McpHub {
 #[derive(Clone)]
 pub struct McpCatalog {
     pub hub: Addr<McpHub>,
-    pub listed: Arc<HashMap<McpTransport, Result<Arc<[McpToolInfo]>, String>>>,
+    pub listed: Arc<HashMap<McpTransport, ToolListing>>,
 }
 
 impl std::fmt::Debug for McpCatalog {

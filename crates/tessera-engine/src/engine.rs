@@ -161,12 +161,12 @@ impl Engine {
         current: bool,
     ) -> Result<(), EngineError> {
         let http = http_client_for(&workflows, self.inner.http.as_ref())?;
-        // A reload lists the servers again (cached per session), so a server that was down
-        // at start is offered once it is back.
+        // A reload asks the servers again: a server that was down at start is offered once it
+        // is back, and a changed tool list is picked up.
         let mcp = match &self.inner.mcp {
             Some(catalog) => {
                 let refs: Vec<&Workflow> = workflows.iter().map(|(w, _)| w).collect();
-                Some(McpCatalog::discover(catalog.hub.clone(), &refs).await)
+                Some(McpCatalog::discover(catalog.hub.clone(), &refs, true).await)
             }
             None => None,
         };

@@ -138,6 +138,8 @@ impl McpHub {
         match result {
             Ok(conn) => {
                 tracing::info!(mcp_server = %slot.name, "MCP session up");
+                // A restarted server may be a new version with other tools.
+                slot.tools = None;
                 for waiter in waiters {
                     let _ = waiter.send(Ok(conn.clone()));
                 }
@@ -294,19 +296,23 @@ impl Handler<McpSessionFailed> for McpHub {
     }
 }
 
-/// The server's tools (`tools/list`), cached after the first answer.
+/// The server's tools (`tools/list`), cached after the first answer until the session is
+/// replaced; `fresh` asks the server again (a reload: its tools may have changed).
 #[derive(Message)]
 #[rtype(result = "Result<Arc<[McpToolInfo]>, String>")]
 pub struct McpListTools {
     pub server: McpTransport,
     pub name: Arc<str>,
+    pub fresh: bool,
 }
 
 impl Handler<McpListTools> for McpHub {
     type Result = ResponseActFuture<Self, Result<Arc<[McpToolInfo]>, String>>;
 
     fn handle(&mut self, msg: McpListTools, ctx: &mut Self::Context) -> Self::Result {
-        if let Some(tools) = self.slots.get(&msg.server).and_then(|s| s.tools.clone()) {
+        if !msg.fresh
+            && let Some(tools) = self.slots.get(&msg.server).and_then(|s| s.tools.clone())
+        {
             return Box::pin(fut::ready(Ok(tools)));
         }
         let rx = self.session(msg.server.clone(), &msg.name, ctx);
@@ -361,9 +367,9 @@ impl McpCatalog {
     }
 
     /// Lists the tools of every server `workflows` grant to an agent (all at once; each bounded
-    /// by the list timeout). An unreachable server is logged; its tools are left out of the
-    /// agents' plans until the workflow is loaded again.
-    pub async fn discover(hub: Addr<McpHub>, workflows: &[&Workflow]) -> Self {
+    /// by the list timeout; `fresh`: not from the cache). An unreachable server is logged; its
+    /// tools are left out of the agents' plans until the workflow is loaded again.
+    pub async fn discover(hub: Addr<McpHub>, workflows: &[&Workflow], fresh: bool) -> Self {
         let mut servers: HashMap<McpTransport, Arc<str>> = HashMap::new();
         for workflow in workflows {
             for grant in &workflow.mcp.grants {
@@ -381,6 +387,7 @@ impl McpCatalog {
                     .send(McpListTools {
                         server: server.clone(),
                         name: name.clone(),
+                        fresh,
                     })
                     .await
                     .unwrap_or_else(|_| Err("the MCP hub stopped".to_owned()));

@@ -217,6 +217,7 @@ pub async fn run(
             McpCatalog::discover(
                 McpCatalog::start_hub().map_err(|e| anyhow::anyhow!("{e}"))?,
                 &with_models.iter().map(|(w, _)| w).collect::<Vec<_>>(),
+                false,
             )
             .await,
         ),

@@ -392,7 +392,7 @@ impl McpCatalog {
                     .await
                     .unwrap_or_else(|_| Err("the MCP hub stopped".to_owned()));
                 if let Err(error) = &listed {
-                    tracing::warn!(mcp_server = %name, %error, "MCP server unreachable: its tools are not offered until the workflow is reloaded");
+                    tracing::warn!(mcp_server = %name, %error, "MCP server unreachable: its tools are not offered until the workflow is loaded again");
                 }
                 (server, listed)
             }

@@ -37,6 +37,13 @@ pub fn loadgen_bin() -> PathBuf {
         .clone()
 }
 
+/// Path of `tessera-mcp-testserver`, the MCP server the MCP tests talk to.
+pub fn mcp_testserver_bin() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| build_bin("tessera-mcp", "tessera-mcp-testserver"))
+        .clone()
+}
+
 /// Builds `bin` of `package` with cargo (a no-op when up to date) and returns its path:
 /// `CARGO_BIN_EXE_*` only reaches tests of the binary's own package. A failed build panics
 /// with cargo's output: running a stale binary would test something else.
@@ -69,6 +76,7 @@ fn build_bin(package: &str, bin: &str) -> PathBuf {
 }
 
 pub mod browser;
+pub mod mock_llm;
 pub mod postgres;
 pub mod server;
 pub mod wsclient;

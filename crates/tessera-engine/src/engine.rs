@@ -14,6 +14,7 @@ use tessera_manifest::{ToolImpl, Workflow};
 use tessera_tools::BuiltinRegistry;
 
 use crate::catalog::{CurrentVersions, InstallWorkflows, ResolveWorkflow, WorkflowCatalog};
+use crate::mcp::McpCatalog;
 use crate::persist::{ChatRows, RestoredChat};
 use crate::plan::CompiledWorkflow;
 use crate::session::{ChatIdentity, ChatSession};
@@ -50,6 +51,8 @@ struct EngineInner {
     builtins: BuiltinRegistry,
     /// Client of HTTP tools, built when the first workflow with one is compiled.
     http: Option<reqwest::Client>,
+    /// The MCP hub and the tools listed at start; [`Engine::install`] lists new servers.
+    mcp: Option<McpCatalog>,
     shards: Vec<Shard>,
     next: AtomicUsize,
     config: Arc<EngineConfig>,
@@ -104,7 +107,8 @@ impl Engine {
         handles: Vec<ArbiterHandle>,
     ) -> Result<Self, EngineError> {
         let http = http_client_for(&workflows, None)?;
-        let compiled = compile_all(workflows, builtins, http.as_ref(), &config)?;
+        let mcp = hooks.mcp.clone();
+        let compiled = compile_all(workflows, builtins, http.as_ref(), mcp.as_ref(), &config)?;
         let on = handles.first().cloned().unwrap_or_else(Arbiter::current);
         let catalog = WorkflowCatalog::start_in_arbiter(&on, move |_| {
             WorkflowCatalog::with_current(compiled)
@@ -122,6 +126,7 @@ impl Engine {
                 catalog,
                 builtins: builtins.clone(),
                 http,
+                mcp,
                 shards,
                 next: AtomicUsize::new(0),
                 config: Arc::new(config),
@@ -156,10 +161,20 @@ impl Engine {
         current: bool,
     ) -> Result<(), EngineError> {
         let http = http_client_for(&workflows, self.inner.http.as_ref())?;
+        // A reload asks the servers again: a server that was down at start is offered once it
+        // is back, and a changed tool list is picked up.
+        let mcp = match &self.inner.mcp {
+            Some(catalog) => {
+                let refs: Vec<&Workflow> = workflows.iter().map(|(w, _)| w).collect();
+                Some(McpCatalog::discover(catalog.hub.clone(), &refs, true).await)
+            }
+            None => None,
+        };
         let compiled = compile_all(
             workflows,
             &self.inner.builtins,
             http.as_ref(),
+            mcp.as_ref(),
             &self.inner.config,
         )?;
         self.inner
@@ -348,13 +363,21 @@ fn compile_all(
     workflows: Vec<(Workflow, Arc<dyn ChatModel>)>,
     builtins: &BuiltinRegistry,
     http: Option<&reqwest::Client>,
+    mcp: Option<&McpCatalog>,
     config: &EngineConfig,
 ) -> Result<Vec<Arc<CompiledWorkflow>>, EngineError> {
     workflows
         .into_iter()
         .map(|(workflow, model)| {
-            CompiledWorkflow::compile(workflow, model, builtins, http, config.tool_timeout)
-                .map(Arc::new)
+            CompiledWorkflow::compile_with_mcp(
+                workflow,
+                model,
+                builtins,
+                http,
+                config.tool_timeout,
+                mcp,
+            )
+            .map(Arc::new)
         })
         .collect()
 }

@@ -6,6 +6,8 @@
 //! - [`DedupCache`](dedup::DedupCache) makes every tool run at most once per turn.
 //! - [`UiCorrelator`](correlator::UiCorrelator) owns the browser round trips.
 //!
+//! [`McpHub`](mcp::McpHub), one per node, owns the sessions with MCP servers.
+//!
 //! [`persist`] is the one boundary between engine values and store rows. Files import each
 //! other in one direction: helpers reach a chat only through `Recipient`s of the messages
 //! they own ([`events::Publish`], [`runner::TurnFinished`]).
@@ -22,6 +24,7 @@ mod envelope;
 mod error;
 pub mod events;
 mod hidden_text;
+pub mod mcp;
 pub mod persist;
 pub mod plan;
 pub mod runner;

@@ -9,10 +9,13 @@ use std::time::Duration;
 
 use serde_json::{Map, Value};
 use tessera_llm::{ChatModel, ToolSpec};
-use tessera_manifest::{Agent, CompiledModel, ToolCalling, ToolDef, ToolImpl, ToolType, Workflow};
+use tessera_manifest::{
+    Agent, CompiledModel, ToolCalling, ToolDef, ToolImpl, ToolType, Workflow, mcp_exposed_name,
+};
 use tessera_tools::{ArgSchema, BuiltinRegistry, HttpTool, Tool};
 
 use crate::EngineError;
+use crate::mcp::{McpCatalog, McpTool};
 
 /// How an agent calls tools.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -121,9 +124,23 @@ impl CompiledWorkflow {
         http: Option<&reqwest::Client>,
         default_tool_timeout: Duration,
     ) -> Result<Self, EngineError> {
+        Self::compile_with_mcp(workflow, model, builtins, http, default_tool_timeout, None)
+    }
+
+    /// [`Self::compile`] with the MCP servers' tools: each agent is also offered the
+    /// allow-listed tools `mcp` listed (none without it).
+    pub fn compile_with_mcp(
+        workflow: Workflow,
+        model: Arc<dyn ChatModel>,
+        builtins: &BuiltinRegistry,
+        http: Option<&reqwest::Client>,
+        default_tool_timeout: Duration,
+        mcp: Option<&McpCatalog>,
+    ) -> Result<Self, EngineError> {
         let mut agents = HashMap::new();
         for agent in workflow.agents.values() {
-            let plan = plan_agent(&workflow, agent, builtins, http, default_tool_timeout)?;
+            let mut plan = plan_agent(&workflow, agent, builtins, http, default_tool_timeout)?;
+            plan_mcp_tools(&workflow, agent, mcp, default_tool_timeout, &mut plan)?;
             agents.insert(agent.name.clone(), Arc::new(plan));
         }
         let mut ui_presteps = HashMap::new();
@@ -239,6 +256,65 @@ fn plan_agent(
             .unwrap_or(1)
             .max(1),
     })
+}
+
+/// Adds `agent`'s allow-listed MCP tools to its plan, with the schemas the servers listed.
+/// A tool whose server was unreachable or does not list it is left out (and logged).
+fn plan_mcp_tools(
+    workflow: &Workflow,
+    agent: &Agent,
+    mcp: Option<&McpCatalog>,
+    default_timeout: Duration,
+    plan: &mut AgentPlan,
+) -> Result<(), EngineError> {
+    let mut specs = plan.tool_specs.to_vec();
+    let before = specs.len();
+    for (server, grant) in workflow.mcp.grants_of(&agent.name) {
+        let listed = mcp.and_then(|m| Some((m, m.listed.get(&server.transport)?)));
+        let Some((catalog, Ok(tools))) = listed else {
+            tracing::warn!(workflow = %workflow.name, agent = %agent.name, mcp_server = %server.name, "MCP server not listed: its tools are not offered");
+            continue;
+        };
+        for name in &grant.tools {
+            let Some(info) = tools.iter().find(|t| &t.name == name) else {
+                tracing::warn!(workflow = %workflow.name, agent = %agent.name, mcp_server = %server.name, tool = %name, "allow-listed MCP tool not in the server's tools/list");
+                continue;
+            };
+            let exposed = mcp_exposed_name(server, name);
+            let args = ArgSchema::new(&info.input_schema).map_err(|e| {
+                EngineError::Workflow(format!(
+                    "{}: MCP tool {exposed} of server {}: {e}",
+                    workflow.name, server.name
+                ))
+            })?;
+            specs.push(ToolSpec {
+                name: exposed.clone(),
+                description: info.description.clone().unwrap_or_default(),
+                parameters: info.input_schema.clone(),
+            });
+            plan.tools.push(PlannedTool {
+                name: Arc::from(exposed.as_str()),
+                args,
+                exec: Arc::new(McpTool {
+                    hub: catalog.hub.clone(),
+                    server: server.transport.clone(),
+                    server_name: Arc::from(server.name.as_str()),
+                    tool: Arc::from(name.as_str()),
+                }),
+                timeout: server
+                    .timeout_s
+                    .map(Duration::from_secs_f64)
+                    .unwrap_or(default_timeout),
+            });
+        }
+    }
+    if specs.len() != before {
+        if plan.tool_calling == ToolCallingMode::Json {
+            plan.json_mode_catalogue = Some(json_catalogue(&specs));
+        }
+        plan.tool_specs = specs.into();
+    }
+    Ok(())
 }
 
 fn resolve_exec(

@@ -27,6 +27,9 @@ pub struct EngineHooks {
     /// Durable chats: state, transcript, event log, pending UI calls and tool records. Also
     /// backs the dedup cache unless `durable_dedup` is given.
     pub store: Option<Arc<dyn ChatStore>>,
+    /// This node's MCP hub and the tools its servers listed when the workflows were loaded
+    /// ([`crate::mcp::McpCatalog::discover`]); without it agents get no MCP tools.
+    pub mcp: Option<crate::mcp::McpCatalog>,
 }
 
 /// The helper actors of one arbiter.

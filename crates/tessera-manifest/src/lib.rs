@@ -1,5 +1,6 @@
 //! tessera-manifest: loads a workflow folder (`workflow.json`, `agents.json`, `tools.json`,
-//! `structured_outputs.json`, `context_variables.json`, `handoffs.json`, `demo.json`), checks
+//! `structured_outputs.json`, `context_variables.json`, `handoffs.json`, `demo.json`,
+//! `mcp.json`), checks
 //! every rule at once, and hands the engine a [`Workflow`] whose cross-references are all valid.
 //!
 //! Entry points: [`load_workflow`] for one folder, [`load_workflows`] for a root of folders,
@@ -30,6 +31,7 @@ mod expr;
 mod handoffs;
 mod json;
 mod load;
+mod mcp;
 mod models;
 mod tools;
 mod workflow;
@@ -43,6 +45,7 @@ pub use load::{
     LoadedWorkflow, MANIFEST_FILES, WorkflowDirError, load_workflow, load_workflow_dir,
     load_workflows,
 };
+pub use mcp::{McpDecls, McpGrant, McpServer, McpTransport, is_model_tool_name, mcp_exposed_name};
 pub use models::CompiledModel;
 pub use tools::{DisplayMode, ToolDef, ToolImpl, ToolType, UiSpec};
 pub use workflow::{StartupMode, Workflow};

@@ -12,7 +12,7 @@ use serde_json::Value;
 use crate::error::{Diag, ManifestErrors};
 use crate::json::{Loc, did_you_mean, object};
 use crate::workflow::{StartupMode, Workflow};
-use crate::{agents, context, demo, handoffs, models, tools};
+use crate::{agents, context, demo, handoffs, mcp, models, tools};
 
 /// Manifest files larger than this are rejected rather than read into memory.
 const MAX_FILE_BYTES: u64 = 8 * 1024 * 1024;
@@ -32,7 +32,8 @@ pub fn load_workflow(dir: &Path) -> Result<Workflow, ManifestErrors> {
     let ctx_doc = read_json(dir, "context_variables.json", false, &mut d);
     let handoffs_doc = read_json(dir, "handoffs.json", false, &mut d);
     let demo_doc = read_json(dir, "demo.json", false, &mut d);
-    let version = content_version(&[
+    let mcp_doc = read_json(dir, "mcp.json", false, &mut d);
+    let mut versioned = vec![
         &wf_doc,
         &agents_doc,
         &so_doc,
@@ -40,7 +41,12 @@ pub fn load_workflow(dir: &Path) -> Result<Workflow, ManifestErrors> {
         &ctx_doc,
         &handoffs_doc,
         &demo_doc,
-    ]);
+    ];
+    // Only when present: workflows without MCP keep the versions their stored chats pinned.
+    if !matches!(mcp_doc, Doc::Absent) {
+        versioned.push(&mcp_doc);
+    }
+    let version = content_version(&versioned);
 
     // agents.json
     let parsed_agents = match &agents_doc {
@@ -100,6 +106,18 @@ pub fn load_workflow(dir: &Path) -> Result<Workflow, ManifestErrors> {
     let handoff_rules = match &handoffs_doc {
         Doc::Ok(v, _) => handoffs::parse(v, agent_names.as_ref(), var_names, &mut d),
         _ => Vec::new(),
+    };
+
+    // mcp.json
+    let mcp = match &mcp_doc {
+        Doc::Ok(v, _) => {
+            let functions: BTreeSet<String> = tools
+                .as_ref()
+                .map(|t| t.declared.keys().cloned().collect())
+                .unwrap_or_default();
+            mcp::parse(v, agent_names.as_ref(), &functions, &mut d)
+        }
+        _ => mcp::McpDecls::default(),
     };
 
     // demo.json
@@ -204,6 +222,7 @@ pub fn load_workflow(dir: &Path) -> Result<Workflow, ManifestErrors> {
         derived: ctx.derived,
         ui_response_triggers: ctx.triggers,
         handoffs: handoff_rules,
+        mcp,
         dir: dir.to_path_buf(),
         version,
     })
@@ -218,6 +237,7 @@ pub const MANIFEST_FILES: &[&str] = &[
     "context_variables.json",
     "handoffs.json",
     "demo.json",
+    "mcp.json",
 ];
 
 /// 16 hex digits of FNV-1a (64-bit) over the manifest files' text, in [`MANIFEST_FILES`]

@@ -9,6 +9,7 @@ use serde_json::{Map, Value};
 use crate::agents::Agent;
 use crate::context::{DerivedVariable, UiResponseTrigger, VariableDef};
 use crate::handoffs::HandoffRule;
+use crate::mcp::McpDecls;
 use crate::models::CompiledModel;
 use crate::tools::{ToolDef, ToolType};
 
@@ -58,6 +59,8 @@ pub struct Workflow {
     pub ui_response_triggers: Vec<UiResponseTrigger>,
     /// Handoff rules in file order.
     pub handoffs: Vec<HandoffRule>,
+    /// MCP servers and which of their tools each agent may call (`mcp.json`).
+    pub mcp: McpDecls,
     /// Folder the workflow was loaded from (for demo.json and other assets).
     pub dir: PathBuf,
     /// Content version of the manifest files (16 hex digits): chats remember the version

@@ -25,7 +25,13 @@ fn all_shipped_workflows_load() {
     let names: Vec<&str> = all.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(
         names,
-        ["Generator", "LoadTest", "TextToolkit", "TodoAssistant"]
+        [
+            "Generator",
+            "LoadTest",
+            "McpEverything",
+            "TextToolkit",
+            "TodoAssistant"
+        ]
     );
     for (name, result) in &all {
         if let Err(e) = result {
@@ -201,4 +207,35 @@ fn the_version_follows_the_manifest_content() {
         changed.version, original.version,
         "a changed demo.json is a new version"
     );
+}
+
+#[test]
+fn mcp_everything_grants_its_agent_two_prefixed_tools_of_one_http_server() {
+    let w = load("McpEverything");
+    let grants: Vec<(String, Vec<String>)> = w
+        .mcp
+        .grants_of("EverythingAgent")
+        .map(|(server, grant)| {
+            let names = grant
+                .tools
+                .iter()
+                .map(|t| tessera_manifest::mcp_exposed_name(server, t))
+                .collect();
+            (server.name.clone(), names)
+        })
+        .collect();
+    assert_eq!(
+        grants,
+        [(
+            "everything".to_owned(),
+            vec![
+                "everything_echo".to_owned(),
+                "everything_get-sum".to_owned()
+            ]
+        )]
+    );
+    assert!(matches!(
+        w.mcp.servers[0].transport,
+        tessera_manifest::McpTransport::Http { .. }
+    ));
 }

@@ -6,8 +6,10 @@
 //! error at once instead of leaving it waiting. Bounding a hanging call is the caller's tool
 //! timeout.
 //!
-//! Not here yet: manifest declarations, per-node supervision with restarts, and wiring into
-//! the engine's agent tools.
+//! Secrets in a manifest's header and env values are `${env:NAME}` references, resolved here
+//! ([`McpEndpoint::resolve`]) when a connection is made; `Debug` of an endpoint shows only
+//! their names. Per-node supervision (restarts, the `tools/list` cache) is the engine's
+//! `McpHub`.
 
 #![warn(missing_docs)]
 
@@ -16,16 +18,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rmcp::ServiceExt;
-use rmcp::model::{CallToolRequestParams, ClientCapabilities, ClientConfig, Implementation};
+use rmcp::model::{
+    CallToolRequestParams, ClientCapabilities, ClientConfig, Implementation, RequestMetaObject,
+};
 use rmcp::service::{RoleClient, RunningService, ServiceError};
 use rmcp::transport::common::client_side_sse::ExponentialBackoff;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use serde_json::{Map, Value, json};
+pub use tessera_manifest::McpTransport;
 use tessera_tools::ToolError;
 
-/// How to reach an MCP server.
-#[derive(Debug, Clone, PartialEq)]
+/// How to reach an MCP server, with secret references resolved.
+#[derive(Clone, PartialEq)]
 pub enum McpEndpoint {
     /// A child process speaking MCP over its stdin/stdout.
     Stdio {
@@ -65,6 +70,78 @@ pub enum McpError {
     /// A request to the server failed.
     #[error("MCP request failed: {0}")]
     Request(#[from] ServiceError),
+    /// A `${env:NAME}` reference names an unset variable.
+    #[error("the secret reference ${{env:{0}}} names an unset environment variable")]
+    MissingSecret(String),
+}
+
+impl std::fmt::Debug for McpEndpoint {
+    /// Header and env values may be secrets: only their names are shown.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Stdio { command, args, env } => f
+                .debug_struct("Stdio")
+                .field("command", command)
+                .field("args", args)
+                .field("env", &env.keys().collect::<Vec<_>>())
+                .finish(),
+            Self::Http { url, headers } => f
+                .debug_struct("Http")
+                .field("url", url)
+                .field("headers", &headers.keys().collect::<Vec<_>>())
+                .finish(),
+        }
+    }
+}
+
+impl McpEndpoint {
+    /// The endpoint of a manifest declaration, its `${env:NAME}` references replaced by the
+    /// variables' values (read now).
+    pub fn resolve(transport: &McpTransport) -> Result<Self, McpError> {
+        let resolve_map = |map: &BTreeMap<String, String>| {
+            map.iter()
+                .map(|(k, v)| {
+                    Ok((
+                        k.clone(),
+                        resolve_references(v, |name| std::env::var(name).ok())?,
+                    ))
+                })
+                .collect::<Result<BTreeMap<_, _>, McpError>>()
+        };
+        Ok(match transport {
+            McpTransport::Stdio { command, args, env } => Self::Stdio {
+                command: command.clone(),
+                args: args.clone(),
+                env: resolve_map(env)?,
+            },
+            McpTransport::Http { url, headers } => Self::Http {
+                url: url.clone(),
+                headers: resolve_map(headers)?,
+            },
+        })
+    }
+}
+
+/// `value` with each `${env:NAME}` replaced by `lookup(NAME)`.
+fn resolve_references(
+    value: &str,
+    lookup: impl Fn(&str) -> Option<String>,
+) -> Result<String, McpError> {
+    let mut out = String::with_capacity(value.len());
+    let mut rest = value;
+    while let Some(start) = rest.find("${env:") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + "${env:".len()..];
+        let Some(end) = after.find('}') else {
+            out.push_str(&rest[start..]);
+            return Ok(out);
+        };
+        let name = &after[..end];
+        out.push_str(&lookup(name).ok_or_else(|| McpError::MissingSecret(name.to_owned()))?);
+        rest = &after[end + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
 }
 
 /// A tool the server lists.
@@ -158,7 +235,19 @@ impl McpConnection {
     /// `"status": "error"` the model reads; a failed transport (the server died, the session
     /// closed) is an `Err`.
     pub async fn call(&self, name: &str, args: Map<String, Value>) -> Result<Value, ToolError> {
-        let params = CallToolRequestParams::new(name.to_owned()).with_arguments(args);
+        self.call_with_meta(name, args, None).await
+    }
+
+    /// [`Self::call`] with a request `_meta` object (e.g. the caller's identity, which never
+    /// comes from the model's arguments).
+    pub async fn call_with_meta(
+        &self,
+        name: &str,
+        args: Map<String, Value>,
+        meta: Option<Map<String, Value>>,
+    ) -> Result<Value, ToolError> {
+        let mut params = CallToolRequestParams::new(name.to_owned()).with_arguments(args);
+        params.meta = meta.map(RequestMetaObject::from);
         let result = self.service.call_tool(params).await.map_err(|e| {
             ToolError::Failed(format!("the MCP server did not answer: {}", short(&e)))
         })?;
@@ -167,9 +256,72 @@ impl McpConnection {
         Ok(tool_result_value(&raw))
     }
 
+    /// Whether `other` is a handle on this very session.
+    pub fn same_session(&self, other: &McpConnection) -> bool {
+        Arc::ptr_eq(&self.service, &other.service)
+    }
+
     /// True once the session has ended (the process exited, the connection closed).
     pub fn is_closed(&self) -> bool {
         self.service.is_closed()
+    }
+}
+
+/// What `tessera validate` found out about one declared server.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ServerCheck {
+    /// The server could not be started or reached, or did not list its tools in time.
+    Unreachable(String),
+    /// The server listed its tools.
+    Listed {
+        /// How many tools it lists.
+        listed: usize,
+        /// Allow-listed tools it does not list.
+        missing: Vec<String>,
+        /// Allow-listed tools whose input schema cannot be used for strict validation.
+        unusable: Vec<(String, String)>,
+    },
+}
+
+/// Connects to `transport`, lists its tools and checks `allowed` against them, all within
+/// `deadline`.
+pub async fn check_server(
+    transport: &McpTransport,
+    allowed: &[String],
+    deadline: Duration,
+) -> ServerCheck {
+    let listed = tokio::time::timeout(deadline, async {
+        let endpoint = McpEndpoint::resolve(transport)?;
+        let conn = McpConnection::connect(&endpoint, &reqwest::Client::new()).await?;
+        conn.list_tools().await
+    })
+    .await;
+    let tools = match listed {
+        Ok(Ok(tools)) => tools,
+        Ok(Err(e)) => return ServerCheck::Unreachable(e.to_string()),
+        Err(_) => {
+            return ServerCheck::Unreachable(format!(
+                "no answer within {}s",
+                deadline.as_secs_f64()
+            ));
+        }
+    };
+    let mut missing = Vec::new();
+    let mut unusable = Vec::new();
+    for name in allowed {
+        match tools.iter().find(|t| &t.name == name) {
+            None => missing.push(name.clone()),
+            Some(tool) => {
+                if let Err(e) = tessera_tools::ArgSchema::new(&tool.input_schema) {
+                    unusable.push((name.clone(), e));
+                }
+            }
+        }
+    }
+    ServerCheck::Listed {
+        listed: tools.len(),
+        missing,
+        unusable,
     }
 }
 
@@ -212,6 +364,27 @@ fn short(e: &ServiceError) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn secret_references_are_resolved_and_never_shown() {
+        let lookup = |name: &str| (name == "TOKEN").then(|| "sk-canary-7".to_owned());
+        let resolved = resolve_references("Bearer ${env:TOKEN}!", lookup);
+        assert_eq!(resolved.ok().as_deref(), Some("Bearer sk-canary-7!"));
+        let missing = resolve_references("${env:NOPE}", lookup);
+        assert!(matches!(missing, Err(McpError::MissingSecret(n)) if n == "NOPE"));
+        let endpoint = McpEndpoint::Http {
+            url: "http://x/mcp".to_owned(),
+            headers: BTreeMap::from([(
+                "Authorization".to_owned(),
+                "Bearer sk-canary-7".to_owned(),
+            )]),
+        };
+        let shown = format!("{endpoint:?}");
+        assert!(
+            shown.contains("Authorization") && !shown.contains("sk-canary-7"),
+            "{shown}"
+        );
+    }
 
     #[test]
     fn tool_errors_and_structured_results_are_mapped() {

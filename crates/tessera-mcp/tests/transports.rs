@@ -165,3 +165,52 @@ async fn a_server_that_cannot_start_is_a_clear_error() {
         "{err:?}"
     );
 }
+
+#[tokio::test]
+async fn check_server_reports_missing_tools_of_a_reachable_server() {
+    let transport = tessera_mcp::McpTransport::Stdio {
+        command: SERVER.to_owned(),
+        args: vec!["--stdio".to_owned()],
+        env: BTreeMap::new(),
+    };
+    let allowed = ["echo".to_owned(), "nope".to_owned()];
+    let check = tessera_mcp::check_server(&transport, &allowed, DEADLINE).await;
+    assert_eq!(
+        check,
+        tessera_mcp::ServerCheck::Listed {
+            listed: 3,
+            missing: vec!["nope".to_owned()],
+            unusable: Vec::new(),
+        }
+    );
+}
+
+#[tokio::test]
+async fn check_server_reports_an_unreachable_server_and_a_missing_secret() {
+    // A port nothing listens on: bind one, then free it.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let down = tessera_mcp::McpTransport::Http {
+        url: format!("http://127.0.0.1:{port}/mcp"),
+        headers: BTreeMap::new(),
+    };
+    let check = tessera_mcp::check_server(&down, &["echo".to_owned()], DEADLINE).await;
+    assert!(
+        matches!(check, tessera_mcp::ServerCheck::Unreachable(_)),
+        "{check:?}"
+    );
+    let unset = tessera_mcp::McpTransport::Http {
+        url: format!("http://127.0.0.1:{port}/mcp"),
+        headers: BTreeMap::from([(
+            "Authorization".to_owned(),
+            "Bearer ${env:TESSERA_MCP_TEST_SURELY_UNSET}".to_owned(),
+        )]),
+    };
+    let check = tessera_mcp::check_server(&unset, &[], DEADLINE).await;
+    assert!(
+        matches!(&check, tessera_mcp::ServerCheck::Unreachable(why) if why.contains("TESSERA_MCP_TEST_SURELY_UNSET")),
+        "{check:?}"
+    );
+}

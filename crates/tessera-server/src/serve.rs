@@ -12,6 +12,7 @@ use actix::prelude::*;
 use actix_web::{App, HttpServer, web};
 use anyhow::Context as _;
 use serde_json::{Value, json};
+use tessera_engine::mcp::McpCatalog;
 use tessera_engine::session::ChatIdentity;
 use tessera_engine::{Engine, EngineConfig, EngineHooks};
 use tessera_llm::ChatModel;
@@ -227,6 +228,14 @@ pub async fn run(
             }
         })),
         store: Some(store.clone()),
+        mcp: Some(
+            McpCatalog::discover(
+                McpCatalog::start_hub().map_err(|e| anyhow::anyhow!("{e}"))?,
+                &with_models.iter().map(|(w, _)| w).collect::<Vec<_>>(),
+                false,
+            )
+            .await,
+        ),
     };
     let engine = Engine::start(with_models, &builtins, engine_config, hooks)
         .map_err(|e| anyhow::anyhow!("{e}"))?;

@@ -5,7 +5,10 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use tessera_manifest::{ManifestErrors, Workflow, load_workflow_dir};
+use std::time::Duration;
+
+use tessera_manifest::{ManifestErrors, McpTransport, Workflow, load_workflow_dir};
+use tessera_mcp::{ServerCheck, check_server};
 
 /// Validates each directory (a workflow folder, or a root of workflow folders) and prints a
 /// summary per workflow or all its errors. With no directory, checks the configured
@@ -68,7 +71,10 @@ fn validate_dir(dir: &Path, out: &mut impl Write) -> anyhow::Result<bool> {
     let mut ok = true;
     for (name, result) in &results {
         match result {
-            Ok(w) => print_summary(name, w, out)?,
+            Ok(w) => {
+                print_summary(name, w, out)?;
+                ok &= check_mcp_servers(w, out)?;
+            }
             Err(errors) => {
                 ok = false;
                 print_errors(name, errors, out)?;
@@ -110,6 +116,78 @@ fn print_summary(folder: &str, w: &Workflow, out: &mut impl Write) -> std::io::R
         .collect();
     writeln!(out, "      vars:     {}", list(variables))?;
     writeln!(out, "      handoffs: {}", w.handoffs.len())
+}
+
+/// How long `validate` waits for one MCP server to start and list its tools.
+const MCP_CHECK_DEADLINE: Duration = Duration::from_secs(15);
+
+/// Starts or reaches each MCP server an agent is granted and checks the allow-listed tools
+/// exist: a missing tool is an error; an unreachable server only a warning (it may be up
+/// where the workflow is served). `Ok(false)` on an error.
+fn check_mcp_servers(w: &Workflow, out: &mut impl Write) -> anyhow::Result<bool> {
+    if w.mcp.servers.is_empty() {
+        return Ok(true);
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let mut ok = true;
+    for server in &w.mcp.servers {
+        let allowed: Vec<String> = w
+            .mcp
+            .grants
+            .iter()
+            .filter(|g| g.server == server.name)
+            .flat_map(|g| g.tools.iter().cloned())
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let kind = match server.transport {
+            McpTransport::Stdio { .. } => "stdio",
+            McpTransport::Http { .. } => "http",
+        };
+        let check = runtime.block_on(check_server(
+            &server.transport,
+            &allowed,
+            MCP_CHECK_DEADLINE,
+        ));
+        match check {
+            ServerCheck::Unreachable(why) => writeln!(
+                out,
+                "      warning: MCP server \"{}\" ({kind}) is unreachable, its tools were not checked: {why}",
+                server.name
+            )?,
+            ServerCheck::Listed {
+                listed,
+                missing,
+                unusable,
+            } => {
+                writeln!(
+                    out,
+                    "      mcp:      {} ({kind}): {listed} tools listed, allowed: {}",
+                    server.name,
+                    allowed.join(", ")
+                )?;
+                for tool in missing {
+                    ok = false;
+                    writeln!(
+                        out,
+                        "      error: mcp.json: tool \"{tool}\" is allowed but MCP server \"{}\" does not list it",
+                        server.name
+                    )?;
+                }
+                for (tool, why) in unusable {
+                    ok = false;
+                    writeln!(
+                        out,
+                        "      error: mcp.json: tool \"{tool}\" of MCP server \"{}\" has an unusable input schema: {why}",
+                        server.name
+                    )?;
+                }
+            }
+        }
+    }
+    Ok(ok)
 }
 
 fn print_errors(

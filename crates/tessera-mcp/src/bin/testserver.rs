@@ -1,6 +1,11 @@
 //! A small MCP server for tests, built on rmcp's server side. Tools: `echo` (returns its
 //! `message`), `crash` (the process exits mid-call), `hang` (never answers).
 //!
+//! With `TESSERA_MCP_TESTSERVER_LOG=FILE` every `tools/call` appends one JSON line (tool,
+//! arguments, `_meta`) to FILE, so a test can count calls and see the caller's identity. With
+//! `TESSERA_MCP_TESTSERVER_CRASH_ONCE=FILE`, `crash` exits only when FILE does not exist yet
+//! (creating it), and answers `recovered` afterwards: a restarted server then succeeds.
+//!
 //! `tessera-mcp-testserver --stdio` serves MCP on stdin/stdout;
 //! `tessera-mcp-testserver --http` serves Streamable HTTP on 127.0.0.1 (port 0) at `/mcp` and
 //! prints `listening on http://ADDR/mcp` on stdout.
@@ -15,7 +20,7 @@ use rmcp::ServerHandler;
 use rmcp::ServiceExt;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ListToolsResult,
-    PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+    PaginatedRequestParams, RequestMetaObject, ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::service::{RequestContext, RoleServer};
 use rmcp::transport::streamable_http_server::StreamableHttpService;
@@ -58,8 +63,9 @@ impl ServerHandler for TestServer {
     async fn call_tool(
         &self,
         request: CallToolRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
+        log_call(&request, &context.meta);
         match &*request.name {
             "echo" => {
                 let message = request
@@ -73,12 +79,43 @@ impl ServerHandler for TestServer {
                     ContentBlock::text(message),
                 ])))
             }
-            "crash" => std::process::exit(3),
+            "crash" => {
+                if let Ok(marker) = std::env::var("TESSERA_MCP_TESTSERVER_CRASH_ONCE")
+                    && std::path::Path::new(&marker).exists()
+                {
+                    return Ok(CallToolResponse::Complete(CallToolResult::success(vec![
+                        ContentBlock::text("recovered"),
+                    ])));
+                }
+                if let Ok(marker) = std::env::var("TESSERA_MCP_TESTSERVER_CRASH_ONCE") {
+                    let _ = std::fs::write(marker, b"crashed");
+                }
+                std::process::exit(3)
+            }
             "hang" => futures::future::pending().await,
             other => Ok(CallToolResponse::Complete(CallToolResult::error(vec![
                 ContentBlock::text(format!("unknown tool {other}")),
             ]))),
         }
+    }
+}
+
+fn log_call(request: &CallToolRequestParams, meta: &RequestMetaObject) {
+    let Ok(path) = std::env::var("TESSERA_MCP_TESTSERVER_LOG") else {
+        return;
+    };
+    let line = json!({
+        "tool": &*request.name,
+        "arguments": request.arguments,
+        "meta": meta,
+    });
+    let appended = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, format!("{line}\n").as_bytes()));
+    if let Err(e) = appended {
+        eprintln!("tessera-mcp-testserver: cannot log the call: {e}");
     }
 }
 

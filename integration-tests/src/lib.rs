@@ -69,6 +69,7 @@ fn build_bin(package: &str, bin: &str) -> PathBuf {
 }
 
 pub mod browser;
+pub mod mock_llm;
 pub mod postgres;
 pub mod server;
 pub mod wsclient;

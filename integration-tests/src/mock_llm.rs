@@ -1,0 +1,59 @@
+//! The real `tessera-loadgen mock-llm`: an OpenAI-compatible server on a random port that
+//! calls the first tool offered, then answers (streamed).
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+use crate::loadgen_bin;
+use crate::server::ServerOptions;
+
+/// A running `tessera-loadgen mock-llm --port 0`, killed when dropped.
+pub struct MockLlm {
+    _child: Child,
+    pub base_url: String,
+}
+
+impl MockLlm {
+    pub async fn start() -> MockLlm {
+        let mut child = Command::new(loadgen_bin())
+            .args(["mock-llm", "--port", "0", "--latency-ms", "0", "--stream"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start the mock LLM: {e}"));
+        let stdout = child.stdout.take().unwrap_or_else(|| panic!("no stdout"));
+        let mut lines = BufReader::new(stdout).lines();
+        let base = tokio::time::timeout(Duration::from_secs(60), async {
+            while let Ok(Some(line)) = lines.next_line().await {
+                if let Some(url) = line.strip_prefix("mock-llm listening on ") {
+                    return Some(url.trim().to_owned());
+                }
+            }
+            None
+        })
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or_else(|| panic!("the mock LLM did not report its address"));
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        MockLlm {
+            _child: child,
+            base_url: format!("{base}/v1"),
+        }
+    }
+
+    /// Server options pointing `tessera serve` at this mock.
+    pub fn options(&self) -> ServerOptions {
+        ServerOptions {
+            env: vec![
+                ("OPENAI_BASE_URL".into(), self.base_url.clone()),
+                ("OPENAI_API_KEY".into(), "test".into()),
+            ],
+            ..Default::default()
+        }
+    }
+}

@@ -150,8 +150,25 @@ fn one<'a>(spans: &'a [Span], name: &str) -> &'a Span {
     found[0]
 }
 
-#[tokio::test]
-async fn genai_spans_are_exported_under_the_callers_trace_without_message_content() {
+/// What the OTLP receiver got from one traced chat turn (flushed at shutdown).
+struct Exported {
+    chat: String,
+    spans: Vec<Span>,
+    /// The raw protobuf bodies, to look for text anywhere in them.
+    bodies: Vec<Vec<u8>>,
+}
+
+impl Exported {
+    fn contains(&self, text: &str) -> bool {
+        self.bodies
+            .iter()
+            .any(|b| String::from_utf8_lossy(b).contains(text))
+    }
+}
+
+/// Runs one chat turn with export on (plus `extra_env`), stops the server, and decodes what
+/// the receiver got.
+async fn traced_chat(extra_env: &[(&str, &str)]) -> Exported {
     let otlp = otlp_receiver().await;
     let tool = tool_server().await;
     let mock = MockLlm::start().await;
@@ -165,6 +182,11 @@ async fn genai_spans_are_exported_under_the_callers_trace_without_message_conten
         // Nothing is exported on a timer during the test: what arrives was flushed at shutdown.
         ("OTEL_BSP_SCHEDULE_DELAY".into(), "600000".into()),
     ]);
+    options.env.extend(
+        extra_env
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+    );
     let server = TestServer::start(options).await;
     let chat = chat_once(&server).await;
     assert!(server.terminate().await, "tessera exits cleanly on SIGTERM");
@@ -172,26 +194,14 @@ async fn genai_spans_are_exported_under_the_callers_trace_without_message_conten
     let requests = otlp.received_requests().await.unwrap_or_default();
     assert!(!requests.is_empty(), "the spans were flushed on shutdown");
     let mut spans = Vec::new();
-    for request in &requests {
+    let mut bodies = Vec::new();
+    for request in requests {
         assert_eq!(
             request
                 .headers
                 .get("content-type")
                 .map(|v| v.to_str().unwrap_or_default()),
             Some("application/x-protobuf")
-        );
-        let body = String::from_utf8_lossy(&request.body);
-        assert!(
-            !body.contains("zebra-4711"),
-            "the user's message is not exported"
-        );
-        assert!(
-            !body.contains("striped horse"),
-            "the tool's result is not exported"
-        );
-        assert!(
-            !body.contains("Done: the tool returned"),
-            "the model's answer is not exported"
         );
         let export = ExportTraceServiceRequest::decode(request.body.as_slice())
             .unwrap_or_else(|e| panic!("not an ExportTraceServiceRequest: {e}"));
@@ -211,11 +221,35 @@ async fn genai_spans_are_exported_under_the_callers_trace_without_message_conten
                 spans.extend(scope.spans);
             }
         }
+        bodies.push(request.body);
     }
+    Exported {
+        chat,
+        spans,
+        bodies,
+    }
+}
 
-    let workflow = one(&spans, "invoke_workflow Lookup");
-    let agent = one(&spans, "invoke_agent LookupAgent");
-    let tool_span = one(&spans, "execute_tool lookup");
+#[tokio::test]
+async fn genai_spans_are_exported_under_the_callers_trace_without_message_content() {
+    let exported = traced_chat(&[]).await;
+    assert!(
+        !exported.contains("zebra-4711"),
+        "the user's message is not exported"
+    );
+    assert!(
+        !exported.contains("striped horse"),
+        "the tool's result is not exported"
+    );
+    assert!(
+        !exported.contains("Done: the tool returned"),
+        "the model's answer is not exported"
+    );
+    let (chat, spans) = (&exported.chat, &exported.spans);
+
+    let workflow = one(spans, "invoke_workflow Lookup");
+    let agent = one(spans, "invoke_agent LookupAgent");
+    let tool_span = one(spans, "execute_tool lookup");
     let chats: Vec<_> = spans
         .iter()
         .filter(|s| s.name.starts_with("chat "))
@@ -227,7 +261,7 @@ async fn genai_spans_are_exported_under_the_callers_trace_without_message_conten
     );
 
     // Parentage: caller ⊃ workflow ⊃ agent ⊃ {chat, execute_tool}, all in the caller's trace.
-    for span in &spans {
+    for span in spans {
         assert_eq!(hex(&span.trace_id), TRACE_ID, "span {:?}", span.name);
     }
     assert_eq!(hex(&workflow.parent_span_id), CALLER_SPAN_ID);
@@ -242,7 +276,7 @@ async fn genai_spans_are_exported_under_the_callers_trace_without_message_conten
         str_attr(workflow, "gen_ai.operation.name"),
         "invoke_workflow"
     );
-    assert_eq!(str_attr(workflow, "gen_ai.conversation.id"), chat);
+    assert_eq!(str_attr(workflow, "gen_ai.conversation.id"), chat.as_str());
     assert_eq!(str_attr(agent, "gen_ai.operation.name"), "invoke_agent");
     assert_eq!(str_attr(agent, "gen_ai.agent.name"), "LookupAgent");
     for chat_span in &chats {
@@ -251,7 +285,7 @@ async fn genai_spans_are_exported_under_the_callers_trace_without_message_conten
         assert_eq!(str_attr(chat_span, "gen_ai.provider.name"), "openai");
         let model = str_attr(chat_span, "gen_ai.request.model");
         assert_eq!(chat_span.name, format!("chat {model}"));
-        assert_eq!(str_attr(chat_span, "gen_ai.conversation.id"), chat);
+        assert_eq!(str_attr(chat_span, "gen_ai.conversation.id"), chat.as_str());
         assert!(int_attr(chat_span, "gen_ai.usage.input_tokens") > 0);
         assert!(int_attr(chat_span, "gen_ai.usage.output_tokens") > 0);
         match attr(chat_span, "gen_ai.response.finish_reasons") {
@@ -284,6 +318,32 @@ async fn genai_spans_are_exported_under_the_callers_trace_without_message_conten
         m
     });
     assert_eq!(names.len(), 4, "{names:?}");
+}
+
+#[tokio::test]
+async fn message_content_is_exported_only_when_the_operator_opts_in() {
+    let exported =
+        traced_chat(&[("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "true")]).await;
+    let chats: Vec<_> = exported
+        .spans
+        .iter()
+        .filter(|s| s.name.starts_with("chat "))
+        .collect();
+    assert!(
+        chats
+            .iter()
+            .any(|s| str_attr(s, "gen_ai.input.messages").contains("zebra-4711")),
+        "the user's message is on a chat span"
+    );
+    assert!(
+        chats
+            .iter()
+            .any(|s| str_attr(s, "gen_ai.output.messages").contains("Done: the tool returned")),
+        "the model's answer is on a chat span"
+    );
+    let tool_span = one(&exported.spans, "execute_tool lookup");
+    assert!(str_attr(tool_span, "gen_ai.tool.call.result").contains("striped horse"));
+    assert!(str_attr(tool_span, "gen_ai.tool.call.arguments").contains("word"));
 }
 
 #[tokio::test]

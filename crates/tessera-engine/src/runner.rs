@@ -105,6 +105,8 @@ impl AgentRunner {
                     request.model.as_deref().unwrap_or(model.label()),
                     &self.parts.tool_ctx.chat_id,
                 );
+                let captured_input =
+                    tessera_telemetry::capturing_content().then(|| Arc::clone(&request.messages));
                 let call = with_deadline(
                     self.machine.model_call_deadline(),
                     model.complete(request, sink),
@@ -121,6 +123,11 @@ impl AgentRunner {
                                 reply.usage.completion_tokens,
                                 reply.finish_reason.as_deref(),
                             );
+                            if let Some(input) = &captured_input {
+                                let secrets = act.parts.tool_ctx.secrets.as_ref();
+                                capture(&span, "gen_ai.input.messages", &**input, secrets);
+                                capture(&span, "gen_ai.output.messages", [&reply.message], secrets);
+                            }
                             act.publish_usage(&reply.model, reply.usage, started.elapsed());
                             act.machine.on_model_reply(reply)
                         }
@@ -222,6 +229,16 @@ impl AgentRunner {
                 }
             }
             publish.do_send(Publish(tool_call_event(&info, &call.args)));
+            let capturing = tessera_telemetry::capturing_content();
+            let secrets = tool_ctx.secrets.clone();
+            if capturing {
+                capture(
+                    &traced,
+                    "gen_ai.tool.call.arguments",
+                    &call.args,
+                    secrets.as_ref(),
+                );
+            }
             let result =
                 match tokio::time::timeout(tool.timeout, tool.exec.invoke(call.args, tool_ctx))
                     .await
@@ -230,6 +247,9 @@ impl AgentRunner {
                     Err(_) => Err(ToolError::Timeout(tool.timeout)),
                 };
             dedup.do_send(CompleteKey(key));
+            if capturing && let Ok(value) = &result {
+                capture(&traced, "gen_ai.tool.call.result", value, secrets.as_ref());
+            }
             let (ok, shown) = match &result {
                 Ok(value) => (true, value.clone()),
                 Err(err) => {
@@ -284,6 +304,22 @@ async fn with_deadline(
     tokio::time::timeout(deadline, call)
         .await
         .unwrap_or(Err(tessera_llm::LlmError::Timeout(deadline)))
+}
+
+/// Puts `content` on `span` as JSON, with the chat's secrets redacted (only when the operator
+/// opted in to content on spans: see `tessera_telemetry::capturing_content`).
+fn capture(
+    span: &tracing::Span,
+    key: &'static str,
+    content: impl serde::Serialize,
+    secrets: Option<&tessera_tools::SecretView>,
+) {
+    let json = serde_json::to_string(&content).unwrap_or_default();
+    let json = match secrets {
+        Some(secrets) => secrets.redact(&json),
+        None => json,
+    };
+    tessera_telemetry::record_content(span, key, json);
 }
 
 /// The id of the message a turn's final text is published under.

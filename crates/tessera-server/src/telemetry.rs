@@ -27,6 +27,9 @@ use tracing_subscriber::util::SubscriberInitExt;
 /// The service name when `OTEL_SERVICE_NAME` does not give one.
 const DEFAULT_SERVICE_NAME: &str = "tessera";
 
+/// The GenAI conventions' opt-in for message content on spans.
+const CAPTURE_CONTENT: &str = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT";
+
 /// The only OTLP protocol built in.
 const HTTP_PROTOBUF: &str = "http/protobuf";
 
@@ -133,6 +136,12 @@ pub fn init(json_logs: bool) -> anyhow::Result<Telemetry> {
     if provider.is_some() {
         tessera_telemetry::set_exporting();
         tracing::info!("OpenTelemetry trace export is on (OTLP over HTTP, protobuf)");
+        if std::env::var(CAPTURE_CONTENT).is_ok_and(|v| v.trim().eq_ignore_ascii_case("true")) {
+            tessera_telemetry::set_capture_content();
+            tracing::warn!(
+                "{CAPTURE_CONTENT}=true: spans carry message content (secrets redacted); treat the trace backend as holding user data"
+            );
+        }
     }
     Ok(Telemetry { provider })
 }

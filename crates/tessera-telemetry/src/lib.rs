@@ -9,8 +9,8 @@
 //!
 //! Names and attributes follow the OpenTelemetry GenAI semantic conventions:
 //! `invoke_workflow {workflow}` ⊃ `invoke_agent {agent}` ⊃ `chat {model}` / `execute_tool {tool}`,
-//! and `await_ui_response {tool}` for the wait on the browser. Message content is never put
-//! on a span here.
+//! and `await_ui_response {tool}` for the wait on the browser. Message content goes on a span
+//! only when the operator opted in ([`capturing_content`]), with the chat's secrets redacted.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -33,6 +33,7 @@ pub const TRACEPARENT: &str = "traceparent";
 pub const TRACESTATE: &str = "tracestate";
 
 static EXPORTING: AtomicBool = AtomicBool::new(false);
+static CAPTURE_CONTENT: AtomicBool = AtomicBool::new(false);
 
 /// Called once by the process that installed an exporting layer.
 pub fn set_exporting() {
@@ -42,6 +43,26 @@ pub fn set_exporting() {
 /// True when spans are exported (the trace context is worth extracting and injecting).
 pub fn exporting() -> bool {
     EXPORTING.load(Ordering::Relaxed)
+}
+
+/// Called once when the operator opted in to message content on spans
+/// (`OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true`).
+pub fn set_capture_content() {
+    CAPTURE_CONTENT.store(true, Ordering::Relaxed);
+}
+
+/// True when spans are exported and may carry message content (opt-in; off by default).
+pub fn capturing_content() -> bool {
+    exporting() && CAPTURE_CONTENT.load(Ordering::Relaxed)
+}
+
+/// Puts content (`gen_ai.input.messages`, `gen_ai.output.messages`,
+/// `gen_ai.tool.call.arguments`, `gen_ai.tool.call.result`) on `span`. Callers check
+/// [`capturing_content`] first and pass text whose secrets are already redacted.
+pub fn record_content(span: &Span, key: &'static str, text: String) {
+    if !span.is_disabled() {
+        span.set_attribute(key, text);
+    }
 }
 
 /// A caller's trace context (from `traceparent` / `tracestate`), to become the parent of the

@@ -190,7 +190,11 @@ async fn traced_chat(extra_env: &[(&str, &str)]) -> Exported {
     let server = TestServer::start(options).await;
     let chat = chat_once(&server).await;
     assert!(server.terminate().await, "tessera exits cleanly on SIGTERM");
+    decode(&otlp, chat).await
+}
 
+/// Decodes every export `otlp` received.
+async fn decode(otlp: &MockServer, chat: String) -> Exported {
     let requests = otlp.received_requests().await.unwrap_or_default();
     assert!(!requests.is_empty(), "the spans were flushed on shutdown");
     let mut spans = Vec::new();
@@ -413,5 +417,75 @@ async fn without_otel_variables_nothing_is_propagated() {
     assert!(
         calls[0].headers.get("traceparent").is_none(),
         "export is off by default: the incoming traceparent is not passed on"
+    );
+}
+
+#[tokio::test]
+async fn a_ui_tool_has_an_execute_tool_span_holding_the_wait_for_the_browser() {
+    let otlp = otlp_receiver().await;
+    // The shipped Generator workflow on the demo model: no LLM needed.
+    let server = TestServer::start(integration_tests::server::ServerOptions {
+        env: vec![
+            ("OTEL_EXPORTER_OTLP_ENDPOINT".into(), otlp.uri()),
+            ("OTEL_SERVICE_NAME".into(), "tessera-otel-test".into()),
+            ("OTEL_BSP_SCHEDULE_DELAY".into(), "600000".into()),
+        ],
+        ..Default::default()
+    })
+    .await;
+    let chat = server.create_chat("Generator", "alice").await;
+    let parent = traceparent();
+    let mut ws = WsClient::try_connect_with(
+        &server.ws_url(&chat, 0),
+        "alice",
+        &[("traceparent", parent.as_str())],
+    )
+    .await
+    .unwrap_or_else(|e| panic!("websocket connect failed: {e}"));
+    ws.until("chat.input_request").await;
+    ws.say("Automate my weekly social media posts").await;
+    let plan = ws.until_ui_call().await;
+    let corr = plan["data"]["corr"].as_str().unwrap_or_default().to_owned();
+    ws.send(json!({"type": "chat.tool_response", "data": {
+        "corr": corr, "status": "success", "action": "submit", "data": {"approved": true}}}))
+        .await;
+    ws.until_match("chat.tool_response", |e| {
+        e["data"]["tool_name"] == "action_plan"
+    })
+    .await;
+    // The next UI tool asks for an API key: cancel it, so the run (and its workflow span) ends.
+    ws.until_ui_call().await;
+    ws.send(json!({"type": "chat.cancel"})).await;
+    ws.until("chat.input_request").await;
+    ws.close().await;
+    assert!(server.terminate().await);
+
+    let exported = decode(&otlp, chat).await;
+    let spans = &exported.spans;
+    let wait = one(spans, "await_ui_response action_plan");
+    let tool = one(spans, "execute_tool action_plan");
+    assert_eq!(wait.parent_span_id, tool.span_id);
+    assert_eq!(str_attr(wait, "gen_ai.tool.call.id"), corr);
+    assert_eq!(str_attr(wait, "tessera.ui.outcome"), "answered");
+    assert_eq!(str_attr(tool, "gen_ai.tool.name"), "action_plan");
+    let workflow = spans
+        .iter()
+        .find(|s| s.span_id == tool.parent_span_id)
+        .unwrap_or_else(|| panic!("the UI tool's span has no parent span"));
+    assert_eq!(workflow.name, "invoke_workflow Generator");
+    assert_eq!(hex(&workflow.parent_span_id), CALLER_SPAN_ID);
+    assert_eq!(hex(&wait.trace_id), TRACE_ID);
+    // The demo model's calls are `chat` spans too, under their agents.
+    let chat_span = spans
+        .iter()
+        .find(|s| s.name.starts_with("chat "))
+        .unwrap_or_else(|| panic!("no chat span"));
+    assert_eq!(
+        str_attr(chat_span, "gen_ai.provider.name"),
+        "tessera.scripted"
+    );
+    assert!(
+        !exported.contains("weekly social media"),
+        "no content by default"
     );
 }

@@ -1,4 +1,5 @@
-//! The mock OpenAI-compatible LLM server (`tessera-loadgen mock-llm`) as a test helper.
+//! The real `tessera-loadgen mock-llm`: an OpenAI-compatible server on a random port that
+//! calls the first tool offered, then answers (streamed).
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -12,10 +13,12 @@ use crate::server::ServerOptions;
 /// A running `tessera-loadgen mock-llm --port 0`, killed when dropped.
 pub struct MockLlm {
     _child: Child,
+    /// The OpenAI-compatible base URL (`http://ADDR/v1`).
     pub base_url: String,
 }
 
 impl MockLlm {
+    /// Starts the mock (streaming, no added latency) and waits for its address.
     pub async fn start() -> MockLlm {
         let mut child = Command::new(loadgen_bin())
             .args(["mock-llm", "--port", "0", "--latency-ms", "0", "--stream"])

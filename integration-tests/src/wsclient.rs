@@ -33,10 +33,23 @@ impl WsClient {
 
     /// Connects, returning the handshake error (e.g. 404 for another user's chat).
     pub async fn try_connect(url: &str, user: &str) -> Result<WsClient, String> {
+        Self::try_connect_with(url, user, &[]).await
+    }
+
+    /// Connects with extra upgrade-request `headers` (e.g. a W3C `traceparent`).
+    pub async fn try_connect_with(
+        url: &str,
+        user: &str,
+        headers: &[(&'static str, &str)],
+    ) -> Result<WsClient, String> {
         use tokio_tungstenite::tungstenite::client::IntoClientRequest;
         let mut request = url.into_client_request().map_err(|e| e.to_string())?;
         let value = user.parse().map_err(|_| "bad user header".to_owned())?;
         request.headers_mut().insert("x-user-id", value);
+        for (name, value) in headers {
+            let value = value.parse().map_err(|_| format!("bad {name} header"))?;
+            request.headers_mut().insert(*name, value);
+        }
         let (socket, _) = connect_async(request).await.map_err(|e| e.to_string())?;
         Ok(WsClient {
             socket,

@@ -14,6 +14,7 @@ use serde_json::{Map, Value};
 use tessera_manifest::{CompiledModel, DisplayMode, ToolType};
 use tessera_protocol::{InteractionType, PendingUiCall};
 use tessera_tools::{Tool, ToolContext, ToolErrorResult};
+use tracing::Instrument;
 
 use crate::correlator::{AwaitUiResponse, UiCorrelator, UiOutcome};
 use crate::dedup::{ClaimKey, ClaimOutcome, CompleteKey, DedupCache, ToolKey};
@@ -106,6 +107,8 @@ pub struct InvokeAutoTool {
     pub tool_ctx: ToolContext,
     pub structured_data: Value,
     pub publish: Recipient<Publish>,
+    /// The `execute_tool` span of this invocation (named here once the tool is known).
+    pub span: tracing::Span,
 }
 
 /// How an auto-tool invocation ended.
@@ -208,7 +211,10 @@ impl Handler<InvokeAutoTool> for AutoToolHandler {
                 parts.dedup.do_send(CompleteKey(key));
                 return AutoToolOutcome::Invalid(errors.join("; "));
             }
-            run_ui_tool(binding, msg.tool_ctx, &msg.structured_data, parts).await
+            tessera_telemetry::record_auto_tool(&msg.span, &binding.tool_name);
+            run_ui_tool(binding, msg.tool_ctx, &msg.structured_data, parts)
+                .instrument(msg.span)
+                .await
         })
     }
 }
@@ -301,6 +307,7 @@ fn wait_for_ui(
         .as_str()
         .unwrap_or_default()
         .to_owned();
+    let span = tessera_telemetry::ui_wait_span(&binding.tool_name, &corr, &ctx.chat_id);
     let wait = parts.correlator.send(AwaitUiResponse {
         chat_id: ctx.chat_id.clone(),
         call,
@@ -309,7 +316,12 @@ fn wait_for_ui(
         announce,
     });
     async move {
-        let outcome = wait.await.unwrap_or(UiOutcome::Cancelled);
+        let outcome = wait
+            .instrument(span.clone())
+            .await
+            .unwrap_or(UiOutcome::Cancelled);
+        span.record("tessera.ui.outcome", outcome.kind());
+        drop(span);
         let ended = interpret_ui_outcome(&binding, corr, &agent_message_id, outcome);
         finish(&binding, &ctx, ended, &parts)
     }

@@ -32,6 +32,18 @@ pub enum UiOutcome {
     Disconnected,
 }
 
+impl UiOutcome {
+    /// A short stable name of how the wait ended (no content), for traces.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            UiOutcome::Answered(_) => "answered",
+            UiOutcome::TimedOut(_) => "timed_out",
+            UiOutcome::Cancelled => "cancelled",
+            UiOutcome::Disconnected => "disconnected",
+        }
+    }
+}
+
 /// Why an answer was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CorrelationError {

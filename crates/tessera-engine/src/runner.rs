@@ -10,6 +10,7 @@ use serde_json::{Map, Value};
 use tessera_llm::{ChatModel, DeltaSink, Message};
 use tessera_protocol::{InteractionType, ServerEvent};
 use tessera_tools::{ToolContext, ToolError};
+use tracing::Instrument;
 
 use crate::dedup::{ClaimKey, ClaimOutcome, CompleteKey, DedupCache, ToolKey};
 use crate::events::{Publish, ToolCallInfo, tool_call_event, tool_response_event};
@@ -45,6 +46,8 @@ pub struct RunnerParts {
     pub tool_ctx: ToolContext,
     pub turn: u32,
     pub workflow_name: Arc<str>,
+    /// The `invoke_workflow` span this turn's `invoke_agent` span goes under.
+    pub workflow_span: tracing::Span,
 }
 
 /// Runs one agent turn.
@@ -54,6 +57,8 @@ pub struct AgentRunner {
     parts: RunnerParts,
     in_flight: Option<SpawnHandle>,
     finished: bool,
+    /// `invoke_agent {agent}`: ends when the runner is dropped.
+    span: tracing::Span,
 }
 
 impl AgentRunner {
@@ -72,12 +77,19 @@ impl AgentRunner {
             parts.tool_ctx.turn_idempotency_key.clone(),
             limits,
         );
+        let span = tessera_telemetry::agent_span(
+            &parts.workflow_span,
+            &machine.plan().name,
+            &parts.tool_ctx.chat_id,
+            parts.turn,
+        );
         Self {
             machine,
             first: Some(first),
             parts,
             in_flight: None,
             finished: false,
+            span,
         }
     }
 
@@ -86,18 +98,41 @@ impl AgentRunner {
         match step {
             Step::CallModel(request) => {
                 let sink = request.stream.then(|| self.delta_sink());
+                let model = &self.parts.model;
+                let span = tessera_telemetry::chat_span(
+                    &self.span,
+                    model.provider_name(),
+                    request.model.as_deref().unwrap_or(model.label()),
+                    &self.parts.tool_ctx.chat_id,
+                );
+                let captured_input =
+                    tessera_telemetry::capturing_content().then(|| Arc::clone(&request.messages));
                 let call = with_deadline(
                     self.machine.model_call_deadline(),
-                    self.parts.model.complete(request, sink),
-                );
+                    model.complete(request, sink),
+                )
+                .instrument(span.clone());
                 let started = std::time::Instant::now();
                 let handle = ctx.spawn(call.into_actor(self).map(move |result, act, ctx| {
                     let step = match result {
                         Ok(reply) => {
+                            tessera_telemetry::record_chat_response(
+                                &span,
+                                &reply.model,
+                                reply.usage.prompt_tokens,
+                                reply.usage.completion_tokens,
+                                reply.finish_reason.as_deref(),
+                            );
+                            if let Some(input) = &captured_input {
+                                let secrets = act.parts.tool_ctx.secrets.as_ref();
+                                capture(&span, "gen_ai.input.messages", &**input, secrets);
+                                capture(&span, "gen_ai.output.messages", [&reply.message], secrets);
+                            }
                             act.publish_usage(&reply.model, reply.usage, started.elapsed());
                             act.machine.on_model_reply(reply)
                         }
                         Err(err) => {
+                            tessera_telemetry::record_error(&span, err.code());
                             tracing::warn!(agent = %act.machine.plan().name, code = err.code(), "model call failed");
                             act.machine.on_model_error(&err)
                         }
@@ -153,6 +188,13 @@ impl AgentRunner {
         let workflow = self.parts.workflow_name.clone();
         tool_ctx.turn_idempotency_key = Arc::from(call.invocation_key.as_str());
         let key = ToolKey::of_turn(&tool_ctx);
+        let span = tessera_telemetry::tool_span(
+            &self.span,
+            &plan.tools[call.tool_index].name,
+            &call.call_id,
+            &tool_ctx.chat_id,
+        );
+        let traced = span.clone();
         async move {
             // Claimed when this call starts, not when the batch is built: a call still
             // waiting for a free slot at a crash was never started and is not "interrupted".
@@ -187,6 +229,16 @@ impl AgentRunner {
                 }
             }
             publish.do_send(Publish(tool_call_event(&info, &call.args)));
+            let capturing = tessera_telemetry::capturing_content();
+            let secrets = tool_ctx.secrets.clone();
+            if capturing {
+                capture(
+                    &traced,
+                    "gen_ai.tool.call.arguments",
+                    &call.args,
+                    secrets.as_ref(),
+                );
+            }
             let result =
                 match tokio::time::timeout(tool.timeout, tool.exec.invoke(call.args, tool_ctx))
                     .await
@@ -195,9 +247,15 @@ impl AgentRunner {
                     Err(_) => Err(ToolError::Timeout(tool.timeout)),
                 };
             dedup.do_send(CompleteKey(key));
+            if capturing && let Ok(value) = &result {
+                capture(&traced, "gen_ai.tool.call.result", value, secrets.as_ref());
+            }
             let (ok, shown) = match &result {
                 Ok(value) => (true, value.clone()),
-                Err(err) => (false, err.to_result()),
+                Err(err) => {
+                    tessera_telemetry::record_error(&traced, err.code());
+                    (false, err.to_result())
+                }
             };
             publish.do_send(Publish(tool_response_event(&info, ok, shown, None)));
             ToolResult {
@@ -205,6 +263,7 @@ impl AgentRunner {
                 result,
             }
         }
+        .instrument(span)
     }
 
     fn delta_sink(&self) -> DeltaSink {
@@ -245,6 +304,22 @@ async fn with_deadline(
     tokio::time::timeout(deadline, call)
         .await
         .unwrap_or(Err(tessera_llm::LlmError::Timeout(deadline)))
+}
+
+/// Puts `content` on `span` as JSON, with the chat's secrets redacted (only when the operator
+/// opted in to content on spans: see `tessera_telemetry::capturing_content`).
+fn capture(
+    span: &tracing::Span,
+    key: &'static str,
+    content: impl serde::Serialize,
+    secrets: Option<&tessera_tools::SecretView>,
+) {
+    let json = serde_json::to_string(&content).unwrap_or_default();
+    let json = match secrets {
+        Some(secrets) => secrets.redact(&json),
+        None => json,
+    };
+    tessera_telemetry::record_content(span, key, json);
 }
 
 /// The id of the message a turn's final text is published under.

@@ -71,6 +71,15 @@ pub struct UserInput {
     pub client_msg_id: Option<String>,
 }
 
+/// [`UserInput`] from a caller with a W3C trace context: the turn's `invoke_workflow` span
+/// becomes its child.
+#[derive(Message)]
+#[rtype(result = "Result<(), EngineError>")]
+pub struct TracedInput {
+    pub input: UserInput,
+    pub parent: tessera_telemetry::RemoteParent,
+}
+
 /// The browser answered a UI tool call.
 #[derive(Message)]
 #[rtype(result = "Result<(), EngineError>")]
@@ -170,6 +179,9 @@ pub struct ChatSession {
     self_addr: Option<Addr<ChatSession>>,
     /// Set for a chat rebuilt from the store: `started` resumes instead of starting.
     restored: Option<restore::RestoredWork>,
+    /// `invoke_workflow`: open from a user input (or resumed run) until the chat waits for
+    /// the user again or ends; disabled when traces are not exported.
+    workflow_span: tracing::Span,
 }
 
 /// Flush queued durable writes (sent to self so writes batch per mailbox turn).
@@ -217,6 +229,7 @@ impl ChatSession {
             flush_requested: false,
             self_addr: None,
             restored: None,
+            workflow_span: tracing::Span::none(),
             chat_id_json: ChatIdJson::new(&id.chat_id),
             id,
             shard,
@@ -325,6 +338,10 @@ impl ChatSession {
         self.turn += 1;
         self.current_agent = agent.clone();
         self.status = ChatStatus::Running;
+        if self.workflow_span.is_disabled() {
+            self.workflow_span =
+                tessera_telemetry::workflow_span(&self.wf.name, &self.id.chat_id, None);
+        }
         self.publish(ServerEvent::RunStart {
             agent: agent.to_string(),
             turn: self.turn,
@@ -346,6 +363,7 @@ impl ChatSession {
             tool_ctx: self.tool_ctx(&agent),
             turn: self.turn,
             workflow_name: Arc::clone(&self.wf.name),
+            workflow_span: self.workflow_span.clone(),
         };
         tracing::debug!(chat_id = %self.id.chat_id, tenant = %self.id.tenant, turn = self.turn, agent = %agent, "turn started");
         let runner = AgentRunner::new(plan, &self.history, &self.context, limits, parts).start();
@@ -353,6 +371,7 @@ impl ChatSession {
     }
 
     fn await_user(&mut self) {
+        self.workflow_span = tracing::Span::none();
         self.status = ChatStatus::AwaitingUser;
         self.consecutive = 0;
         self.publish(ServerEvent::InputRequest {
@@ -361,6 +380,7 @@ impl ChatSession {
     }
 
     fn complete(&mut self, reason: &str, ctx: &mut Context<Self>) {
+        self.workflow_span = tracing::Span::none();
         self.status = ChatStatus::Completed(reason.to_owned());
         self.secrets.wipe();
         if let Some(forget) = crate::secrets::forget(self.shard.store.as_ref(), &self.id.chat_id) {
@@ -438,6 +458,11 @@ impl ChatSession {
             tool_ctx,
             structured_data: data,
             publish: ctx.address().recipient(),
+            span: tessera_telemetry::auto_tool_span(
+                &self.workflow_span,
+                &self.current_agent,
+                &self.id.chat_id,
+            ),
         });
         self.await_auto_tool(
             async move {
@@ -841,6 +866,19 @@ impl Handler<UserInput> for ChatSession {
         let agent = self.current_agent.clone();
         self.start_turn(agent, ctx);
         Ok(())
+    }
+}
+
+impl Handler<TracedInput> for ChatSession {
+    type Result = Result<(), EngineError>;
+
+    fn handle(&mut self, msg: TracedInput, ctx: &mut Self::Context) -> Self::Result {
+        if self.status != ChatStatus::AwaitingUser {
+            return Err(self.refuse_input());
+        }
+        self.workflow_span =
+            tessera_telemetry::workflow_span(&self.wf.name, &self.id.chat_id, Some(&msg.parent));
+        <Self as Handler<UserInput>>::handle(self, msg.input, ctx)
     }
 }
 

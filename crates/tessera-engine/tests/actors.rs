@@ -521,6 +521,7 @@ async fn the_same_structured_output_delivered_twice_concurrently_runs_the_tool_o
         tool_ctx: ctx.clone(),
         structured_data: data.clone(),
         publish: sink.clone().recipient(),
+        span: tracing::Span::none(),
     };
     let (first, second) = (handler.send(invoke()), handler.send(invoke()));
 

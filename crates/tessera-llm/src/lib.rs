@@ -32,6 +32,11 @@ pub trait ChatModel: Send + Sync + 'static {
     /// A short label shown to users, e.g. `"gpt-4o-mini"` or `"demo (scripted)"`.
     fn label(&self) -> &str;
 
+    /// The `gen_ai.provider.name` of the model's spans (OpenTelemetry GenAI conventions).
+    fn provider_name(&self) -> &'static str {
+        "tessera.scripted"
+    }
+
     /// True for the scripted demo model, so that clients can say the answers are canned.
     fn is_demo(&self) -> bool {
         false

@@ -210,6 +210,10 @@ impl ChatModel for OpenAiClient {
     fn label(&self) -> &str {
         &self.inner.config.default_model
     }
+
+    fn provider_name(&self) -> &'static str {
+        "openai"
+    }
 }
 
 /// `{base_url}/chat/completions`, validated.
@@ -327,11 +331,16 @@ impl Inner {
         } else {
             "application/json"
         };
-        self.http
+        let mut request = self
+            .http
             .post(self.endpoint.clone())
             .header(header::CONTENT_TYPE, "application/json")
-            .header(header::ACCEPT, accept)
-            .body(body)
+            .header(header::ACCEPT, accept);
+        // The caller's `chat` span, when traces are exported: the provider can join the trace.
+        for (name, value) in tessera_telemetry::outgoing_headers() {
+            request = request.header(name, value);
+        }
+        request.body(body)
     }
 
     /// One non-streamed attempt; the timeout covers connect, headers and the whole body.
@@ -409,6 +418,7 @@ impl Inner {
         let mut assembler = StreamAssembler::default();
         let mut started = false;
         let mut done = false;
+        let sent_at = Instant::now();
         while !done {
             let chunk = match tokio::time::timeout(timeout, response.chunk()).await {
                 Err(_) => {
@@ -429,7 +439,13 @@ impl Inner {
                 Ok(Ok(None)) => break,
                 Ok(Ok(Some(chunk))) => chunk,
             };
-            started |= !chunk.is_empty();
+            if !started && !chunk.is_empty() {
+                started = true;
+                tracing::Span::current().record(
+                    tessera_telemetry::TIME_TO_FIRST_CHUNK,
+                    sent_at.elapsed().as_secs_f64(),
+                );
+            }
             for data in parser.push(&chunk).map_err(Failure::fatal)? {
                 if data.trim() == "[DONE]" {
                     done = true;

@@ -20,6 +20,7 @@ mod reload;
 mod rest;
 mod serve;
 pub mod stores;
+pub mod telemetry;
 mod usage;
 pub mod validate;
 mod web_client;

@@ -111,25 +111,19 @@ enum LogFormat {
     Json,
 }
 
-fn init_logs(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,actix_server=warn"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
-}
-
 fn serve(
     config: Option<PathBuf>,
     bind: Option<std::net::SocketAddr>,
     workflows_dir: Option<PathBuf>,
     log_format: LogFormat,
 ) -> ExitCode {
-    init_logs(log_format);
+    let telemetry = match tessera_server::telemetry::init(matches!(log_format, LogFormat::Json)) {
+        Ok(telemetry) => telemetry,
+        Err(e) => {
+            eprintln!("tessera serve: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
     let result = load_config(config.as_deref()).and_then(|mut c| {
         if let Some(bind) = bind {
             c.bind = bind;
@@ -141,6 +135,8 @@ fn serve(
             tessera_server::bind(c.bind).with_context(|| format!("cannot listen on {}", c.bind))?;
         actix::System::new().block_on(tessera_server::run(listener, c, shutdown_signal()))
     });
+    // After the runtime: the exporter's blocking client must not run inside it.
+    telemetry.shutdown();
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -521,6 +521,7 @@ pub(crate) fn parse_body(
 async fn post_input(
     OwnedChat { chat, caller }: OwnedChat,
     state: web::Data<AppState>,
+    req: HttpRequest,
     body: web::Json<Value>,
 ) -> Result<HttpResponse, ApiError> {
     spend_input_budget(&state, &caller).await?;
@@ -536,13 +537,17 @@ async fn post_input(
             "body must be {content, client_msg_id?}",
         ));
     };
-    chat.addr
-        .send(UserInput {
-            content,
-            client_msg_id,
-        })
-        .await
-        .map_err(|_| unavailable())??;
+    let input = UserInput {
+        content,
+        client_msg_id,
+    };
+    crate::telemetry::send_input(
+        chat.addr.clone(),
+        input,
+        crate::telemetry::remote_parent(&req),
+    )
+    .await
+    .map_err(|_| unavailable())??;
     Ok(HttpResponse::Accepted().json(json!({"status": "accepted"})))
 }
 
@@ -675,6 +680,7 @@ struct RunRequest {
 async fn run_workflow(
     caller: Caller,
     state: web::Data<AppState>,
+    req: HttpRequest,
     body: web::Json<RunRequest>,
 ) -> Result<HttpResponse, ApiError> {
     spend_input_budget(&state, &caller).await?;
@@ -694,13 +700,17 @@ async fn run_workflow(
         .send(Watch(collector.recipient()))
         .await
         .map_err(|_| unavailable())?;
-    chat.addr
-        .send(UserInput {
-            content: body.message,
-            client_msg_id: None,
-        })
-        .await
-        .map_err(|_| unavailable())??;
+    let input = UserInput {
+        content: body.message,
+        client_msg_id: None,
+    };
+    crate::telemetry::send_input(
+        chat.addr.clone(),
+        input,
+        crate::telemetry::remote_parent(&req),
+    )
+    .await
+    .map_err(|_| unavailable())??;
     let outcome = tokio::time::timeout(Duration::from_secs(300), result)
         .await
         .map_err(|_| {

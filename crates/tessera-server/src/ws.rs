@@ -240,6 +240,8 @@ pub struct WsConnection {
     /// We pinged and no pong came back yet: that one pong is free (heartbeats of many idle
     /// sockets must not eat the tenant's budget); any other pong is a frame like the rest.
     pong_expected: bool,
+    /// The upgrade request's W3C trace context: parent of every turn this socket starts.
+    trace_parent: Option<tessera_telemetry::RemoteParent>,
 }
 
 impl WsConnection {
@@ -264,6 +266,7 @@ impl WsConnection {
             outbox: None,
             guard: GuardVerdict::default(),
             pong_expected: false,
+            trace_parent: None,
         }
     }
 
@@ -398,10 +401,14 @@ impl WsConnection {
                 content,
                 client_msg_id,
             } => {
-                let request = self.chat.addr.send(UserInput {
-                    content,
-                    client_msg_id: client_msg_id.clone(),
-                });
+                let request = crate::telemetry::send_input(
+                    self.chat.addr.clone(),
+                    UserInput {
+                        content,
+                        client_msg_id: client_msg_id.clone(),
+                    },
+                    self.trace_parent.clone(),
+                );
                 ctx.spawn(
                     request
                         .into_actor(self)
@@ -640,7 +647,8 @@ pub fn upgrade(
     shared: ConnectionShared,
 ) -> Result<HttpResponse, actix_web::Error> {
     let codec_limit = shared.limits.max_frame_bytes.saturating_mul(4);
-    let connection = WsConnection::new(chat, after_seq, shared);
+    let mut connection = WsConnection::new(chat, after_seq, shared);
+    connection.trace_parent = crate::telemetry::remote_parent(req);
     let guarded = FrameGuard::new(stream, codec_limit, connection.guard.clone());
     ws::WsResponseBuilder::new(connection, req, guarded)
         .frame_size(codec_limit)

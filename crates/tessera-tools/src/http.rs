@@ -112,14 +112,16 @@ impl HttpTool {
     }
 
     async fn attempt(&self, body: &Value, idempotency_key: &str) -> Attempt {
-        let sent = self
+        let mut request = self
             .client
             .post(&self.url)
             .timeout(self.timeout)
-            .header("Idempotency-Key", idempotency_key)
-            .json(body)
-            .send()
-            .await;
+            .header("Idempotency-Key", idempotency_key);
+        // The caller's `execute_tool` span, when traces are exported.
+        for (name, value) in tessera_telemetry::outgoing_headers() {
+            request = request.header(name, value);
+        }
+        let sent = request.json(body).send().await;
         let response = match sent {
             Ok(r) => r,
             Err(e) if e.is_timeout() => {

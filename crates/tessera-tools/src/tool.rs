@@ -62,6 +62,22 @@ impl SecretView {
             .map(|(_, v)| v.as_str())
     }
 
+    /// `text` (plain or JSON) with every collected secret value, as is or JSON-escaped,
+    /// replaced by `[redacted]`.
+    pub fn redact(&self, text: &str) -> String {
+        let mut out = text.to_owned();
+        for (_, value) in self.0.0.iter().filter(|(_, v)| !v.is_empty()) {
+            let escaped = serde_json::to_string(value).unwrap_or_default();
+            let escaped = escaped.trim_matches('"');
+            for form in [value.as_str(), escaped] {
+                if !form.is_empty() && out.contains(form) {
+                    out = out.replace(form, "[redacted]");
+                }
+            }
+        }
+        out
+    }
+
     /// Whether secret `name` was collected (what a tool may record instead of the value).
     pub fn contains(&self, name: &str) -> bool {
         self.get(name).is_some()
@@ -133,5 +149,19 @@ mod tests {
         );
         assert!(narrowed.is_some_and(|v| !v.contains("other")));
         assert!(view.only(&["missing".to_owned()]).is_none());
+    }
+
+    #[test]
+    fn redact_hides_secret_values_plain_and_json_escaped() {
+        let view = SecretView::new(vec![
+            ("apiKey".into(), "sk-canary-42".into()),
+            ("pin".into(), "a\"b".into()),
+        ]);
+        let json = serde_json::json!({"text": "key sk-canary-42 and a\"b"}).to_string();
+        let redacted = view.redact(&json);
+        assert!(!redacted.contains("sk-canary-42"), "{redacted}");
+        assert!(!redacted.contains("a\\\"b"), "{redacted}");
+        assert_eq!(redacted.matches("[redacted]").count(), 2, "{redacted}");
+        assert_eq!(view.redact("nothing secret"), "nothing secret");
     }
 }

@@ -23,10 +23,16 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "chat_workflow_version",
         include_str!("../migrations/0003_chat_workflow_version.sql"),
     ),
+    // 4 is reserved for the workflow-versions schema change.
+    (
+        5,
+        "append_order",
+        include_str!("../migrations/0005_append_order.sql"),
+    ),
 ];
 
 /// Highest schema version this build knows.
-pub(crate) const LATEST_VERSION: i64 = 3;
+pub(crate) const LATEST_VERSION: i64 = 5;
 
 /// Bring the schema up to [`LATEST_VERSION`]; a no-op when it already is.
 pub(crate) async fn run(pool: &SqlitePool) -> Result<(), StoreError> {

@@ -49,6 +49,7 @@ impl ChatModel for InProcessModel {
                     arguments: r#"{"message":"hello"}"#.to_owned(),
                 }],
                 tool_call_id: None,
+                wire: Default::default(),
             },
             _ => Message::text(Role::Assistant, "Done."),
         };

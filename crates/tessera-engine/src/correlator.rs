@@ -105,8 +105,20 @@ struct Pending {
     chat_id: Arc<str>,
     call: PendingUiCall,
     reply: oneshot::Sender<UiOutcome>,
-    timer: Option<SpawnHandle>,
+    /// The timeout, a task of its own that sends [`UiCallTimedOut`] (not a future of this
+    /// actor's context: actix polls every such future on each wake-up of the context, so
+    /// one timer per waiting chat made every message cost more as chats were added).
+    timer: Option<tokio::task::JoinHandle<()>>,
     order: u64,
+}
+
+/// The timeout of the UI call `corr` (registered as number `order`) ran out.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct UiCallTimedOut {
+    corr: String,
+    order: u64,
+    after: Duration,
 }
 
 /// Owns every UI wait of the chats on its arbiter.
@@ -135,12 +147,12 @@ impl UiCorrelator {
         format!("ui_{}", uuid::Uuid::new_v4().simple())
     }
 
-    fn finish(&mut self, corr: &str, outcome: UiOutcome, ctx: &mut Context<Self>) -> bool {
+    fn finish(&mut self, corr: &str, outcome: UiOutcome) -> bool {
         let Some(pending) = self.pending.remove(corr) else {
             return false;
         };
         if let Some(timer) = pending.timer {
-            ctx.cancel_future(timer);
+            timer.abort();
         }
         self.resolved.put(corr.to_owned(), pending.chat_id);
         // The waiter may be gone (its turn was cancelled); nothing else to do then.
@@ -175,17 +187,18 @@ impl Handler<AwaitUiResponse> for UiCorrelator {
     fn handle(&mut self, msg: AwaitUiResponse, ctx: &mut Self::Context) -> Self::Result {
         let (reply, wait) = oneshot::channel();
         let corr = msg.call.corr.clone();
+        self.counter += 1;
+        let order = self.counter;
         let timer = msg.timeout.map(|after| {
-            let corr = corr.clone();
-            ctx.run_later(after, move |act, ctx| {
-                tracing::info!(corr = %corr, "UI tool wait timed out");
-                act.finish(&corr, UiOutcome::TimedOut(after), ctx);
+            let (corr, me) = (corr.clone(), ctx.address());
+            actix::spawn(async move {
+                tokio::time::sleep(after).await;
+                me.do_send(UiCallTimedOut { corr, order, after });
             })
         });
         if msg.announce {
             msg.publish.do_send(Publish(ui_tool_call_event(&msg.call)));
         }
-        self.counter += 1;
         self.pending.insert(
             corr,
             Pending {
@@ -193,7 +206,7 @@ impl Handler<AwaitUiResponse> for UiCorrelator {
                 call: msg.call,
                 reply,
                 timer,
-                order: self.counter,
+                order,
             },
         );
         // A dropped sender (actor stopped) reads as a cancel.
@@ -201,10 +214,27 @@ impl Handler<AwaitUiResponse> for UiCorrelator {
     }
 }
 
+impl Handler<UiCallTimedOut> for UiCorrelator {
+    type Result = ();
+
+    fn handle(&mut self, msg: UiCallTimedOut, _ctx: &mut Self::Context) {
+        // Only the wait that started this timer: the call may have ended, and a resumed call
+        // may be waiting again under the same corr, since the timer fired.
+        if self
+            .pending
+            .get(&msg.corr)
+            .is_some_and(|p| p.order == msg.order)
+        {
+            tracing::info!(corr = %msg.corr, "UI tool wait timed out");
+            self.finish(&msg.corr, UiOutcome::TimedOut(msg.after));
+        }
+    }
+}
+
 impl Handler<ResolveUiCall> for UiCorrelator {
     type Result = Result<(), CorrelationError>;
 
-    fn handle(&mut self, msg: ResolveUiCall, ctx: &mut Self::Context) -> Self::Result {
+    fn handle(&mut self, msg: ResolveUiCall, _ctx: &mut Self::Context) -> Self::Result {
         let Some(pending) = self.pending.get(&msg.corr) else {
             return match self.resolved.get(&msg.corr) {
                 Some(owner) if *owner == msg.chat_id => Err(CorrelationError::AlreadyResolved),
@@ -222,7 +252,7 @@ impl Handler<ResolveUiCall> for UiCorrelator {
         }
         let response = tessera_tools::normalize_ui_response(&msg.response)
             .map_err(CorrelationError::InvalidResponse)?;
-        self.finish(&msg.corr, UiOutcome::Answered(response), ctx);
+        self.finish(&msg.corr, UiOutcome::Answered(response));
         Ok(())
     }
 }
@@ -230,11 +260,11 @@ impl Handler<ResolveUiCall> for UiCorrelator {
 impl Handler<CancelUiCalls> for UiCorrelator {
     type Result = usize;
 
-    fn handle(&mut self, msg: CancelUiCalls, ctx: &mut Self::Context) -> usize {
+    fn handle(&mut self, msg: CancelUiCalls, _ctx: &mut Self::Context) -> usize {
         let corrs = self.corrs_of(&msg.chat_id);
         corrs
             .iter()
-            .filter(|corr| self.finish(corr, UiOutcome::Cancelled, ctx))
+            .filter(|corr| self.finish(corr, UiOutcome::Cancelled))
             .count()
     }
 }
@@ -242,10 +272,10 @@ impl Handler<CancelUiCalls> for UiCorrelator {
 impl Handler<ChatDisconnected> for UiCorrelator {
     type Result = ();
 
-    fn handle(&mut self, msg: ChatDisconnected, ctx: &mut Self::Context) {
+    fn handle(&mut self, msg: ChatDisconnected, _ctx: &mut Self::Context) {
         if self.policy == DisconnectPolicy::Fail {
             for corr in self.corrs_of(&msg.chat_id) {
-                self.finish(&corr, UiOutcome::Disconnected, ctx);
+                self.finish(&corr, UiOutcome::Disconnected);
             }
         }
     }

@@ -163,20 +163,20 @@ impl Handler<ClaimKey> for DedupCache {
 impl Handler<CompleteKey> for DedupCache {
     type Result = ();
 
-    fn handle(&mut self, CompleteKey(key): CompleteKey, ctx: &mut Self::Context) {
+    fn handle(&mut self, CompleteKey(key): CompleteKey, _ctx: &mut Self::Context) {
         // Only a key this cache claimed has a durable record to complete.
         let claimed_here = self.keys.peek(&key) == Some(&KeyState::InFlight);
         if let (true, Some(store)) = (claimed_here, &self.durable) {
             let done = store.complete(&key);
             let log_key = key.clone();
-            ctx.spawn(
-                async move {
-                    if let Err(error) = done.await {
-                        tracing::error!(key = %log_key, %error, "durable dedup completion failed");
-                    }
+            // A task of its own on the arbiter, not a future of this context: actix polls
+            // every future of a context on each of its wake-ups, so with one pending
+            // completion per active chat each message cost grew with the number of chats.
+            actix::spawn(async move {
+                if let Err(error) = done.await {
+                    tracing::error!(key = %log_key, %error, "durable dedup completion failed");
                 }
-                .into_actor(self),
-            );
+            });
         }
         self.remember(key, KeyState::Completed);
     }

@@ -15,7 +15,7 @@ use futures::future::BoxFuture;
 pub use error::LlmError;
 pub use types::{
     ChatRequest, ChatResponse, DeltaSink, Message, ResponseFormat, Role, ToolCall, ToolChoice,
-    ToolSpec, Usage,
+    ToolSpec, Usage, WireCache,
 };
 
 /// A chat-completions model. Implementations must be cheap to share (`Arc<dyn ChatModel>`) and

@@ -21,7 +21,7 @@ use futures::future::BoxFuture;
 use reqwest::header::{self, HeaderMap, HeaderValue};
 
 pub use self::sse::{MAX_EVENT_BYTES, SseParser};
-use self::wire::{StreamAssembler, WireRequest, parse_completion, provider_error_message};
+use self::wire::{StreamAssembler, encode_request, parse_completion, provider_error_message};
 use crate::error::{BODY_EXCERPT_CHARS, is_retryable_status, truncate_chars};
 use crate::{ChatModel, ChatRequest, ChatResponse, DeltaSink, LlmError};
 
@@ -264,7 +264,7 @@ impl Inner {
             .model
             .clone()
             .unwrap_or_else(|| self.config.default_model.clone());
-        let body = serde_json::to_vec(&WireRequest::new(&request, &model))
+        let body = encode_request(&request, &model)
             .map(Bytes::from)
             .map_err(|e| LlmError::Config(format!("cannot encode the request: {e}")))?;
         let mut sink = deltas;

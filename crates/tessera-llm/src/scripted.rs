@@ -62,6 +62,7 @@ use serde_json::{Map, Value};
 use self::template::{Groups, JsonTemplate, Scope, Template};
 use crate::{
     ChatModel, ChatRequest, ChatResponse, DeltaSink, LlmError, Message, Role, ToolCall, Usage,
+    WireCache,
 };
 
 /// The placeholder replaced by the text of the last user message.
@@ -348,6 +349,7 @@ impl ScriptedModel {
                 name: Some(agent.into()),
                 tool_calls,
                 tool_call_id: None,
+                wire: WireCache::default(),
             },
             usage: Usage {
                 prompt_tokens: approx_tokens(prompt_chars),

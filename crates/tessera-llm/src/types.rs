@@ -1,7 +1,7 @@
 //! Provider-neutral chat types. They mirror the OpenAI chat-completions shapes because that is
 //! the API every supported endpoint (OpenAI, Ollama, vLLM, llama.cpp, LiteLLM) speaks.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -50,6 +50,44 @@ pub struct Message {
     /// For `Role::Tool`: the id of the call this message answers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
+    /// This message in the provider's wire format, made when it is first sent.
+    #[serde(skip)]
+    pub wire: WireCache,
+}
+
+/// A message's wire encoding, made on first use and shared by every clone of the message:
+/// a chat's earlier messages are encoded once, not again in every model request of every
+/// later turn. A message is not changed once it has been sent (transcripts only grow); a
+/// changed copy made from one that was sent must start from `WireCache::default()`.
+#[derive(Clone, Default)]
+pub struct WireCache(Arc<OnceLock<Box<str>>>);
+
+impl WireCache {
+    /// The cached encoding, or `encode`'s, which is kept for the next request.
+    pub fn get_or_encode<E>(&self, encode: impl FnOnce() -> Result<String, E>) -> Result<&str, E> {
+        if let Some(text) = self.0.get() {
+            return Ok(text);
+        }
+        let text = encode()?;
+        Ok(self.0.get_or_init(|| text.into_boxed_str()))
+    }
+}
+
+impl std::fmt::Debug for WireCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.get().is_some() {
+            "WireCache(encoded)"
+        } else {
+            "WireCache"
+        })
+    }
+}
+
+/// Not part of a message's value: two messages are equal whatever each has cached.
+impl PartialEq for WireCache {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
 }
 
 impl Message {
@@ -61,6 +99,7 @@ impl Message {
             name: None,
             tool_calls: Vec::new(),
             tool_call_id: None,
+            wire: WireCache::default(),
         }
     }
 

@@ -79,6 +79,7 @@ impl ChatModel for BenchModel {
                     arguments: self.args.to_string(),
                 }],
                 tool_call_id: None,
+                wire: Default::default(),
             },
             _ => Message::text(Role::Assistant, "Done: the tool returned its result."),
         };

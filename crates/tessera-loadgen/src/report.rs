@@ -79,6 +79,93 @@ pub fn process_cpu_seconds() -> f64 {
     tv(usage.ru_utime) + tv(usage.ru_stime)
 }
 
+/// What a server process has used so far, read from `/proc/<pid>`: CPU time (total and by
+/// thread name) and bytes it caused to be written to disk.
+pub struct ServerUsage {
+    cpu_s: f64,
+    write_bytes: Option<u64>,
+    threads: BTreeMap<String, f64>,
+}
+
+impl ServerUsage {
+    /// The usage of process `pid` now; `None` when its `/proc` entry cannot be read.
+    pub fn read(pid: &str) -> Option<Self> {
+        let cpu_s = proc_stat_cpu_seconds(&format!("/proc/{pid}/stat"))?;
+        let write_bytes = std::fs::read_to_string(format!("/proc/{pid}/io"))
+            .ok()
+            .and_then(|text| {
+                text.lines()
+                    .find_map(|line| line.strip_prefix("write_bytes:"))
+                    .and_then(|v| v.trim().parse().ok())
+            });
+        let mut threads = BTreeMap::new();
+        if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+            for task in tasks.flatten() {
+                let dir = task.path();
+                let name = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+                if let Some(cpu) = proc_stat_cpu_seconds(&dir.join("stat").to_string_lossy()) {
+                    *threads.entry(thread_group(&name)).or_insert(0.0) += cpu;
+                }
+            }
+        }
+        Some(Self {
+            cpu_s,
+            write_bytes,
+            threads,
+        })
+    }
+
+    /// What was used between `start` and `self`, per turn where `turns` > 0: server CPU per
+    /// turn, disk bytes written per turn, and each thread group's share of the CPU (threads
+    /// that ended between the readings are missing from the split, not from the total).
+    pub fn since(&self, start: &ServerUsage, turns: u64) -> Value {
+        let turns = turns.max(1) as f64;
+        let cpu = self.cpu_s - start.cpu_s;
+        let split: serde_json::Map<String, Value> = self
+            .threads
+            .iter()
+            .map(|(name, s)| (name, s - start.threads.get(name).copied().unwrap_or(0.0)))
+            .filter(|(_, used)| *used > 0.0)
+            .map(|(name, used)| {
+                let share = if cpu > 0.0 { used / cpu * 100.0 } else { 0.0 };
+                (name.clone(), json!((share * 10.0).round() / 10.0))
+            })
+            .collect();
+        json!({
+            "cpu_s": (cpu * 1000.0).round() / 1000.0,
+            "cpu_ms_per_turn": (cpu * 1000.0 / turns * 10_000.0).round() / 10_000.0,
+            "write_KiB_per_turn": self
+                .write_bytes
+                .zip(start.write_bytes)
+                .map(|(end, begin)| (end.saturating_sub(begin) as f64 / 1024.0 / turns * 100.0).round() / 100.0),
+            "cpu_percent_by_thread": split,
+        })
+    }
+}
+
+/// utime + stime of a `/proc/.../stat` file, in seconds.
+fn proc_stat_cpu_seconds(path: &str) -> Option<f64> {
+    let text = std::fs::read_to_string(path).ok()?;
+    // The command name (field 2) may hold spaces; the numeric fields follow its last ')'.
+    let fields: Vec<&str> = text.rsplit_once(')')?.1.split_whitespace().collect();
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    // SAFETY: sysconf only reads a configuration value.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let ticks = if ticks > 0 { ticks as f64 } else { 100.0 };
+    Some((utime + stime) as f64 / ticks)
+}
+
+/// A thread's name without its instance number ("actix-rt|system:0|arbiter:1" and
+/// "...arbiter:2" are one group).
+fn thread_group(comm: &str) -> String {
+    comm.trim()
+        .trim_end_matches(|c: char| {
+            c.is_ascii_digit() || c == ':' || c == '-' || c == '#' || c == ' '
+        })
+        .to_owned()
+}
+
 /// Errors counted by stable code.
 pub type ErrorCounts = BTreeMap<String, u64>;
 

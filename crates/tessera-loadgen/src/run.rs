@@ -26,7 +26,7 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 
-use crate::report::{ErrorCounts, Latency, print_table, proc_status_kib};
+use crate::report::{ErrorCounts, Latency, ServerUsage, print_table, proc_status_kib};
 
 /// Options shared by `run` and `idle`.
 #[derive(Debug, Clone, clap::Args)]
@@ -636,6 +636,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<bool> {
             }));
         }
         wait_connected(&shared, common.chats).await;
+        let server_pid = common.server_pid.map(|p| p.to_string());
+        let usage_at_start = server_pid.as_deref().and_then(ServerUsage::read);
         let _ = go_tx.send(true);
         let mut turns = Latency::new();
         let mut ui = Latency::new();
@@ -662,8 +664,13 @@ pub fn run(args: RunArgs) -> anyhow::Result<bool> {
                 last = Some(last.map_or(t, |l| l.max(t)));
             }
         }
+        let usage_at_end = server_pid.as_deref().and_then(ServerUsage::read);
         let _ = stop_tx.send(true);
         let _ = progress.await;
+        let server_usage = match (&usage_at_start, &usage_at_end) {
+            (Some(start), Some(end)) => end.since(start, turns_done),
+            _ => Value::Null,
+        };
         let window = match (first, last) {
             (Some(f), Some(l)) if l > f => (l - f).as_secs_f64(),
             _ => started.elapsed().as_secs_f64(),
@@ -692,6 +699,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<bool> {
             "errors": errors,
             "protocol_violations": violations,
             "server": server_memory(common.server_pid),
+            "server_usage": server_usage,
         });
         print_table(&summary);
         write_json(args.json.as_ref(), &summary)?;

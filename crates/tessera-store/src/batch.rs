@@ -44,16 +44,21 @@ pub(crate) fn apply(
     chat_id: &str,
     batch: &ChatWriteBatch,
 ) -> Result<(), StoreError> {
+    let chat_no = if batch.messages.is_empty() && batch.events.is_empty() {
+        None
+    } else {
+        Some(crate::chats::number(conn, chat_id)?)
+    };
     if !batch.messages.is_empty() {
         let mut insert = conn.prepare_cached(
-            "INSERT INTO messages (chat_id, idx, message_id, role, agent, content, ui_hidden, raw) \
+            "INSERT INTO messages (chat_no, idx, message_id, role, agent, content, ui_hidden, raw) \
              VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
         )?;
         for m in &batch.messages {
             let raw = serde_json::to_string(&m.raw)?;
             insert
                 .execute(params![
-                    chat_id,
+                    chat_no,
                     u64_to_sql(m.idx, "message idx")?,
                     m.message_id,
                     m.role,
@@ -67,12 +72,12 @@ pub(crate) fn apply(
     }
     if !batch.events.is_empty() {
         let mut insert = conn.prepare_cached(
-            "INSERT INTO events (chat_id, seq, event_type, json) VALUES (?, ?, ?, ?)",
+            "INSERT INTO events (chat_no, seq, event_type, json) VALUES (?, ?, ?, ?)",
         )?;
         for e in &batch.events {
             insert
                 .execute(params![
-                    chat_id,
+                    chat_no,
                     u64_to_sql(e.seq, "event seq")?,
                     e.event_type,
                     e.json

@@ -1,6 +1,6 @@
 //! SQL for the `chats` table: identity plus the latest state of each chat.
 
-use rusqlite::{Connection, params};
+use rusqlite::{Connection, OptionalExtension, params};
 use sqlx::{Row, SqlitePool};
 
 use crate::{ChatRecord, ChatState, STATUS_COMPLETED, StoreError, StoredChat};
@@ -29,7 +29,19 @@ pub(crate) fn create(conn: &Connection, record: &ChatRecord) -> Result<(), Store
         state.updated_at_ms
     ])
     .map_err(|e| crate::sqlite_error::from_write(e, &record.chat_id, "chat"))?;
+    conn.prepare_cached("INSERT INTO chat_numbers (chat_id) VALUES (?)")?
+        .execute([&record.chat_id])
+        .map_err(|e| crate::sqlite_error::from_write(e, &record.chat_id, "chat"))?;
     Ok(())
+}
+
+/// The chat's number, the key of its rows in the tables laid out in write order (events,
+/// messages, tool invocations; see migration 5). Unknown chat: [`StoreError::NotFound`].
+pub(crate) fn number(conn: &Connection, chat_id: &str) -> Result<i64, StoreError> {
+    conn.prepare_cached("SELECT chat_no FROM chat_numbers WHERE chat_id = ?")?
+        .query_row([chat_id], |row| row.get(0))
+        .optional()?
+        .ok_or_else(|| StoreError::NotFound(chat_id.to_owned()))
 }
 
 /// One chat, or `None`.
@@ -103,7 +115,8 @@ pub(crate) async fn completed_before(
         .collect()
 }
 
-/// Delete a chat; rows of the child tables go by `ON DELETE CASCADE`, artifacts explicitly.
+/// Delete a chat; rows of the child tables (and through `chat_numbers`, of the tables keyed
+/// by chat number) go by `ON DELETE CASCADE`, artifacts explicitly.
 pub(crate) fn delete(conn: &Connection, chat_id: &str) -> Result<bool, StoreError> {
     conn.prepare_cached("DELETE FROM artifacts WHERE chat_id = ?")?
         .execute([chat_id])?;

@@ -1,4 +1,5 @@
-//! SQL for the `events` table: the per-chat, append-only event log replayed on reconnect.
+//! SQL for the `events` table: the per-chat, append-only event log replayed on reconnect
+//! (rows in write order, found by the chat's number; see migration 5).
 
 use sqlx::{Row, SqlitePool};
 
@@ -16,7 +17,8 @@ pub(crate) async fn after(
         return Ok(Vec::new());
     };
     let rows = sqlx::query(
-        "SELECT seq, event_type, json FROM events WHERE chat_id = ? AND seq > ? \
+        "SELECT seq, event_type, json FROM events \
+         WHERE chat_no = (SELECT chat_no FROM chat_numbers WHERE chat_id = ?) AND seq > ? \
          ORDER BY seq LIMIT ?",
     )
     .bind(&chat_id)
@@ -29,10 +31,13 @@ pub(crate) async fn after(
 
 /// Highest seq, 0 for an empty log.
 pub(crate) async fn last_seq(pool: SqlitePool, chat_id: String) -> Result<u64, StoreError> {
-    let v: i64 = sqlx::query("SELECT COALESCE(MAX(seq), 0) AS s FROM events WHERE chat_id = ?")
-        .bind(&chat_id)
-        .fetch_one(&pool)
-        .await?
-        .try_get("s")?;
+    let v: i64 = sqlx::query(
+        "SELECT COALESCE(MAX(seq), 0) AS s FROM events \
+         WHERE chat_no = (SELECT chat_no FROM chat_numbers WHERE chat_id = ?)",
+    )
+    .bind(&chat_id)
+    .fetch_one(&pool)
+    .await?
+    .try_get("s")?;
     sql_to_u64(v, "event seq")
 }

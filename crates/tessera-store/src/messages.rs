@@ -1,4 +1,5 @@
-//! SQL for the `messages` table: the transcript, one row per message, keyed by (chat, idx).
+//! SQL for the `messages` table: the transcript, one row per message, keyed by (chat number,
+//! idx) and stored in write order (see migration 5).
 
 use sqlx::SqlitePool;
 
@@ -17,7 +18,8 @@ pub(crate) async fn page(
     };
     let rows = sqlx::query(
         "SELECT idx, message_id, role, agent, content, ui_hidden, raw FROM messages \
-         WHERE chat_id = ? AND idx >= ? ORDER BY idx LIMIT ?",
+         WHERE chat_no = (SELECT chat_no FROM chat_numbers WHERE chat_id = ?) AND idx >= ? \
+         ORDER BY idx LIMIT ?",
     )
     .bind(&chat_id)
     .bind(from)
@@ -34,7 +36,7 @@ pub(crate) async fn all(
 ) -> Result<Vec<StoredMessage>, StoreError> {
     let rows = sqlx::query(
         "SELECT idx, message_id, role, agent, content, ui_hidden, raw FROM messages \
-         WHERE chat_id = ? ORDER BY idx",
+         WHERE chat_no = (SELECT chat_no FROM chat_numbers WHERE chat_id = ?) ORDER BY idx",
     )
     .bind(&chat_id)
     .fetch_all(&pool)

@@ -28,10 +28,15 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "workflow_versions",
         include_str!("../migrations/0004_workflow_versions.sql"),
     ),
+    (
+        5,
+        "append_order",
+        include_str!("../migrations/0005_append_order.sql"),
+    ),
 ];
 
 /// Highest schema version this build knows.
-pub(crate) const LATEST_VERSION: i64 = 4;
+pub(crate) const LATEST_VERSION: i64 = 5;
 
 /// Bring the schema up to [`LATEST_VERSION`]; a no-op when it already is.
 pub(crate) async fn run(pool: &SqlitePool) -> Result<(), StoreError> {

@@ -1,4 +1,5 @@
-//! SQL for the `tool_invocations` table: the exactly-once gate for tool side effects.
+//! SQL for the `tool_invocations` table: the exactly-once gate for tool side effects (rows
+//! in write order, keyed by chat number and invocation key; see migration 5).
 //!
 //! Protocol: `claim` writes a 'started' row BEFORE the tool runs, `complete` marks it
 //! 'completed' with the result after. The claim is one `INSERT ... ON CONFLICT DO NOTHING`,
@@ -13,12 +14,13 @@ use crate::{StoreError, ToolClaim};
 
 /// Claim (chat, key), or report who has it.
 pub(crate) fn claim(conn: &Connection, chat_id: &str, key: &str) -> Result<ToolClaim, StoreError> {
+    let chat_no = crate::chats::number(conn, chat_id)?;
     let inserted = conn
         .prepare_cached(
-            "INSERT INTO tool_invocations (chat_id, invocation_key, status, started_at_ms) \
-             VALUES (?, ?, 'started', ?) ON CONFLICT (chat_id, invocation_key) DO NOTHING",
+            "INSERT INTO tool_invocations (chat_no, invocation_key, status, started_at_ms) \
+             VALUES (?, ?, 'started', ?) ON CONFLICT (chat_no, invocation_key) DO NOTHING",
         )?
-        .execute(params![chat_id, key, now_ms()])
+        .execute(params![chat_no, key, now_ms()])
         .map_err(|e| crate::sqlite_error::from_write(e, chat_id, "tool invocation"))?;
     if inserted == 1 {
         return Ok(ToolClaim::Claimed);
@@ -26,9 +28,9 @@ pub(crate) fn claim(conn: &Connection, chat_id: &str, key: &str) -> Result<ToolC
     // Rows are never deleted except with their chat, so the row we collided with exists.
     let (status, result): (String, Option<String>) = conn
         .prepare_cached(
-            "SELECT status, result FROM tool_invocations WHERE chat_id = ? AND invocation_key = ?",
+            "SELECT status, result FROM tool_invocations WHERE chat_no = ? AND invocation_key = ?",
         )?
-        .query_row([chat_id, key], |row| Ok((row.get(0)?, row.get(1)?)))
+        .query_row(params![chat_no, key], |row| Ok((row.get(0)?, row.get(1)?)))
         .optional()?
         .ok_or_else(|| StoreError::NotFound(chat_id.to_owned()))?;
     match status.as_str() {
@@ -52,20 +54,26 @@ pub(crate) fn complete(
     key: &str,
     result: &str,
 ) -> Result<(), StoreError> {
+    // An unknown chat has no claims: "never claimed" (NULL matches no row).
+    let chat_no = match crate::chats::number(conn, chat_id) {
+        Ok(number) => Some(number),
+        Err(StoreError::NotFound(_)) => None,
+        Err(other) => return Err(other),
+    };
     let done = conn
         .prepare_cached(
             "UPDATE tool_invocations SET status = 'completed', result = ?, completed_at_ms = ? \
-             WHERE chat_id = ? AND invocation_key = ? AND status = 'started'",
+             WHERE chat_no = ? AND invocation_key = ? AND status = 'started'",
         )?
-        .execute(params![result, now_ms(), chat_id, key])?;
+        .execute(params![result, now_ms(), chat_no, key])?;
     if done == 1 {
         return Ok(());
     }
     let status: Option<String> = conn
         .prepare_cached(
-            "SELECT status FROM tool_invocations WHERE chat_id = ? AND invocation_key = ?",
+            "SELECT status FROM tool_invocations WHERE chat_no = ? AND invocation_key = ?",
         )?
-        .query_row([chat_id, key], |row| row.get(0))
+        .query_row(params![chat_no, key], |row| row.get(0))
         .optional()?;
     Err(match status {
         None => StoreError::Conflict(format!(

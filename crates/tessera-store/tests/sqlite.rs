@@ -5,8 +5,8 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{TestDb, event, record};
-use tessera_store::{ChatStore, ChatWriteBatch, SqliteStore};
+use common::{TestDb, event, message, record};
+use tessera_store::{ChatStore, ChatWriteBatch, SqliteStore, StoreError, ToolClaim};
 
 fn temp_db() -> (TestDb, std::path::PathBuf) {
     let db = TestDb::sqlite();
@@ -118,4 +118,107 @@ async fn the_workflow_version_round_trips_and_older_chats_get_an_empty_one() {
             .iter()
             .any(|c| c.record.workflow_version == "0123456789abcdef")
     );
+}
+
+#[tokio::test]
+async fn a_schema_3_file_keeps_its_logs_transcripts_and_claims_in_the_write_ordered_layout() {
+    // Two chats as schema 3 left them (tables clustered by chat id), written without the store.
+    let (_db, path) = temp_db();
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).unwrap();
+    }
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        for sql in [
+            include_str!("../migrations/0001_init.sql"),
+            include_str!("../migrations/0002_chat_secrets.sql"),
+            include_str!("../migrations/0003_chat_workflow_version.sql"),
+        ] {
+            conn.execute_batch(sql).unwrap();
+        }
+        conn.execute_batch(
+            "CREATE TABLE schema_version (version INTEGER NOT NULL PRIMARY KEY, \
+             name TEXT NOT NULL, applied_at_ms INTEGER NOT NULL) STRICT;
+             INSERT INTO schema_version VALUES (1, 'init', 0), (2, 'chat_secrets', 0), \
+             (3, 'chat_workflow_version', 0);
+             INSERT INTO chats (chat_id, tenant, user_id, workflow, created_at_ms, status, \
+             current_agent, turn, consecutive, context, updated_at_ms) VALUES \
+             ('a', 'acme', 'u1', 'support', 1, 'awaiting_user', '', 1, 0, '{}', 1), \
+             ('b', 'acme', 'u1', 'support', 2, 'awaiting_user', '', 1, 0, '{}', 2);
+             INSERT INTO events (chat_id, seq, event_type, json) VALUES \
+             ('b', 1, 'chat.text', '{\"b\":1}'), ('a', 1, 'chat.text', '{\"a\":1}'), \
+             ('a', 2, 'chat.text', '{\"a\":2}');
+             INSERT INTO messages (chat_id, idx, message_id, role, agent, content, ui_hidden, raw) \
+             VALUES ('a', 0, 'm0', 'user', NULL, 'hi', 0, '{}'), \
+             ('a', 1, 'm1', 'assistant', 'triage', 'hello', 0, '{}');
+             INSERT INTO tool_invocations (chat_id, invocation_key, status, result, started_at_ms, \
+             completed_at_ms) VALUES ('a', 'done', 'completed', '{\"ok\":true}', 1, 2), \
+             ('a', 'running', 'started', NULL, 3, NULL);",
+        )
+        .unwrap();
+    }
+    let store = SqliteStore::open(&path).await.unwrap();
+    assert_eq!(store.schema_version().await.unwrap(), 5);
+
+    // Everything written under schema 3 reads back, per chat and in order.
+    let seqs = |events: Vec<tessera_store::StoredEvent>| -> Vec<(u64, String)> {
+        events.into_iter().map(|e| (e.seq, e.json)).collect()
+    };
+    assert_eq!(
+        seqs(store.events_after("a", 0, 10).await.unwrap()),
+        vec![(1, r#"{"a":1}"#.to_owned()), (2, r#"{"a":2}"#.to_owned())]
+    );
+    assert_eq!(
+        seqs(store.events_after("b", 0, 10).await.unwrap()),
+        vec![(1, r#"{"b":1}"#.to_owned())]
+    );
+    let transcript = store.all_messages("a").await.unwrap();
+    assert_eq!(
+        transcript
+            .iter()
+            .map(|m| m.content.as_str())
+            .collect::<Vec<_>>(),
+        vec!["hi", "hello"]
+    );
+    assert!(store.all_messages("b").await.unwrap().is_empty());
+    assert_eq!(
+        store.claim_tool("a", "done", None).await.unwrap(),
+        ToolClaim::AlreadyCompleted(Some(serde_json::json!({"ok": true})))
+    );
+    assert_eq!(
+        store.claim_tool("a", "running", None).await.unwrap(),
+        ToolClaim::AlreadyStarted
+    );
+
+    // The migrated keys still refuse duplicates, and new writes follow the old rows.
+    assert!(matches!(
+        store.append_events("a", vec![event(2)]).await,
+        Err(StoreError::Conflict(_))
+    ));
+    assert!(matches!(
+        store.append_messages("a", vec![message(1)]).await,
+        Err(StoreError::Conflict(_))
+    ));
+    store.append_events("a", vec![event(3)]).await.unwrap();
+    assert_eq!(store.last_seq("a").await.unwrap(), 3);
+    assert_eq!(store.last_seq("b").await.unwrap(), 1);
+
+    // A chat created after the migration gets its own number and rows.
+    store
+        .create_chat(record("c", "acme", "u1", 3))
+        .await
+        .unwrap();
+    store.append_events("c", vec![event(1)]).await.unwrap();
+    assert_eq!(
+        store.claim_tool("c", "done", None).await.unwrap(),
+        ToolClaim::Claimed
+    );
+    assert_eq!(store.last_seq("c").await.unwrap(), 1);
+
+    // Deleting a migrated chat still removes everything kept for it, and only that.
+    assert!(store.delete_chat("a").await.unwrap());
+    assert!(store.events_after("a", 0, 10).await.unwrap().is_empty());
+    assert!(store.all_messages("a").await.unwrap().is_empty());
+    assert_eq!(store.events_after("b", 0, 10).await.unwrap().len(), 1);
+    assert_eq!(store.events_after("c", 0, 10).await.unwrap().len(), 1);
 }

@@ -65,6 +65,7 @@ impl ChatModel for FakeModel {
                         })
                         .collect(),
                     tool_call_id: None,
+                    wire: Default::default(),
                 },
                 Reply::Fail => return Err(LlmError::InvalidResponse("garbage".into())),
                 Reply::Hang => futures::future::pending().await,

@@ -8,7 +8,9 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use crate::error::truncate_chars;
-use crate::{ChatRequest, ChatResponse, LlmError, Message, Role, ToolCall, ToolChoice, Usage};
+use crate::{
+    ChatRequest, ChatResponse, LlmError, Message, Role, ToolCall, ToolChoice, Usage, WireCache,
+};
 
 /// Characters of a bad body quoted in an `InvalidResponse` message.
 const BAD_BODY_EXCERPT_CHARS: usize = 120;
@@ -17,12 +19,33 @@ const BAD_BODY_EXCERPT_CHARS: usize = 120;
 // Request
 // ---------------------------------------------------------------------------------------------
 
-/// The request body, borrowing everything from the `ChatRequest` so that large transcripts and
-/// schemas are serialized without being copied first.
+/// The request body as bytes: each message's cached encoding (see [`WireCache`]), then the
+/// rest of the request, serialized here. A chat's transcript is thus encoded once over the
+/// chat's life instead of once per model request.
+pub(crate) fn encode_request(request: &ChatRequest, model: &str) -> serde_json::Result<Vec<u8>> {
+    // Always an object with at least `model`: `{"model":...}`.
+    let rest = serde_json::to_vec(&WireRequest::new(request, model))?;
+    let mut body = Vec::with_capacity(rest.len() + 64 * (request.messages.len() + 1));
+    body.extend_from_slice(b"{\"messages\":[");
+    for (i, message) in request.messages.iter().enumerate() {
+        if i > 0 {
+            body.push(b',');
+        }
+        let encoded = message
+            .wire
+            .get_or_encode(|| serde_json::to_string(&WireMessage::new(message)))?;
+        body.extend_from_slice(encoded.as_bytes());
+    }
+    body.extend_from_slice(b"],");
+    body.extend_from_slice(rest.get(1..).unwrap_or_default());
+    Ok(body)
+}
+
+/// The request body apart from its messages, borrowing everything from the `ChatRequest` so
+/// that large schemas are serialized without being copied first.
 #[derive(Serialize)]
-pub(crate) struct WireRequest<'a> {
+struct WireRequest<'a> {
     model: &'a str,
-    messages: Vec<WireMessage<'a>>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     tools: Vec<WireTool<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -103,7 +126,7 @@ struct WireJsonSchema<'a> {
 impl<'a> WireRequest<'a> {
     /// Encode `request` for `model`. `tool_choice` is dropped when no tools are offered, since
     /// OpenAI rejects a `tool_choice` without `tools`.
-    pub(crate) fn new(request: &'a ChatRequest, model: &'a str) -> Self {
+    fn new(request: &'a ChatRequest, model: &'a str) -> Self {
         let tool_choice = match (&request.tool_choice, request.tools.is_empty()) {
             (Some(choice), false) => Some(match choice {
                 ToolChoice::Auto => Value::from("auto"),
@@ -118,7 +141,6 @@ impl<'a> WireRequest<'a> {
         };
         Self {
             model,
-            messages: request.messages.iter().map(WireMessage::new).collect(),
             tools: request
                 .tools
                 .iter()
@@ -306,6 +328,7 @@ pub(crate) fn parse_completion(
             name: None,
             tool_calls,
             tool_call_id: None,
+            wire: WireCache::default(),
         },
         usage: parse_usage(obj.get("usage")),
         finish_reason: choice
@@ -591,6 +614,7 @@ impl StreamAssembler {
                 name: None,
                 tool_calls,
                 tool_call_id: None,
+                wire: WireCache::default(),
             },
             usage: self.usage.unwrap_or_default(),
             finish_reason: self.finish_reason,
@@ -607,7 +631,32 @@ mod tests {
     use crate::{ResponseFormat, ToolSpec};
 
     fn encode(request: &ChatRequest) -> Value {
-        serde_json::to_value(WireRequest::new(request, "m")).unwrap_or(Value::Null)
+        encode_request(request, "m")
+            .and_then(|body| serde_json::from_slice(&body))
+            .unwrap_or(Value::Null)
+    }
+
+    #[test]
+    fn a_sent_message_is_encoded_once_and_reused_by_its_clones() {
+        let first = ChatRequest::new("A", vec![Message::text(Role::User, "hi")]);
+        let once = encode(&first);
+        // The next request holds a clone of the same message: the clone shares the encoding.
+        let mut messages = first.messages.to_vec();
+        assert!(format!("{:?}", messages[0].wire).contains("encoded"));
+        messages.push(Message::assistant("A", "hello"));
+        let again = encode(&ChatRequest::new("A", messages));
+        assert_eq!(again["messages"][0], once["messages"][0]);
+        assert_eq!(
+            again["messages"][1],
+            json!({"role": "assistant", "content": "hello", "name": "A"})
+        );
+    }
+
+    #[test]
+    fn an_empty_transcript_still_encodes_a_valid_body() {
+        let v = encode(&ChatRequest::new("A", Vec::new()));
+        assert_eq!(v["messages"], json!([]));
+        assert_eq!(v["model"], "m");
     }
 
     #[test]

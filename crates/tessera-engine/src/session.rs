@@ -170,6 +170,8 @@ pub struct ChatSession {
     self_addr: Option<Addr<ChatSession>>,
     /// Set for a chat rebuilt from the store: `started` resumes instead of starting.
     restored: Option<restore::RestoredWork>,
+    /// The lease epoch every durable write carries in a cluster (`None` on a single node).
+    epoch: Option<i64>,
 }
 
 /// Flush queued durable writes (sent to self so writes batch per mailbox turn).
@@ -217,10 +219,22 @@ impl ChatSession {
             flush_requested: false,
             self_addr: None,
             restored: None,
+            epoch: None,
             chat_id_json: ChatIdJson::new(&id.chat_id),
             id,
             shard,
         }
+    }
+
+    /// Fences every durable write of the chat (flushes, tool claims and completions) with
+    /// the lease `epoch` this node holds in a cluster: the store refuses them once another
+    /// node took the chat over, and the session then relinquishes it.
+    pub fn with_epoch(mut self, epoch: Option<i64>) -> Self {
+        self.epoch = epoch;
+        if let Some(persist) = &mut self.persist {
+            persist.set_epoch(epoch);
+        }
+        self
     }
 
     fn last_seq(&self) -> u64 {
@@ -593,6 +607,13 @@ impl Actor for ChatSession {
             .chats_in_memory
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.self_addr = Some(ctx.address());
+        if self.epoch.is_some() {
+            // Before any turn starts, so every tool claim of the chat carries the epoch.
+            self.shard.dedup.do_send(crate::dedup::FenceChat {
+                chat_id: self.id.chat_id.clone(),
+                epoch: self.epoch,
+            });
+        }
         if self.persist.as_ref().is_some_and(|p| p.has_queued()) {
             self.request_flush();
         }
@@ -631,6 +652,12 @@ impl Actor for ChatSession {
         self.shard
             .chats_in_memory
             .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        if self.epoch.is_some() {
+            self.shard.dedup.do_send(crate::dedup::FenceChat {
+                chat_id: self.id.chat_id.clone(),
+                epoch: None,
+            });
+        }
         self.secrets.wipe();
     }
 }
@@ -673,6 +700,11 @@ impl Handler<FlushDone> for ChatSession {
     type Result = ();
 
     fn handle(&mut self, FlushDone(outcome): FlushDone, ctx: &mut Self::Context) {
+        if outcome == FlushOutcome::Fenced {
+            // Another node owns the chat: nothing more of ours may reach the store.
+            ctx.notify(Relinquish);
+            return;
+        }
         let next = self.persist.as_mut().map(|p| p.flush_done(outcome));
         match next {
             Some(NextFlush::Now) => self.request_flush(),

@@ -53,6 +53,10 @@ impl Cluster {
                 // One vault key for the service: a node that takes a chat over opens the
                 // secrets another node sealed.
                 ("TESSERA_SECRET_KEY".to_owned(), "42".repeat(32)),
+                (
+                    "RUST_LOG".to_owned(),
+                    "warn,tessera_cluster=info,tessera_server::cluster=info".to_owned(),
+                ),
             ];
             let options = ServerOptions {
                 env,
@@ -115,16 +119,26 @@ struct ChatRun {
     seqs: Vec<u64>,
     reconnects: u32,
     completed: bool,
+    /// The last events' types (for the failure message).
+    tail: Vec<String>,
 }
 
 /// Drives a Generator chat to its end like a browser: says what the interview asks, answers
 /// every UI tool call, and on a closed socket reconnects to another node and resumes by seq.
-/// `first` picks the first node; reconnects go round the others.
-async fn drive_generator(bases: Arc<Vec<String>>, chat: String, user: String, first: usize) -> ChatRun {
+/// `first` picks the first node; reconnects go round the others. With `hold`, the first UI
+/// call is answered only once `hold` says go (then over a fresh socket).
+async fn drive_generator(
+    bases: Arc<Vec<String>>,
+    chat: String,
+    user: String,
+    first: usize,
+    mut hold: Option<tokio::sync::watch::Receiver<bool>>,
+) -> ChatRun {
     let mut run = ChatRun::default();
     let mut last_seq = 0;
     let mut said = false;
     let mut said_acked = false;
+    let (mut errors_seen, mut errors_retried) = (0u32, 0u32);
     let mut answered: HashSet<String> = HashSet::new();
     let mut seen_calls: Vec<String> = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(90);
@@ -155,14 +169,29 @@ async fn drive_generator(bases: Arc<Vec<String>>, chat: String, user: String, fi
                 run.seqs.push(seq);
                 last_seq = seq;
             }
+            let kind = format!("{}#{seq}", event["type"].as_str().unwrap_or("?"));
+            run.tail.push(kind);
+            if run.tail.len() > 8 {
+                run.tail.remove(0);
+            }
             match event["type"].as_str().unwrap_or_default() {
                 "chat.input_request" if !said => {
                     ws.say("Automate my weekly social media posts").await;
                     said = true;
                 }
+                // A turn that failed (e.g. a tool interrupted by the node's death is reported,
+                // never re-run) hands back to the user, who says it again.
+                "chat.input_request" if errors_seen > errors_retried => {
+                    errors_retried = errors_seen;
+                    ws.say("Please continue").await;
+                }
                 "chat.tool_call" if event["data"]["awaiting_response"] == true => {
                     let corr = corr_of(&event);
                     seen_calls.push(corr.clone());
+                    if let Some(mut go) = hold.take() {
+                        let _ = go.wait_for(|go| *go).await;
+                        break;
+                    }
                     ws.send(answer(&corr)).await;
                 }
                 "chat.ack" if event["data"]["kind"] == "user_message" => said_acked = true,
@@ -178,6 +207,23 @@ async fn drive_generator(bases: Arc<Vec<String>>, chat: String, user: String, fi
                     }
                 }
                 "chat.error" if event["data"]["code"] == "unknown_correlation" => {}
+                // A command whose node died before answering: reconnect and send it again
+                // (the owner refuses a duplicate).
+                "chat.error" if seq == 0 && event["data"]["code"] == "internal" => break,
+                "chat.error" => errors_seen += 1,
+                // A resumed socket lists the UI calls still waiting, also one whose
+                // announcement this client missed (published live by a node that died before
+                // storing it, then announced again under an already-seen seq).
+                "chat.resume_boundary" => {
+                    let pending = event["data"]["pending_ui_calls"].as_array().cloned();
+                    for call in pending.unwrap_or_default() {
+                        let corr = call["corr"].as_str().unwrap_or_default().to_owned();
+                        if !answered.contains(&corr) && !seen_calls.contains(&corr) {
+                            seen_calls.push(corr.clone());
+                            ws.send(answer(&corr)).await;
+                        }
+                    }
+                }
                 "chat.run_complete" => {
                     run.completed = true;
                     ws.close().await;
@@ -214,9 +260,15 @@ async fn assert_each_tool_ran_once(store: &PgStore, chat: &str) {
     let expected: Vec<u64> = (1..=events.len() as u64).collect();
     assert_eq!(seqs, expected, "chat {chat}: the stored log has no gap");
     let mut responses: BTreeMap<String, u32> = BTreeMap::new();
-    for event in events.iter().filter(|e| e.event_type == "chat.tool_response") {
+    for event in events
+        .iter()
+        .filter(|e| e.event_type == "chat.tool_response")
+    {
         let value: Value = serde_json::from_str(&event.json).unwrap_or(Value::Null);
-        let tool = value["data"]["tool_name"].as_str().unwrap_or("?").to_owned();
+        let tool = value["data"]["tool_name"]
+            .as_str()
+            .unwrap_or("?")
+            .to_owned();
         *responses.entry(tool).or_default() += 1;
         assert_ne!(
             value["data"]["success"], false,
@@ -241,14 +293,22 @@ async fn a_chat_created_on_one_node_is_driven_through_another() {
     ws.until("chat.input_request").await;
     ws.say("Automate my weekly social media posts").await;
     let ack = ws.until("chat.ack").await;
-    assert_eq!(ack["data"]["kind"], "user_message", "input forwarded to the owner");
+    assert_eq!(
+        ack["data"]["kind"], "user_message",
+        "input forwarded to the owner"
+    );
     let plan = ws.until_ui_call().await;
     assert_eq!(plan["data"]["component_type"], "ActionPlan");
     ws.send(answer(&corr_of(&plan))).await;
     let done = ws
-        .until_match("chat.tool_response", |e| e["data"]["tool_name"] == "action_plan")
+        .until_match("chat.tool_response", |e| {
+            e["data"]["tool_name"] == "action_plan"
+        })
         .await;
-    assert_eq!(done["data"]["success"], true, "the UI round trip went through node B");
+    assert_eq!(
+        done["data"]["success"], true,
+        "the UI round trip went through node B"
+    );
     let key = ws.until_ui_call().await;
     assert_eq!(key["data"]["component_type"], "AgentAPIKeyInput");
 
@@ -256,28 +316,48 @@ async fn a_chat_created_on_one_node_is_driven_through_another() {
     // on every event), and everything it saw is in the store in the same order.
     let store = cluster.store().await;
     let seen = ws.last_seq;
-    wait_until("the store to hold what B relayed", Duration::from_secs(10), async || {
-        store
-            .events_after(&chat, 0, u32::MAX)
-            .await
-            .is_ok_and(|e| e.len() as u64 >= seen)
-    })
+    wait_until(
+        "the store to hold what B relayed",
+        Duration::from_secs(10),
+        async || {
+            store
+                .events_after(&chat, 0, u32::MAX)
+                .await
+                .is_ok_and(|e| e.len() as u64 >= seen)
+        },
+    )
     .await;
     let stored = store
         .events_after(&chat, 0, u32::MAX)
         .await
         .unwrap_or_default();
-    let relayed: Vec<u64> = ws.events.iter().filter_map(|e| e["seq"].as_u64()).filter(|s| *s > 0).collect();
+    let relayed: Vec<u64> = ws
+        .events
+        .iter()
+        .filter_map(|e| e["seq"].as_u64())
+        .filter(|s| *s > 0)
+        .collect();
     let expected: Vec<u64> = (1..=seen).collect();
     assert_eq!(relayed, expected, "B relayed every event once, in order");
-    for event in ws.events.iter().filter(|e| e["seq"].as_u64().unwrap_or(0) > 0) {
+    for event in ws
+        .events
+        .iter()
+        .filter(|e| e["seq"].as_u64().unwrap_or(0) > 0)
+    {
         let seq = event["seq"].as_u64().unwrap_or(0) as usize;
         let stored: Value = serde_json::from_str(&stored[seq - 1].json).unwrap_or(Value::Null);
-        assert_eq!(stored["type"], event["type"], "seq {seq} is the owner's event");
+        assert_eq!(
+            stored["type"], event["type"],
+            "seq {seq} is the owner's event"
+        );
     }
 
     // Another user cannot reach the chat through either node.
-    assert!(WsClient::try_connect(&b.ws_url(&chat, 0), "mallory").await.is_err());
+    assert!(
+        WsClient::try_connect(&b.ws_url(&chat, 0), "mallory")
+            .await
+            .is_err()
+    );
 }
 
 #[tokio::test]
@@ -289,11 +369,16 @@ async fn chats_survive_a_node_killed_mid_run() {
     let bases = Arc::new(cluster.bases());
     let mut chats = Vec::new();
     for i in 0..CHATS {
-        let chat = cluster.node(i % 3).create_chat("Generator", &format!("user{i}")).await;
+        let chat = cluster
+            .node(i % 3)
+            .create_chat("Generator", &format!("user{i}"))
+            .await;
         chats.push((chat, format!("user{i}")));
     }
     // Clients connect to random nodes (here: a fixed spread, so each node serves remote and
-    // local sockets); a client whose node dies reconnects to the next.
+    // local sockets); a client whose node dies reconnects to the next. The chats node 2 owns
+    // wait at their first UI call (stored) when it is killed; the others keep running.
+    let (go, held) = tokio::sync::watch::channel(false);
     let mut drivers = Vec::new();
     for (i, (chat, user)) in chats.iter().enumerate() {
         drivers.push(tokio::spawn(drive_generator(
@@ -301,53 +386,78 @@ async fn chats_survive_a_node_killed_mid_run() {
             chat.clone(),
             user.clone(),
             (i * 7 + 1) % 3,
+            (i % 3 == 2).then(|| held.clone()),
         )));
     }
-    // Mid-run: once some chats have got going, kill node 2 (it owns a third of the chats).
     let store = cluster.store().await;
-    wait_until("the chats to get going", Duration::from_secs(30), async || {
-        let mut going = 0;
-        for (chat, _) in chats.iter().take(12) {
-            if store
-                .events_after(chat, 5, 1)
-                .await
-                .is_ok_and(|e| !e.is_empty())
-            {
-                going += 1;
+    wait_until(
+        "node 2's chats to wait for their first UI answer",
+        Duration::from_secs(60),
+        async || {
+            for (chat, _) in chats.iter().skip(2).step_by(3) {
+                if store.pending_ui(chat).await.map_or(true, |p| p.is_empty()) {
+                    return false;
+                }
             }
-        }
-        going >= 6
-    })
+            true
+        },
+    )
     .await;
-    let victim = cluster.nodes[2].take().unwrap_or_else(|| panic!("node 2 missing"));
+    let victim = cluster.nodes[2]
+        .take()
+        .unwrap_or_else(|| panic!("node 2 missing"));
     let killed_at = Instant::now();
     let _ = victim.kill().await;
+    let _ = go.send(true);
     // The victim's chats still running at the kill, with their stored log length then.
     let mut orphans = Vec::new();
     for (chat, _) in chats.iter().skip(2).step_by(3) {
-        let events = store.events_after(chat, 0, u32::MAX).await.unwrap_or_default();
+        let events = store
+            .events_after(chat, 0, u32::MAX)
+            .await
+            .unwrap_or_default();
         if !events.iter().any(|e| e.event_type == "chat.run_complete") {
             orphans.push((chat.clone(), events.len() as u64));
         }
     }
     // Taken over = a new event of each of them in the store (written by its new owner).
-    wait_until("the killed node's chats to continue elsewhere", Duration::from_secs(60), async || {
-        for (chat, at_kill) in &orphans {
-            if !store.events_after(chat, *at_kill, 1).await.is_ok_and(|e| !e.is_empty()) {
-                return false;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut waiting: Vec<(String, u64)> = orphans.clone();
+    while !waiting.is_empty() && Instant::now() < deadline {
+        let mut still = Vec::new();
+        for (chat, at_kill) in waiting {
+            if !store
+                .events_after(&chat, at_kill, 1)
+                .await
+                .is_ok_and(|e| !e.is_empty())
+            {
+                still.push((chat, at_kill));
             }
         }
-        true
-    })
-    .await;
+        waiting = still;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let all_continued = killed_at.elapsed();
-
     let mut runs = Vec::new();
     for driver in drivers {
-        runs.push(driver.await.unwrap_or_else(|e| panic!("driver panicked: {e}")));
+        runs.push(
+            driver
+                .await
+                .unwrap_or_else(|e| panic!("driver panicked: {e}")),
+        );
     }
+    let incomplete: Vec<(&String, &ChatRun)> = chats
+        .iter()
+        .zip(&runs)
+        .filter(|(_, run)| !run.completed)
+        .map(|((chat, _), run)| (chat, run))
+        .collect();
+    assert!(
+        incomplete.is_empty(),
+        "{} chats did not complete: {incomplete:?}",
+        incomplete.len()
+    );
     for ((chat, _), run) in chats.iter().zip(&runs) {
-        assert!(run.completed, "chat {chat} did not complete: {run:?}");
         assert_contiguous(chat, run);
         assert_each_tool_ran_once(&store, chat).await;
     }
@@ -360,6 +470,10 @@ async fn chats_survive_a_node_killed_mid_run() {
         after_expiry.as_secs_f64(),
     );
     assert!(!orphans.is_empty(), "the kill came mid-run");
+    assert!(
+        waiting.is_empty(),
+        "chats that did not continue after the kill: {waiting:?}"
+    );
     assert!(
         after_expiry < Duration::from_secs(10),
         "takeover within 10 s of lease expiry (took {after_expiry:?})"

@@ -518,6 +518,18 @@ impl ChatSession {
                 }
                 self.route(ctx);
             }
+            AutoToolOutcome::Duplicate(crate::dedup::ClaimOutcome::Interrupted) => {
+                // Started by a process that died (a crash, or a node whose chat was taken
+                // over) before its UI call reached the store: reported, never re-run, as
+                // when a restored chat finds it (`restore.rs`).
+                tracing::warn!(chat_id = %self.id.chat_id, "auto tool interrupted; not re-run");
+                self.publish(ServerEvent::error(
+                    ErrorCode::ToolError,
+                    "the server restarted while a tool was starting; it was not re-run",
+                    true,
+                ));
+                self.await_user();
+            }
             AutoToolOutcome::Duplicate(claim) => {
                 tracing::warn!(chat_id = %self.id.chat_id, ?claim, "auto tool already ran for this turn");
                 self.route(ctx);

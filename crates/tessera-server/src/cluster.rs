@@ -199,6 +199,8 @@ pub struct RemoteFeed {
     /// Live events ahead of `next_seq`, by seq.
     held: std::collections::BTreeMap<u64, Bytes>,
     catching_up: bool,
+    /// Where the replay started, until the `chat.resume_boundary` that ends it is sent.
+    boundary_from: Option<u64>,
 }
 
 impl RemoteFeed {
@@ -218,7 +220,43 @@ impl RemoteFeed {
             next_seq: after_seq + 1,
             held: std::collections::BTreeMap::new(),
             catching_up: false,
+            boundary_from: Some(after_seq + 1),
         }
+    }
+
+    /// Ends the replay as a local session does: a `chat.resume_boundary` (seq 0) with the
+    /// UI calls the store says are waiting, so a resuming client can answer a call whose
+    /// announcement it missed.
+    fn send_boundary(&mut self, ctx: &mut Context<Self>) {
+        let Some(from) = self.boundary_from.take() else {
+            return;
+        };
+        let store = self.store.clone();
+        let chat_id = self.chat_id.clone();
+        let read = async move { store.pending_ui(&chat_id).await };
+        ctx.spawn(read.into_actor(self).map(move |pending, act, _| {
+            let pending_ui_calls = pending
+                .unwrap_or_default()
+                .into_iter()
+                .filter_map(|p| serde_json::from_value(p.call).ok())
+                .collect();
+            let last_seq = act.next_seq - 1;
+            let event = tessera_protocol::ServerEvent::ResumeBoundary {
+                from_seq: from,
+                last_seq,
+                replayed: last_seq.saturating_sub(from - 1),
+                pending_ui_calls,
+            };
+            let timestamp = tessera_protocol::rfc3339_now();
+            let text = tessera_protocol::Envelope {
+                seq: 0,
+                chat_id: &act.chat_id,
+                timestamp: &timestamp,
+                event: &event,
+            }
+            .to_json();
+            act.recipient.do_send(Deliver(Arc::from(text.as_str())));
+        }));
     }
 
     fn deliver(&mut self, envelope: &[u8]) {
@@ -271,6 +309,8 @@ impl RemoteFeed {
                 act.catch_up(ctx);
             } else if !act.held.is_empty() {
                 ctx.run_later(STORE_CATCH_UP_RETRY, |act, ctx| act.catch_up(ctx));
+            } else {
+                act.send_boundary(ctx);
             }
         }));
     }
@@ -422,7 +462,8 @@ impl ClusterNode {
             waiters.extend(waiter);
             return;
         }
-        self.restoring.insert(chat_id.clone(), waiter.into_iter().collect());
+        self.restoring
+            .insert(chat_id.clone(), waiter.into_iter().collect());
         let engine = self.engine.clone();
         let restoring = chat_id.clone();
         let restore = async move { engine.take_over(&restoring, epoch).await };
@@ -583,7 +624,11 @@ pub struct LeaseNewChat(pub String);
 impl Handler<LeaseNewChat> for ClusterNode {
     type Result = ResponseFuture<Result<Option<i64>, String>>;
 
-    fn handle(&mut self, LeaseNewChat(chat_id): LeaseNewChat, _: &mut Self::Context) -> Self::Result {
+    fn handle(
+        &mut self,
+        LeaseNewChat(chat_id): LeaseNewChat,
+        _: &mut Self::Context,
+    ) -> Self::Result {
         let (Some(leases), false) = (self.leases.clone(), self.draining) else {
             return Box::pin(async { Ok(None) });
         };
@@ -627,7 +672,10 @@ impl Handler<DrainNode> for ClusterNode {
         let leases = self.leases.clone();
         let drain = async move {
             match leases {
-                Some(leases) => leases.send(Drain).await.map_or(0, |released| released.len()),
+                Some(leases) => leases
+                    .send(Drain)
+                    .await
+                    .map_or(0, |released| released.len()),
                 None => 0,
             }
         };

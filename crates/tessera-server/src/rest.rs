@@ -226,7 +226,9 @@ pub(crate) async fn locate_chat(
     use crate::cluster::Claimed;
     use crate::ws::ChatLink;
     let Some(cluster) = &state.cluster else {
-        return owned_chat(state, caller, chat_id).await.map(ChatLink::Local);
+        return owned_chat(state, caller, chat_id)
+            .await
+            .map(ChatLink::Local);
     };
     let found = state
         .registry
@@ -245,13 +247,15 @@ pub(crate) async fn locate_chat(
         tracing::warn!(chat_id, error = %e, "cannot read the chat's record");
         unavailable()
     })?;
-    let Some(stored) = stored.filter(|c| {
-        *c.record.tenant == *caller.tenant && *c.record.user_id == *caller.user
-    }) else {
+    let Some(stored) =
+        stored.filter(|c| *c.record.tenant == *caller.tenant && *c.record.user_id == *caller.user)
+    else {
         return Err(ApiError::not_found());
     };
     if stored.state.status == tessera_store::STATUS_COMPLETED {
-        return owned_chat(state, caller, chat_id).await.map(ChatLink::Local);
+        return owned_chat(state, caller, chat_id)
+            .await
+            .map(ChatLink::Local);
     }
     let claimed = cluster
         .node
@@ -271,7 +275,9 @@ pub(crate) async fn locate_chat(
             cluster.node.clone(),
             cluster.patience,
         ))),
-        Claimed::NotOpen => owned_chat(state, caller, chat_id).await.map(ChatLink::Local),
+        Claimed::NotOpen => owned_chat(state, caller, chat_id)
+            .await
+            .map(ChatLink::Local),
     }
 }
 

@@ -154,7 +154,12 @@ async fn start_cluster_node(
         metrics.clone(),
     )
     .await
-    .with_context(|| format!("cannot connect to NATS at {}", crate::config::redact_url(url)))?;
+    .with_context(|| {
+        format!(
+            "cannot connect to NATS at {}",
+            crate::config::redact_url(url)
+        )
+    })?;
     let lease_config = tessera_cluster::LeaseManagerConfig {
         node_id: node_id.clone(),
         ttl,
@@ -315,9 +320,9 @@ pub async fn run(
     ));
     let registry = ChatRegistry::default().start();
     let cluster = match (&config.cluster.nats_url, lease_store) {
-        (Some(url), Some(leases)) => Some(
-            start_cluster_node(url, &config, leases, engine.clone(), registry.clone()).await?,
-        ),
+        (Some(url), Some(leases)) => {
+            Some(start_cluster_node(url, &config, leases, engine.clone(), registry.clone()).await?)
+        }
         _ => None,
     };
     // In a cluster the open chats belong to whichever node holds their lease: the orphan scan

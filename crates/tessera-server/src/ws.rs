@@ -530,13 +530,17 @@ impl WsConnection {
             ClientMessage::Ping => return self.ack(ctx, "pong", None),
         };
         let answer = async move { remote.forward(command).await };
-        ctx.spawn(answer.into_actor(self).map(move |reply, act, ctx| match reply {
-            CommandReply::Accepted => act.ack(ctx, kind, ack_id),
-            CommandReply::Refused { code, message } => {
-                let code = ErrorCode::from_wire(&code).unwrap_or(ErrorCode::Internal);
-                act.send_error(ctx, code, message, true);
-            }
-        }));
+        ctx.spawn(
+            answer
+                .into_actor(self)
+                .map(move |reply, act, ctx| match reply {
+                    CommandReply::Accepted => act.ack(ctx, kind, ack_id),
+                    CommandReply::Refused { code, message } => {
+                        let code = ErrorCode::from_wire(&code).unwrap_or(ErrorCode::Internal);
+                        act.send_error(ctx, code, message, true);
+                    }
+                }),
+        );
     }
 }
 

@@ -35,6 +35,8 @@ fn nats_url(test: &str) -> Option<String> {
 struct Cluster {
     schema: PgTestSchema,
     nodes: Vec<Option<TestServer>>,
+    /// Each node's log (stderr), `node{i}.log`.
+    logs: tempfile::TempDir,
 }
 
 impl Cluster {
@@ -42,6 +44,7 @@ impl Cluster {
         let nats = nats_url(test)?;
         let schema = PgTestSchema::create(test).await?;
         let prefix = format!("t{}", schema.name);
+        let logs = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let mut nodes = Vec::new();
         for i in 0..count {
             let env = vec![
@@ -60,11 +63,20 @@ impl Cluster {
             ];
             let options = ServerOptions {
                 env,
+                stderr_file: Some(logs.path().join(format!("node{i}.log"))),
                 ..Default::default()
             };
             nodes.push(Some(TestServer::start(options).await));
         }
-        Some(Cluster { schema, nodes })
+        Some(Cluster {
+            schema,
+            nodes,
+            logs,
+        })
+    }
+
+    fn log(&self, i: usize) -> String {
+        std::fs::read_to_string(self.logs.path().join(format!("node{i}.log"))).unwrap_or_default()
     }
 
     fn node(&self, i: usize) -> &TestServer {
@@ -479,4 +491,148 @@ async fn chats_survive_a_node_killed_mid_run() {
         "takeover within 10 s of lease expiry (took {after_expiry:?})"
     );
     assert!(reconnects > 0, "some clients were on the killed node");
+}
+
+#[tokio::test]
+async fn a_node_paused_past_its_lease_cannot_write_and_drops_its_chats() {
+    let Some(cluster) = Cluster::start("cluster_sigstop", 2).await else {
+        return;
+    };
+    let (a, b) = (cluster.node(0), cluster.node(1));
+    let store = cluster.store().await;
+    let chat = a.create_chat("Generator", "alice").await;
+    let mut ws = WsClient::connect(&a.ws_url(&chat, 0), "alice").await;
+    ws.until("chat.input_request").await;
+    ws.say("Automate my weekly social media posts").await;
+    let plan = ws.until_ui_call().await;
+    let corr = corr_of(&plan);
+    wait_until(
+        "the UI call in the store",
+        Duration::from_secs(10),
+        async || store.pending_ui(&chat).await.is_ok_and(|p| !p.is_empty()),
+    )
+    .await;
+    let seen = ws.last_seq;
+
+    // Pause A past its lease: B takes the chat over and the user goes on there.
+    let pid = a
+        .pid()
+        .unwrap_or_else(|| panic!("node A has no pid"))
+        .to_string();
+    let signal = |name: &str| {
+        let status = std::process::Command::new("kill")
+            .args([name, &pid])
+            .status();
+        assert!(status.is_ok_and(|s| s.success()), "kill {name} {pid}");
+    };
+    signal("-STOP");
+    let paused_at = Instant::now();
+    // B's orphan scan takes the chat over once A's lease expired.
+    wait_until(
+        "B to take the chat over",
+        Duration::from_secs(20),
+        async || {
+            // The only chat of the test (the log may colour its fields).
+            cluster.log(1).contains("serving a chat taken over")
+        },
+    )
+    .await;
+    let taken_over_after = paused_at.elapsed();
+    let mut on_b = WsClient::connect(&b.ws_url(&chat, seen), "alice").await;
+    on_b.last_seq = seen;
+    on_b.send(answer(&corr)).await;
+    let done = on_b
+        .until_match("chat.tool_response", |e| {
+            e["data"]["tool_name"] == "action_plan"
+        })
+        .await;
+    assert_eq!(done["data"]["success"], true);
+    assert_eq!(done["seq"], seen + 1, "B continues the log with no gap");
+    let key = on_b.until_ui_call().await;
+    assert_eq!(key["data"]["component_type"], "AgentAPIKeyInput");
+    assert!(
+        taken_over_after >= Duration::from_secs(LEASE_TTL_S) - Duration::from_millis(1500),
+        "B took the chat only once A's lease expired (A renewed it at most TTL/3 before the pause)"
+    );
+    let log_before_wake = store
+        .events_after(&chat, 0, u32::MAX)
+        .await
+        .unwrap_or_default();
+
+    // Wake A. Its session still holds the old UI call: answering it there is either refused
+    // (A already dropped the chat and forwards to B, which answered it) or carried out by
+    // the stale session, whose writes the store refuses (fenced).
+    signal("-CONT");
+    if let Ok(mut stale) = WsClient::try_connect(&a.ws_url(&chat, seen), "alice").await {
+        stale.last_seq = seen;
+        stale.send(answer(&corr)).await;
+        // Whatever A answers (an ack, an error), it must not reach the store.
+        let _ = tokio::time::timeout(Duration::from_secs(2), stale.next()).await;
+    }
+    wait_until("A to drop the chat", Duration::from_secs(10), async || {
+        cluster.log(0).contains("chat relinquished")
+    })
+    .await;
+    let a_log = cluster.log(0);
+    eprintln!(
+        "B took the chat over {:.2} s after A paused; node A after waking: fenced writes: {}, leases lost: {}",
+        taken_over_after.as_secs_f64(),
+        a_log.matches("write fenced").count(),
+        a_log.matches("lease lost").count()
+    );
+
+    // The store holds B's log only: what it held before A woke, then B's own events.
+    on_b.send(answer(&corr_of(&key))).await;
+    on_b.until_match("chat.tool_response", |e| {
+        e["data"]["tool_name"] == "request_api_key"
+    })
+    .await;
+    let b_seen = on_b.last_seq;
+    wait_until(
+        "B's events in the store",
+        Duration::from_secs(10),
+        async || {
+            store
+                .events_after(&chat, 0, u32::MAX)
+                .await
+                .is_ok_and(|e| e.len() as u64 >= b_seen)
+        },
+    )
+    .await;
+    let after = store
+        .events_after(&chat, 0, u32::MAX)
+        .await
+        .unwrap_or_default();
+    assert!(a_log.contains("write fenced") || a_log.contains("lease lost"));
+    for (before, now) in log_before_wake.iter().zip(&after) {
+        assert_eq!(before.json, now.json, "seq {} was rewritten", before.seq);
+    }
+    let on_b_seqs: Vec<u64> = on_b
+        .events
+        .iter()
+        .filter_map(|e| e["seq"].as_u64())
+        .filter(|s| *s > 0)
+        .collect();
+    for seq in on_b_seqs {
+        let stored: Value =
+            serde_json::from_str(&after[seq as usize - 1].json).unwrap_or(Value::Null);
+        let live = on_b
+            .events
+            .iter()
+            .find(|e| e["seq"] == seq)
+            .cloned()
+            .unwrap_or(Value::Null);
+        assert_eq!(
+            stored["type"], live["type"],
+            "seq {seq} in the store is B's event"
+        );
+    }
+    let plan_answers = after
+        .iter()
+        .filter(|e| e.event_type == "chat.tool_response" && e.json.contains("\"action_plan\""))
+        .count();
+    assert_eq!(
+        plan_answers, 1,
+        "the plan was answered once (B's), never by the paused node"
+    );
 }

@@ -374,7 +374,7 @@ async fn a_chat_created_on_one_node_is_driven_through_another() {
 
 #[tokio::test]
 async fn chats_survive_a_node_killed_mid_run() {
-    const CHATS: usize = 60;
+    const CHATS: usize = 300;
     let Some(mut cluster) = Cluster::start("cluster_kill_node", 3).await else {
         return;
     };
@@ -635,4 +635,61 @@ async fn a_node_paused_past_its_lease_cannot_write_and_drops_its_chats() {
         plan_answers, 1,
         "the plan was answered once (B's), never by the paused node"
     );
+}
+
+#[tokio::test]
+async fn sigterm_hands_the_chats_over_before_their_lease_expires() {
+    let Some(mut cluster) = Cluster::start("cluster_drain", 2).await else {
+        return;
+    };
+    let chat = cluster.node(0).create_chat("Generator", "alice").await;
+    let mut ws = WsClient::connect(&cluster.node(0).ws_url(&chat, 0), "alice").await;
+    ws.until("chat.input_request").await;
+    ws.say("Automate my weekly social media posts").await;
+    let plan = ws.until_ui_call().await;
+    let store = cluster.store().await;
+    wait_until(
+        "the UI call in the store",
+        Duration::from_secs(10),
+        async || store.pending_ui(&chat).await.is_ok_and(|p| !p.is_empty()),
+    )
+    .await;
+    let seen = ws.last_seq;
+
+    let a = cluster.nodes[0]
+        .take()
+        .unwrap_or_else(|| panic!("node A missing"));
+    let stopping = Instant::now();
+    assert!(a.terminate().await, "node A exits cleanly on SIGTERM");
+    assert!(ws.next().await.is_none(), "A closed the socket");
+    // Released, not left to expire: B takes the chat on its next scan (a third of the TTL).
+    wait_until(
+        "B to take the chat over",
+        Duration::from_secs(20),
+        async || cluster.log(1).contains("serving a chat taken over"),
+    )
+    .await;
+    let handed_over = stopping.elapsed();
+    eprintln!(
+        "SIGTERM on A: B serves its chat {:.2} s later",
+        handed_over.as_secs_f64()
+    );
+    assert!(
+        handed_over < Duration::from_secs(LEASE_TTL_S),
+        "handed over before the lease would have expired ({handed_over:?})"
+    );
+    let mut on_b = WsClient::connect(&cluster.node(1).ws_url(&chat, seen), "alice").await;
+    on_b.last_seq = seen;
+    let boundary = on_b.until("chat.resume_boundary").await;
+    assert_eq!(
+        boundary["data"]["pending_ui_calls"][0]["corr"],
+        corr_of(&plan).as_str()
+    );
+    on_b.send(answer(&corr_of(&plan))).await;
+    let done = on_b
+        .until_match("chat.tool_response", |e| {
+            e["data"]["tool_name"] == "action_plan"
+        })
+        .await;
+    assert_eq!(done["seq"], seen + 1, "the log goes on with no gap");
 }

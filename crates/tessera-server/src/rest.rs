@@ -144,7 +144,18 @@ impl FromRequest for OwnedChat {
         });
         Box::pin(async move {
             let (state, caller, chat_id) = found?;
-            let chat = owned_chat(&state, &caller, &chat_id).await?;
+            let chat = match locate_chat(&state, &caller, &chat_id).await? {
+                crate::ws::ChatLink::Local(chat) => chat,
+                // Known limit: REST calls are not forwarded between nodes (the WebSocket's
+                // are); an orphaned chat was taken over here by `locate_chat`.
+                crate::ws::ChatLink::Remote(_) => {
+                    return Err(ApiError::new(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "chat_on_another_node",
+                        "the chat runs on another node: use its WebSocket, or retry on that node",
+                    ));
+                }
+            };
             Ok(OwnedChat { caller, chat })
         })
     }
@@ -738,10 +749,10 @@ async fn ws_ticket(
     state: web::Data<AppState>,
     body: web::Json<TicketRequest>,
 ) -> Result<HttpResponse, ApiError> {
-    let chat = owned_chat(&state, &caller, &body.chat_id).await?;
+    let chat = locate_chat(&state, &caller, &body.chat_id).await?;
     let (ticket, ttl) = state
         .auth
-        .issue_ticket(&caller, &chat.identity.chat_id)
+        .issue_ticket(&caller, chat.chat_id())
         .map_err(caller_error)?;
     Ok(HttpResponse::Ok().json(json!({"ticket": ticket, "expires_in_s": ttl})))
 }

@@ -225,7 +225,8 @@ pub enum ChatLink {
 }
 
 impl ChatLink {
-    fn chat_id(&self) -> &Arc<str> {
+    /// The chat's id.
+    pub fn chat_id(&self) -> &Arc<str> {
         match self {
             Self::Local(chat) => &chat.identity.chat_id,
             Self::Remote(remote) => &remote.chat_id,

@@ -18,6 +18,10 @@ const NATS_ENV: &str = "TESSERA_TEST_NATS_URL";
 /// Lease TTL of the test nodes: short, so a takeover happens within the test's time.
 const LEASE_TTL_S: u64 = 3;
 
+/// Lease TTL of the 300-chat test: long enough that a node starved of CPU on a loaded CI
+/// machine still renews in time (a lease lost to a slow renewal moves a running chat early).
+const BUSY_LEASE_TTL_S: u64 = 6;
+
 /// The NATS url, or `None` (after printing that `test` is skipped); panics under `CI=true`.
 fn nats_url(test: &str) -> Option<String> {
     let url = std::env::var(NATS_ENV).ok().filter(|u| !u.is_empty());
@@ -41,6 +45,10 @@ struct Cluster {
 
 impl Cluster {
     async fn start(test: &str, count: usize) -> Option<Cluster> {
+        Self::start_with_ttl(test, count, LEASE_TTL_S).await
+    }
+
+    async fn start_with_ttl(test: &str, count: usize, ttl_s: u64) -> Option<Cluster> {
         let nats = nats_url(test)?;
         let schema = PgTestSchema::create(test).await?;
         let prefix = format!("t{}", schema.name);
@@ -52,7 +60,7 @@ impl Cluster {
                 ("TESSERA_NATS_URL".to_owned(), nats.clone()),
                 ("TESSERA_NATS_PREFIX".to_owned(), prefix.clone()),
                 ("TESSERA_NODE_ID".to_owned(), format!("node{i}")),
-                ("TESSERA_LEASE_TTL_S".to_owned(), LEASE_TTL_S.to_string()),
+                ("TESSERA_LEASE_TTL_S".to_owned(), ttl_s.to_string()),
                 // One vault key for the service: a node that takes a chat over opens the
                 // secrets another node sealed.
                 ("TESSERA_SECRET_KEY".to_owned(), "42".repeat(32)),
@@ -375,7 +383,8 @@ async fn a_chat_created_on_one_node_is_driven_through_another() {
 #[tokio::test]
 async fn chats_survive_a_node_killed_mid_run() {
     const CHATS: usize = 300;
-    let Some(mut cluster) = Cluster::start("cluster_kill_node", 3).await else {
+    let Some(mut cluster) = Cluster::start_with_ttl("cluster_kill_node", 3, BUSY_LEASE_TTL_S).await
+    else {
         return;
     };
     let bases = Arc::new(cluster.bases());
@@ -458,6 +467,15 @@ async fn chats_survive_a_node_killed_mid_run() {
                 .unwrap_or_else(|e| panic!("driver panicked: {e}")),
         );
     }
+    for i in 0..2 {
+        let log = cluster.log(i);
+        eprintln!(
+            "node{i}: leases lost {}, renewals failed {}, chats taken over {}",
+            log.matches("lease lost").count(),
+            log.matches("lease renewal failed").count(),
+            log.matches("serving a chat taken over").count()
+        );
+    }
     let incomplete: Vec<(&String, &ChatRun)> = chats
         .iter()
         .zip(&runs)
@@ -474,7 +492,7 @@ async fn chats_survive_a_node_killed_mid_run() {
         assert_each_tool_ran_once(&store, chat).await;
     }
     let reconnects: u32 = runs.iter().map(|r| r.reconnects).sum();
-    let after_expiry = all_continued.saturating_sub(Duration::from_secs(LEASE_TTL_S));
+    let after_expiry = all_continued.saturating_sub(Duration::from_secs(BUSY_LEASE_TTL_S));
     eprintln!(
         "{CHATS} chats on 3 nodes, node 2 killed with {} chats running: all of them continued on another node {:.2} s after the kill ({:.2} s after lease expiry); {reconnects} client reconnects",
         orphans.len(),

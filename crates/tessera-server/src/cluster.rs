@@ -181,6 +181,11 @@ impl StreamHandler<IncomingCommand> for ChatRelay {
 /// store does not hold yet (the owner writes behind its live events).
 const STORE_CATCH_UP_RETRY: std::time::Duration = std::time::Duration::from_millis(50);
 
+/// How often a reader also asks the store for events past the last it delivered: events the
+/// owner published before the reader subscribed, but stored only after its first read, come
+/// with no later live event to reveal the gap (nor does a lost last live event).
+const STORE_POLL: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Events read from the store per catch-up query.
 const CATCH_UP_PAGE: u32 = 500;
 
@@ -329,6 +334,13 @@ impl Actor for RemoteFeed {
             Ok(events) => {
                 ctx.add_stream(events);
                 act.catch_up(ctx);
+                ctx.run_interval(STORE_POLL, |act, ctx| {
+                    if !act.recipient.connected() {
+                        ctx.stop();
+                    } else {
+                        act.catch_up(ctx);
+                    }
+                });
             }
             Err(e) => {
                 tracing::warn!(chat_id = %act.chat_id, error = %e, "cannot follow the chat's live events");

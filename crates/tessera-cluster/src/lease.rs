@@ -205,6 +205,10 @@ impl LeaseManager {
             match result {
                 Ok(taken) => {
                     for (chat_id, epoch) in taken {
+                        if act.held.get(&chat_id) == Some(&epoch) {
+                            // Our own lease, renewed between the scan and the acquire.
+                            continue;
+                        }
                         if act.draining {
                             // Drain began meanwhile: give it straight back.
                             act.release_in_background(chat_id, epoch);

@@ -65,11 +65,20 @@ impl ClaimOutcome {
 }
 
 /// A durable record of tool invocations behind the cache (the store implements it).
+///
+/// `epoch` is the chat's lease epoch in a cluster (`None` on a single node): a record store
+/// that fences refuses the write once another node took the chat over (an error, so the tool
+/// does not run).
 pub trait DedupRecordStore: Send + Sync + 'static {
     /// Inserts the record `started` unless one exists; says which.
-    fn claim(&self, key: &ToolKey) -> BoxFuture<'static, Result<ClaimOutcome, String>>;
+    fn claim(
+        &self,
+        key: &ToolKey,
+        epoch: Option<i64>,
+    ) -> BoxFuture<'static, Result<ClaimOutcome, String>>;
     /// Marks the record completed.
-    fn complete(&self, key: &ToolKey) -> BoxFuture<'static, Result<(), String>>;
+    fn complete(&self, key: &ToolKey, epoch: Option<i64>)
+    -> BoxFuture<'static, Result<(), String>>;
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,6 +97,16 @@ pub struct ClaimKey(pub ToolKey);
 #[rtype(result = "()")]
 pub struct CompleteKey(pub ToolKey);
 
+/// The lease epoch the durable records of `chat_id` are written under from now on (`None`:
+/// forget it, the chat left this node). A session sends it when it starts, before any of its
+/// tools can be claimed.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct FenceChat {
+    pub chat_id: Arc<str>,
+    pub epoch: Option<i64>,
+}
+
 /// Marks `key` as claimed by this process without a new durable claim: used when resuming a
 /// tool whose durable record this chat already holds from before a restart.
 #[derive(Message)]
@@ -101,6 +120,8 @@ pub struct DedupCache {
     keys: LruCache<ToolKey, KeyState>,
     capacity: NonZeroUsize,
     durable: Option<Arc<dyn DedupRecordStore>>,
+    /// Lease epochs of this arbiter's chats in a cluster (see [`FenceChat`]).
+    epochs: std::collections::HashMap<Arc<str>, i64>,
 }
 
 impl DedupCache {
@@ -110,6 +131,7 @@ impl DedupCache {
             keys: LruCache::unbounded(),
             capacity: NonZeroUsize::new(capacity).unwrap_or(NonZeroUsize::MIN),
             durable,
+            epochs: std::collections::HashMap::new(),
         }
     }
 
@@ -144,7 +166,7 @@ impl Handler<ClaimKey> for DedupCache {
         match &self.durable {
             None => Box::pin(async { ClaimOutcome::Claimed }),
             Some(store) => {
-                let claim = store.claim(&key);
+                let claim = store.claim(&key, self.epochs.get(&key.chat_id).copied());
                 Box::pin(async move {
                     match claim.await {
                         Ok(outcome) => outcome,
@@ -167,7 +189,7 @@ impl Handler<CompleteKey> for DedupCache {
         // Only a key this cache claimed has a durable record to complete.
         let claimed_here = self.keys.peek(&key) == Some(&KeyState::InFlight);
         if let (true, Some(store)) = (claimed_here, &self.durable) {
-            let done = store.complete(&key);
+            let done = store.complete(&key, self.epochs.get(&key.chat_id).copied());
             let log_key = key.clone();
             // A task of its own on the arbiter, not a future of this context: actix polls
             // every future of a context on each of its wake-ups, so with one pending
@@ -179,6 +201,21 @@ impl Handler<CompleteKey> for DedupCache {
             });
         }
         self.remember(key, KeyState::Completed);
+    }
+}
+
+impl Handler<FenceChat> for DedupCache {
+    type Result = ();
+
+    fn handle(&mut self, msg: FenceChat, _ctx: &mut Self::Context) {
+        match msg.epoch {
+            Some(epoch) => {
+                self.epochs.insert(msg.chat_id, epoch);
+            }
+            None => {
+                self.epochs.remove(&msg.chat_id);
+            }
+        }
     }
 }
 

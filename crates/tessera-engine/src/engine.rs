@@ -213,6 +213,16 @@ impl Engine {
     /// Starts a chat on the next arbiter. With a store, the chat's record is written first, so
     /// every later write of the chat has its row.
     pub async fn start_chat(&self, new: NewChat) -> Result<ChatHandle, EngineError> {
+        self.start_fenced_chat(new, None).await
+    }
+
+    /// [`Engine::start_chat`] for a cluster node that holds the new chat's lease at `epoch`:
+    /// every durable write of the chat carries it (fencing, see `tessera_store::LeaseStore`).
+    pub async fn start_fenced_chat(
+        &self,
+        new: NewChat,
+        epoch: Option<i64>,
+    ) -> Result<ChatHandle, EngineError> {
         let wf = self.workflow(&new.workflow, None).await?;
         let shard = self.next_shard();
         let chat_id: Arc<str> = Arc::from(
@@ -232,7 +242,7 @@ impl Engine {
         let (id, context) = (identity.clone(), new.context);
         let arbiter = shard.arbiter.clone();
         let addr = ChatSession::start_in_arbiter(&arbiter, move |_| {
-            ChatSession::new(id, wf, shard, config, context)
+            ChatSession::new(id, wf, shard, config, context).with_epoch(epoch)
         });
         Ok(ChatHandle {
             identity,
@@ -258,25 +268,30 @@ impl Engine {
         let Some(chat) = rows.completed(chat_id, tenant, user).await? else {
             return Ok(None);
         };
-        Ok(self.start_restored(chat).await)
+        Ok(self.start_restored(chat, None).await)
     }
 
     /// Rebuilds one open chat from the store and resumes its pending work exactly as
     /// [`Engine::rehydrate`] does after a restart: the way a node takes over a chat whose owner
-    /// died. `None` when the chat does not exist, has completed, or has an unknown workflow.
-    pub async fn take_over(&self, chat_id: &str) -> Result<Option<ChatHandle>, EngineError> {
+    /// died. Every durable write of the chat carries the lease `epoch` this node took it at.
+    /// `None` when the chat does not exist, has completed, or has an unknown workflow.
+    pub async fn take_over(
+        &self,
+        chat_id: &str,
+        epoch: i64,
+    ) -> Result<Option<ChatHandle>, EngineError> {
         let Some(rows) = self.rows() else {
             return Ok(None);
         };
         let Some(chat) = rows.open_chat(chat_id).await? else {
             return Ok(None);
         };
-        Ok(self.start_restored(chat).await)
+        Ok(self.start_restored(chat, Some(epoch)).await)
     }
 
     /// Starts the session of a chat loaded from the store, on the workflow version it started
     /// with; `None` for an unknown workflow.
-    async fn start_restored(&self, chat: RestoredChat) -> Option<ChatHandle> {
+    async fn start_restored(&self, chat: RestoredChat, epoch: Option<i64>) -> Option<ChatHandle> {
         let wf = self
             .workflow(&chat.workflow, Some(&chat.workflow_version))
             .await
@@ -286,7 +301,7 @@ impl Engine {
         let (identity, workflow) = (chat.identity.clone(), chat.workflow.clone());
         let arbiter = shard.arbiter.clone();
         let addr = ChatSession::start_in_arbiter(&arbiter, move |_| {
-            ChatSession::restore(wf, shard, config, chat)
+            ChatSession::restore(wf, shard, config, chat).with_epoch(epoch)
         });
         Some(ChatHandle {
             identity,
@@ -313,7 +328,7 @@ impl Engine {
         };
         let mut handles = Vec::new();
         for chat in rows.open_chats(known).await? {
-            handles.extend(self.start_restored(chat).await);
+            handles.extend(self.start_restored(chat, None).await);
         }
         Ok(handles)
     }

@@ -156,9 +156,12 @@ impl WriteBehind {
                     tracing::warn!(chat_id = %chat_id, %error, "persisting chat failed; will retry");
                     FlushOutcome::Retry
                 }
+                Err(StoreError::Fenced(_)) => {
+                    tracing::warn!(chat_id = %chat_id, "write fenced: another node owns the chat now");
+                    FlushOutcome::Fenced
+                }
                 Err(error) => {
-                    // A conflict, a deleted chat or a lost lease (fenced): the same batch
-                    // would fail again.
+                    // A conflict or a deleted chat: the same batch would fail again.
                     tracing::error!(chat_id = %chat_id, %error, "persisting chat failed; batch dropped");
                     FlushOutcome::Dropped
                 }
@@ -186,7 +189,7 @@ impl WriteBehind {
                 self.retry_delay = (delay * 2).min(MAX_RETRY_DELAY);
                 return NextFlush::After(delay);
             }
-            FlushOutcome::Dropped => {}
+            FlushOutcome::Dropped | FlushOutcome::Fenced => {}
         }
         if self.queued.is_empty() {
             NextFlush::Idle
@@ -206,6 +209,9 @@ pub enum FlushOutcome {
     Retry,
     /// The store refused the batch for good (conflict, chat deleted): logged and dropped.
     Dropped,
+    /// The chat's lease moved to a newer epoch (another node owns it): the session must
+    /// relinquish the chat.
+    Fenced,
 }
 
 /// What the session should do after a flush.
@@ -241,8 +247,12 @@ fn prepend(mut first: ChatWriteBatch, then: ChatWriteBatch) -> ChatWriteBatch {
 pub struct StoreDedup(pub Arc<dyn ChatStore>);
 
 impl DedupRecordStore for StoreDedup {
-    fn claim(&self, key: &ToolKey) -> BoxFuture<'static, Result<ClaimOutcome, String>> {
-        let claim = self.0.claim_tool(&key.chat_id, &key.invocation, None);
+    fn claim(
+        &self,
+        key: &ToolKey,
+        epoch: Option<i64>,
+    ) -> BoxFuture<'static, Result<ClaimOutcome, String>> {
+        let claim = self.0.claim_tool(&key.chat_id, &key.invocation, epoch);
         Box::pin(async move {
             match claim.await {
                 Ok(ToolClaim::Claimed) => Ok(ClaimOutcome::Claimed),
@@ -253,8 +263,12 @@ impl DedupRecordStore for StoreDedup {
         })
     }
 
-    fn complete(&self, key: &ToolKey) -> BoxFuture<'static, Result<(), String>> {
-        let done = self.0.complete_tool(&key.chat_id, &key.invocation, None);
+    fn complete(
+        &self,
+        key: &ToolKey,
+        epoch: Option<i64>,
+    ) -> BoxFuture<'static, Result<(), String>> {
+        let done = self.0.complete_tool(&key.chat_id, &key.invocation, epoch);
         Box::pin(async move { done.await.map_err(|e| e.to_string()) })
     }
 }

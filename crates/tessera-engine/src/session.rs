@@ -182,6 +182,8 @@ pub struct ChatSession {
     /// `invoke_workflow`: open from a user input (or resumed run) until the chat waits for
     /// the user again or ends; disabled when traces are not exported.
     workflow_span: tracing::Span,
+    /// The lease epoch every durable write carries in a cluster (`None` on a single node).
+    epoch: Option<i64>,
 }
 
 /// Flush queued durable writes (sent to self so writes batch per mailbox turn).
@@ -230,10 +232,22 @@ impl ChatSession {
             self_addr: None,
             restored: None,
             workflow_span: tracing::Span::none(),
+            epoch: None,
             chat_id_json: ChatIdJson::new(&id.chat_id),
             id,
             shard,
         }
+    }
+
+    /// Fences every durable write of the chat (flushes, tool claims and completions) with
+    /// the lease `epoch` this node holds in a cluster: the store refuses them once another
+    /// node took the chat over, and the session then relinquishes it.
+    pub fn with_epoch(mut self, epoch: Option<i64>) -> Self {
+        self.epoch = epoch;
+        if let Some(persist) = &mut self.persist {
+            persist.set_epoch(epoch);
+        }
+        self
     }
 
     fn last_seq(&self) -> u64 {
@@ -529,6 +543,18 @@ impl ChatSession {
                 }
                 self.route(ctx);
             }
+            AutoToolOutcome::Duplicate(crate::dedup::ClaimOutcome::Interrupted) => {
+                // Started by a process that died (a crash, or a node whose chat was taken
+                // over) before its UI call reached the store: reported, never re-run, as
+                // when a restored chat finds it (`restore.rs`).
+                tracing::warn!(chat_id = %self.id.chat_id, "auto tool interrupted; not re-run");
+                self.publish(ServerEvent::error(
+                    ErrorCode::ToolError,
+                    "the server restarted while a tool was starting; it was not re-run",
+                    true,
+                ));
+                self.await_user();
+            }
             AutoToolOutcome::Duplicate(claim) => {
                 tracing::warn!(chat_id = %self.id.chat_id, ?claim, "auto tool already ran for this turn");
                 self.route(ctx);
@@ -618,6 +644,13 @@ impl Actor for ChatSession {
             .chats_in_memory
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.self_addr = Some(ctx.address());
+        if self.epoch.is_some() {
+            // Before any turn starts, so every tool claim of the chat carries the epoch.
+            self.shard.dedup.do_send(crate::dedup::FenceChat {
+                chat_id: self.id.chat_id.clone(),
+                epoch: self.epoch,
+            });
+        }
         if self.persist.as_ref().is_some_and(|p| p.has_queued()) {
             self.request_flush();
         }
@@ -656,6 +689,12 @@ impl Actor for ChatSession {
         self.shard
             .chats_in_memory
             .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        if self.epoch.is_some() {
+            self.shard.dedup.do_send(crate::dedup::FenceChat {
+                chat_id: self.id.chat_id.clone(),
+                epoch: None,
+            });
+        }
         self.secrets.wipe();
     }
 }
@@ -698,6 +737,11 @@ impl Handler<FlushDone> for ChatSession {
     type Result = ();
 
     fn handle(&mut self, FlushDone(outcome): FlushDone, ctx: &mut Self::Context) {
+        if outcome == FlushOutcome::Fenced {
+            // Another node owns the chat: nothing more of ours may reach the store.
+            ctx.notify(Relinquish);
+            return;
+        }
         let next = self.persist.as_mut().map(|p| p.flush_done(outcome));
         match next {
             Some(NextFlush::Now) => self.request_flush(),

@@ -376,10 +376,10 @@ async fn one_open_chat_is_taken_over_by_another_engine() {
 
     let second = harness_with_hooks(EngineConfig::default(), hooks(&store), default_plan_script);
     assert!(
-        matches!(second.engine.take_over("no-such-chat").await, Ok(None)),
+        matches!(second.engine.take_over("no-such-chat", 1).await, Ok(None)),
         "an unknown chat is not taken"
     );
-    let chat = match second.engine.take_over(&chat_id).await {
+    let chat = match second.engine.take_over(&chat_id, 1).await {
         Ok(Some(chat)) => chat,
         other => panic!("not taken over: {:?}", other.map(|c| c.map(|h| h.identity))),
     };
@@ -464,7 +464,7 @@ async fn a_relinquished_chat_stops_and_writes_nothing_more() {
     );
 
     let second = harness_with_hooks(EngineConfig::default(), hooks(&store), default_plan_script);
-    let chat = match second.engine.take_over(&chat_id).await {
+    let chat = match second.engine.take_over(&chat_id, 1).await {
         Ok(Some(chat)) => chat,
         _ => panic!("not taken over"),
     };

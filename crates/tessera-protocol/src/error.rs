@@ -57,6 +57,28 @@ impl ErrorCode {
             Self::Internal => "internal",
         }
     }
+
+    /// The code of its wire name (a refusal relayed from another node); `None` if unknown.
+    pub fn from_wire(code: &str) -> Option<Self> {
+        [
+            Self::MalformedFrame,
+            Self::UnknownType,
+            Self::InvalidField,
+            Self::FrameTooLarge,
+            Self::UnknownCorrelation,
+            Self::InvalidToolResponse,
+            Self::NotAcceptingInput,
+            Self::LlmError,
+            Self::StructuredOutputInvalid,
+            Self::ToolError,
+            Self::UiTimeout,
+            Self::MaxTurns,
+            Self::RateLimited,
+            Self::Internal,
+        ]
+        .into_iter()
+        .find(|c| c.as_str() == code)
+    }
 }
 
 /// Why an inbound frame was refused. The connection stays usable; the client gets a

@@ -6,14 +6,22 @@
 //! Known limit: the relay is a permanent subscriber of its chat, so the UI-call disconnect
 //! policy (which acts when a chat's last subscriber leaves) does not see remote clients leave.
 
+use std::collections::HashMap;
+use std::sync::Arc;
+
 use actix::prelude::*;
 use bytes::Bytes;
 use serde::Deserialize;
-use tessera_cluster::{ChatCommand, ClusterBus, CommandReply, IncomingCommand, LiveEvent};
+use tessera_cluster::{
+    AcquireLease, ChatCommand, ClusterBus, ClusterError, CommandReply, Drain, IncomingCommand,
+    LeaseManager, LiveEvent, ReleaseLease,
+};
 use tessera_engine::ChatHandle;
-use tessera_engine::session::{CancelRun, Deliver, Subscribe, ToolAnswer, Unsubscribe, UserInput};
+use tessera_engine::session::{
+    CancelRun, ChatSession, Deliver, Subscribe, ToolAnswer, Unsubscribe, UserInput,
+};
 use tessera_protocol::ErrorCode;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 /// Relays one owned chat; stop it (or drop its address) when the chat leaves this node.
 pub struct ChatRelay {
@@ -107,6 +115,39 @@ impl Handler<Deliver> for ChatRelay {
     }
 }
 
+/// Carries out a client's command on a local chat session, answering the way the session
+/// answered (the relay sends that back to the forwarding node).
+pub async fn carry_out(addr: &Addr<ChatSession>, command: ChatCommand) -> CommandReply {
+    let not_running = || refused(ErrorCode::Internal, "the chat is not running");
+    match command {
+        ChatCommand::Input {
+            content,
+            client_msg_id,
+        } => match addr
+            .send(UserInput {
+                content,
+                client_msg_id,
+            })
+            .await
+        {
+            Ok(Ok(())) => CommandReply::Accepted,
+            Ok(Err(e)) => refused(e.code(), &e),
+            Err(_) => not_running(),
+        },
+        ChatCommand::ToolAnswer { corr, response } => {
+            match addr.send(ToolAnswer { corr, response }).await {
+                Ok(Ok(())) => CommandReply::Accepted,
+                Ok(Err(e)) => refused(e.code(), &e),
+                Err(_) => not_running(),
+            }
+        }
+        ChatCommand::Cancel => match addr.send(CancelRun).await {
+            Ok(()) => CommandReply::Accepted,
+            Err(_) => not_running(),
+        },
+    }
+}
+
 fn refused(code: ErrorCode, message: impl ToString) -> CommandReply {
     CommandReply::Refused {
         code: code.as_str().to_owned(),
@@ -119,43 +160,16 @@ impl StreamHandler<IncomingCommand> for ChatRelay {
         let addr = self.chat.addr.clone();
         let bus = self.bus.clone();
         let chat_id = self.chat.identity.chat_id.clone();
-        let not_running = || refused(ErrorCode::Internal, "the chat is not running");
         let command = incoming.command.clone();
-        let carry_out = async move {
-            let reply = match command {
-                ChatCommand::Input {
-                    content,
-                    client_msg_id,
-                } => match addr
-                    .send(UserInput {
-                        content,
-                        client_msg_id,
-                    })
-                    .await
-                {
-                    Ok(Ok(())) => CommandReply::Accepted,
-                    Ok(Err(e)) => refused(e.code(), &e),
-                    Err(_) => not_running(),
-                },
-                ChatCommand::ToolAnswer { corr, response } => {
-                    match addr.send(ToolAnswer { corr, response }).await {
-                        Ok(Ok(())) => CommandReply::Accepted,
-                        Ok(Err(e)) => refused(e.code(), &e),
-                        Err(_) => not_running(),
-                    }
-                }
-                ChatCommand::Cancel => match addr.send(CancelRun).await {
-                    Ok(()) => CommandReply::Accepted,
-                    Err(_) => not_running(),
-                },
-            };
+        let answer = async move {
+            let reply = carry_out(&addr, command).await;
             if let Err(e) = bus.reply(incoming, &reply).await {
                 // The forwarder times out and tells its client to retry.
                 tracing::warn!(chat_id = %chat_id, error = %e, "command answer not sent");
             }
         };
         // In arrival order: the next command waits for this one, as on one socket.
-        ctx.wait(carry_out.into_actor(self));
+        ctx.wait(answer.into_actor(self));
     }
 
     fn finished(&mut self, ctx: &mut Self::Context) {
@@ -166,6 +180,11 @@ impl StreamHandler<IncomingCommand> for ChatRelay {
 /// How long a reader waits before asking the store again for events it has seen live but the
 /// store does not hold yet (the owner writes behind its live events).
 const STORE_CATCH_UP_RETRY: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// How often a reader also asks the store for events past the last it delivered: events the
+/// owner published before the reader subscribed, but stored only after its first read, come
+/// with no later live event to reveal the gap (nor does a lost last live event).
+const STORE_POLL: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Events read from the store per catch-up query.
 const CATCH_UP_PAGE: u32 = 500;
@@ -185,6 +204,8 @@ pub struct RemoteFeed {
     /// Live events ahead of `next_seq`, by seq.
     held: std::collections::BTreeMap<u64, Bytes>,
     catching_up: bool,
+    /// Where the replay started, until the `chat.resume_boundary` that ends it is sent.
+    boundary_from: Option<u64>,
 }
 
 impl RemoteFeed {
@@ -204,7 +225,43 @@ impl RemoteFeed {
             next_seq: after_seq + 1,
             held: std::collections::BTreeMap::new(),
             catching_up: false,
+            boundary_from: Some(after_seq + 1),
         }
+    }
+
+    /// Ends the replay as a local session does: a `chat.resume_boundary` (seq 0) with the
+    /// UI calls the store says are waiting, so a resuming client can answer a call whose
+    /// announcement it missed.
+    fn send_boundary(&mut self, ctx: &mut Context<Self>) {
+        let Some(from) = self.boundary_from.take() else {
+            return;
+        };
+        let store = self.store.clone();
+        let chat_id = self.chat_id.clone();
+        let read = async move { store.pending_ui(&chat_id).await };
+        ctx.spawn(read.into_actor(self).map(move |pending, act, _| {
+            let pending_ui_calls = pending
+                .unwrap_or_default()
+                .into_iter()
+                .filter_map(|p| serde_json::from_value(p.call).ok())
+                .collect();
+            let last_seq = act.next_seq - 1;
+            let event = tessera_protocol::ServerEvent::ResumeBoundary {
+                from_seq: from,
+                last_seq,
+                replayed: last_seq.saturating_sub(from - 1),
+                pending_ui_calls,
+            };
+            let timestamp = tessera_protocol::rfc3339_now();
+            let text = tessera_protocol::Envelope {
+                seq: 0,
+                chat_id: &act.chat_id,
+                timestamp: &timestamp,
+                event: &event,
+            }
+            .to_json();
+            act.recipient.do_send(Deliver(Arc::from(text.as_str())));
+        }));
     }
 
     fn deliver(&mut self, envelope: &[u8]) {
@@ -257,6 +314,8 @@ impl RemoteFeed {
                 act.catch_up(ctx);
             } else if !act.held.is_empty() {
                 ctx.run_later(STORE_CATCH_UP_RETRY, |act, ctx| act.catch_up(ctx));
+            } else {
+                act.send_boundary(ctx);
             }
         }));
     }
@@ -275,12 +334,32 @@ impl Actor for RemoteFeed {
             Ok(events) => {
                 ctx.add_stream(events);
                 act.catch_up(ctx);
+                ctx.run_interval(STORE_POLL, |act, ctx| {
+                    if !act.recipient.connected() {
+                        ctx.stop();
+                    } else {
+                        act.catch_up(ctx);
+                    }
+                });
             }
             Err(e) => {
                 tracing::warn!(chat_id = %act.chat_id, error = %e, "cannot follow the chat's live events");
                 ctx.stop();
             }
         }));
+    }
+}
+
+/// Stop feeding (the socket closed or resumes from another seq).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct StopFeed;
+
+impl Handler<StopFeed> for RemoteFeed {
+    type Result = ();
+
+    fn handle(&mut self, _: StopFeed, ctx: &mut Self::Context) {
+        ctx.stop();
     }
 }
 
@@ -310,11 +389,18 @@ impl StreamHandler<LiveEvent> for RemoteFeed {
 /// The node's side of ownership: carries out what the `LeaseManager` decides. A chat taken
 /// over is rebuilt from the store (`Engine::take_over`) and served to other nodes by a
 /// [`ChatRelay`]; a chat lost is relinquished at once (it writes nothing more) and its relay
-/// stopped, so commands for it reach its new owner.
+/// stopped, so commands for it reach its new owner. It is also the one place that starts a
+/// chat on this node in cluster mode ([`ClaimChat`], [`ServeChat`]), so a chat is never
+/// started twice here.
 pub struct ClusterNode {
     engine: tessera_engine::Engine,
     bus: ClusterBus,
-    owned: std::collections::HashMap<String, OwnedChat>,
+    leases: Option<Addr<LeaseManager>>,
+    registry: Option<Addr<crate::registry::ChatRegistry>>,
+    owned: HashMap<String, OwnedChat>,
+    /// Chats being rebuilt from the store, with whoever waits for them.
+    restoring: HashMap<String, Vec<oneshot::Sender<Option<ChatHandle>>>>,
+    draining: bool,
 }
 
 struct OwnedChat {
@@ -323,14 +409,34 @@ struct OwnedChat {
     epoch: i64,
 }
 
+/// How often the node gives up the leases of chats whose session has stopped (completed chats
+/// leave memory; a fenced chat relinquished itself).
+const SWEEP_STOPPED: std::time::Duration = std::time::Duration::from_secs(1);
+
 impl ClusterNode {
     /// A node running chats on `engine`, reachable over `bus`.
     pub fn new(engine: tessera_engine::Engine, bus: ClusterBus) -> Self {
         Self {
             engine,
             bus,
-            owned: std::collections::HashMap::new(),
+            leases: None,
+            registry: None,
+            owned: HashMap::new(),
+            restoring: HashMap::new(),
+            draining: false,
         }
+    }
+
+    /// The lease manager that decides for this node (it must report to this node).
+    pub fn with_leases(mut self, leases: Addr<LeaseManager>) -> Self {
+        self.leases = Some(leases);
+        self
+    }
+
+    /// Registers every chat this node serves, so local lookups find it.
+    pub(crate) fn with_registry(mut self, registry: Addr<crate::registry::ChatRegistry>) -> Self {
+        self.registry = Some(registry);
+        self
     }
 
     fn serve(&mut self, chat: ChatHandle, epoch: i64) {
@@ -339,15 +445,94 @@ impl ClusterNode {
         let relay = ChatRelay::start_in_arbiter(&chat.arbiter.clone(), move |_| {
             ChatRelay::new(relayed, bus)
         });
+        if let Some(registry) = &self.registry {
+            registry.do_send(crate::registry::RegisterChat(chat.clone()));
+        }
         self.owned.insert(
             chat.identity.chat_id.to_string(),
             OwnedChat { chat, relay, epoch },
         );
     }
+
+    fn release(&self, chat_id: &str) {
+        if let Some(leases) = &self.leases {
+            leases.do_send(ReleaseLease {
+                chat_id: chat_id.to_owned(),
+            });
+        }
+    }
+
+    /// Rebuilds `chat_id` from the store under `epoch` (once, whoever asks).
+    fn restore(
+        &mut self,
+        chat_id: String,
+        epoch: i64,
+        waiter: Option<oneshot::Sender<Option<ChatHandle>>>,
+        ctx: &mut Context<Self>,
+    ) {
+        if let Some(waiters) = self.restoring.get_mut(&chat_id) {
+            waiters.extend(waiter);
+            return;
+        }
+        self.restoring
+            .insert(chat_id.clone(), waiter.into_iter().collect());
+        let engine = self.engine.clone();
+        let restoring = chat_id.clone();
+        let restore = async move { engine.take_over(&restoring, epoch).await };
+        ctx.spawn(restore.into_actor(self).map(move |restored, act, _| {
+            let waiters = act.restoring.remove(&chat_id).unwrap_or_default();
+            let served = match restored {
+                Ok(Some(chat)) => {
+                    tracing::info!(chat_id = %chat_id, epoch, "serving a chat taken over");
+                    act.serve(chat.clone(), epoch);
+                    Some(chat)
+                }
+                // Completed meanwhile, or of a workflow this node does not serve.
+                Ok(None) => {
+                    tracing::warn!(chat_id = %chat_id, epoch, "taken-over chat not started");
+                    act.release(&chat_id);
+                    None
+                }
+                Err(e) => {
+                    // Released so a later scan (of any node) tries again.
+                    tracing::error!(chat_id = %chat_id, epoch, error = %e, "taken-over chat could not be rebuilt");
+                    act.release(&chat_id);
+                    None
+                }
+            };
+            for waiter in waiters {
+                let _ = waiter.send(served.clone());
+            }
+        }));
+    }
+
+    fn drop_chat(&mut self, chat_id: &str) -> Option<OwnedChat> {
+        let owned = self.owned.remove(chat_id)?;
+        owned.chat.addr.do_send(tessera_engine::session::Relinquish);
+        owned.relay.do_send(StopRelay);
+        Some(owned)
+    }
 }
 
 impl Actor for ClusterNode {
     type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        ctx.run_interval(SWEEP_STOPPED, |act, _| {
+            let stopped: Vec<String> = act
+                .owned
+                .iter()
+                .filter(|(_, o)| !o.chat.addr.connected())
+                .map(|(id, _)| id.clone())
+                .collect();
+            for chat_id in stopped {
+                if let Some(owned) = act.owned.remove(&chat_id) {
+                    owned.relay.do_send(StopRelay);
+                    act.release(&chat_id);
+                }
+            }
+        });
+    }
 }
 
 /// The chat this node owns under `chat_id`, with its epoch.
@@ -367,6 +552,157 @@ impl Handler<FindOwned> for ClusterNode {
     }
 }
 
+/// Where a client's chat runs, as seen from this node.
+#[derive(Clone)]
+pub enum Claimed {
+    /// Here: talk to the session.
+    Local(ChatHandle),
+    /// Another node holds the chat's live lease: follow and forward over NATS.
+    Remote,
+    /// Not an open chat any more (completed meanwhile).
+    NotOpen,
+}
+
+/// Serve open chat `chat_id` here if no other node owns it (an orphan is taken over at once,
+/// rather than on the next scan); says where it runs.
+#[derive(Message)]
+#[rtype(result = "Result<Claimed, String>")]
+pub struct ClaimChat(pub String);
+
+enum ClaimStep {
+    Done(Result<Claimed, String>),
+    Wait(oneshot::Receiver<Option<ChatHandle>>),
+}
+
+impl Handler<ClaimChat> for ClusterNode {
+    type Result = ResponseActFuture<Self, Result<Claimed, String>>;
+
+    fn handle(&mut self, ClaimChat(chat_id): ClaimChat, _: &mut Self::Context) -> Self::Result {
+        if let Some(owned) = self.owned.get(&chat_id)
+            && owned.chat.addr.connected()
+        {
+            return Box::pin(fut::ready(Ok(Claimed::Local(owned.chat.clone()))));
+        }
+        let (Some(leases), false) = (self.leases.clone(), self.draining) else {
+            return Box::pin(fut::ready(Ok(Claimed::Remote)));
+        };
+        let acquire = async move {
+            leases
+                .send(AcquireLease {
+                    chat_id: chat_id.clone(),
+                })
+                .await
+                .map(|lease| (chat_id, lease))
+        };
+        Box::pin(
+            acquire
+                .into_actor(self)
+                .map(|acquired, act, ctx| match acquired {
+                    Err(_) => ClaimStep::Done(Err("the lease manager stopped".into())),
+                    Ok((_, Err(e))) => ClaimStep::Done(Err(e.to_string())),
+                    Ok((_, Ok(None))) => ClaimStep::Done(Ok(Claimed::Remote)),
+                    Ok((chat_id, Ok(Some(epoch)))) => {
+                        if let Some(owned) = act.owned.get(&chat_id)
+                            && owned.chat.addr.connected()
+                        {
+                            return ClaimStep::Done(Ok(Claimed::Local(owned.chat.clone())));
+                        }
+                        let (tx, rx) = oneshot::channel();
+                        act.restore(chat_id, epoch, Some(tx), ctx);
+                        ClaimStep::Wait(rx)
+                    }
+                })
+                .then(|step, _, _| {
+                    fut::wrap_future::<_, Self>(async move {
+                        match step {
+                            ClaimStep::Done(result) => result,
+                            ClaimStep::Wait(rx) => Ok(match rx.await {
+                                Ok(Some(chat)) => Claimed::Local(chat),
+                                _ => Claimed::NotOpen,
+                            }),
+                        }
+                    })
+                }),
+        )
+    }
+}
+
+/// Take the lease of a chat about to be created here; its epoch, or `None` when this node
+/// takes no new chats (draining).
+#[derive(Message)]
+#[rtype(result = "Result<Option<i64>, String>")]
+pub struct LeaseNewChat(pub String);
+
+impl Handler<LeaseNewChat> for ClusterNode {
+    type Result = ResponseFuture<Result<Option<i64>, String>>;
+
+    fn handle(
+        &mut self,
+        LeaseNewChat(chat_id): LeaseNewChat,
+        _: &mut Self::Context,
+    ) -> Self::Result {
+        let (Some(leases), false) = (self.leases.clone(), self.draining) else {
+            return Box::pin(async { Ok(None) });
+        };
+        Box::pin(async move {
+            leases
+                .send(AcquireLease { chat_id })
+                .await
+                .map_err(|_| "the lease manager stopped".to_owned())?
+                .map_err(|e| e.to_string())
+        })
+    }
+}
+
+/// Serve a chat started here under the lease `epoch` (see [`LeaseNewChat`]).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ServeChat {
+    pub chat: ChatHandle,
+    pub epoch: i64,
+}
+
+impl Handler<ServeChat> for ClusterNode {
+    type Result = ();
+
+    fn handle(&mut self, msg: ServeChat, _: &mut Self::Context) {
+        self.serve(msg.chat, msg.epoch);
+    }
+}
+
+/// Graceful drain: take no more chats, release every lease (other nodes take the chats over
+/// on their next scan) and stop the chats here; answers how many leases were released.
+#[derive(Message)]
+#[rtype(result = "usize")]
+pub struct DrainNode;
+
+impl Handler<DrainNode> for ClusterNode {
+    type Result = ResponseActFuture<Self, usize>;
+
+    fn handle(&mut self, _: DrainNode, _: &mut Self::Context) -> Self::Result {
+        self.draining = true;
+        let leases = self.leases.clone();
+        let drain = async move {
+            match leases {
+                Some(leases) => leases
+                    .send(Drain)
+                    .await
+                    .map_or(0, |released| released.len()),
+                None => 0,
+            }
+        };
+        Box::pin(drain.into_actor(self).map(|released, act, _| {
+            // After the release: a write already under way is durable before a new owner's
+            // takeover, and anything later is fenced.
+            let chats: Vec<String> = act.owned.keys().cloned().collect();
+            for chat_id in chats {
+                act.drop_chat(&chat_id);
+            }
+            released
+        }))
+    }
+}
+
 impl Handler<tessera_cluster::OwnershipChange> for ClusterNode {
     type Result = ();
 
@@ -374,30 +710,14 @@ impl Handler<tessera_cluster::OwnershipChange> for ClusterNode {
         use tessera_cluster::OwnershipChange;
         match change {
             OwnershipChange::TakenOver { chat_id, epoch } => {
-                let engine = self.engine.clone();
-                let restoring = chat_id.clone();
-                let restore = async move { engine.take_over(&restoring).await };
-                ctx.spawn(restore.into_actor(self).map(move |restored, act, _| {
-                    match restored {
-                        Ok(Some(chat)) => {
-                            tracing::info!(chat_id = %chat_id, epoch, "serving a chat taken over");
-                            act.serve(chat, epoch);
-                        }
-                        // Completed meanwhile, or of a workflow this node does not serve.
-                        Ok(None) => {
-                            tracing::warn!(chat_id = %chat_id, epoch, "taken-over chat not started")
-                        }
-                        Err(e) => {
-                            tracing::error!(chat_id = %chat_id, epoch, error = %e, "taken-over chat could not be rebuilt")
-                        }
-                    }
-                }));
+                if self.owned.contains_key(&chat_id) {
+                    return;
+                }
+                self.restore(chat_id, epoch, None, ctx);
             }
             OwnershipChange::Lost { chat_id, epoch } => {
-                if let Some(owned) = self.owned.remove(&chat_id) {
+                if self.drop_chat(&chat_id).is_some() {
                     tracing::warn!(chat_id = %chat_id, epoch, "chat lost to another node");
-                    owned.chat.addr.do_send(tessera_engine::session::Relinquish);
-                    owned.relay.do_send(StopRelay);
                 }
             }
         }
@@ -414,5 +734,84 @@ impl Handler<StopRelay> for ChatRelay {
 
     fn handle(&mut self, _: StopRelay, ctx: &mut Self::Context) {
         ctx.stop();
+    }
+}
+
+/// First wait before forwarding a command again when no node serves the chat.
+const NO_OWNER_FIRST_RETRY: std::time::Duration = std::time::Duration::from_millis(50);
+/// Longest wait between such retries.
+const NO_OWNER_MAX_RETRY: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// A chat another node owns, as a socket on this node uses it: its events come through a
+/// [`RemoteFeed`], its commands are forwarded to the owner over NATS.
+#[derive(Clone)]
+pub struct RemoteChat {
+    pub chat_id: Arc<str>,
+    bus: ClusterBus,
+    store: Arc<dyn tessera_store::ChatStore>,
+    node: Addr<ClusterNode>,
+    /// How long a command waits for some node to serve the chat (a takeover under way).
+    patience: std::time::Duration,
+}
+
+impl RemoteChat {
+    /// Chat `chat_id`, followed over `bus` and read from `store`; `patience` bounds the wait
+    /// for a takeover (at least the lease TTL plus a scan).
+    pub fn new(
+        chat_id: Arc<str>,
+        bus: ClusterBus,
+        store: Arc<dyn tessera_store::ChatStore>,
+        node: Addr<ClusterNode>,
+        patience: std::time::Duration,
+    ) -> Self {
+        Self {
+            chat_id,
+            bus,
+            store,
+            node,
+            patience,
+        }
+    }
+
+    /// Forwards `command` to the chat's owner and returns its answer. "No responders" (no node
+    /// serves the chat: its owner died or is handing it over) is retried until `patience` runs
+    /// out, offering to take the chat over here each time; a timeout is not retried (the owner
+    /// may have carried the command out).
+    pub async fn forward(&self, command: ChatCommand) -> CommandReply {
+        let deadline = std::time::Instant::now() + self.patience;
+        let mut delay = NO_OWNER_FIRST_RETRY;
+        loop {
+            match self.bus.send_command(&self.chat_id, &command).await {
+                Ok(reply) => return reply,
+                Err(ClusterError::NoOwner(_)) if std::time::Instant::now() < deadline => {
+                    // Takes an orphan over here; a no-op while another node holds the lease.
+                    let _ = self.node.send(ClaimChat(self.chat_id.to_string())).await;
+                    actix_rt::time::sleep(delay).await;
+                    delay = (delay * 2).min(NO_OWNER_MAX_RETRY);
+                }
+                Err(ClusterError::Timeout(_)) => {
+                    return refused(
+                        ErrorCode::Internal,
+                        "the chat's node did not answer in time; check the chat and retry",
+                    );
+                }
+                Err(e) => {
+                    tracing::warn!(chat_id = %self.chat_id, error = %e, "command not forwarded");
+                    return refused(ErrorCode::Internal, "no node serves the chat right now");
+                }
+            }
+        }
+    }
+
+    /// Starts feeding `recipient` every event after `after_seq`.
+    pub fn feed(&self, after_seq: u64, recipient: Recipient<Deliver>) -> Addr<RemoteFeed> {
+        RemoteFeed::new(
+            self.chat_id.to_string(),
+            after_seq,
+            self.store.clone(),
+            self.bus.clone(),
+            recipient,
+        )
+        .start()
     }
 }

@@ -24,8 +24,6 @@ pub struct ClusterLimits {
 
 /// Opens (creating when missing) the deployment's limit buckets on `bus` and starts this
 /// node's `TenantBudgets` actor (it reserves the tenants' message budget in chunks).
-// Called by `serve.rs` once it runs in cluster mode (that wiring is not in yet).
-#[allow(dead_code)]
 pub async fn cluster_limits(
     config: &ServerConfig,
     bus: &ClusterBus,

@@ -70,6 +70,9 @@ pub struct ClusterConfig {
     pub node_id: Option<String>,
     /// Lease time to live in seconds; renewed every third of it, taken over after expiry.
     pub lease_ttl_s: u64,
+    /// First token of every NATS subject of the deployment (`TESSERA_NATS_PREFIX`), so
+    /// deployments sharing one NATS server never see each other's traffic.
+    pub subject_prefix: String,
 }
 
 impl Default for ClusterConfig {
@@ -78,6 +81,7 @@ impl Default for ClusterConfig {
             nats_url: None,
             node_id: None,
             lease_ttl_s: 10,
+            subject_prefix: "tessera".to_owned(),
         }
     }
 }
@@ -512,6 +516,9 @@ impl ServerConfig {
         }
         if let Some(v) = env("TESSERA_NODE_ID").filter(|v| !v.is_empty()) {
             config.cluster.node_id = Some(v);
+        }
+        if let Some(v) = env("TESSERA_NATS_PREFIX").filter(|v| !v.is_empty()) {
+            config.cluster.subject_prefix = v;
         }
         if let Some(v) = number("TESSERA_LEASE_TTL_S")? {
             config.cluster.lease_ttl_s = v;

@@ -145,7 +145,18 @@ impl FromRequest for OwnedChat {
         });
         Box::pin(async move {
             let (state, caller, chat_id) = found?;
-            let chat = owned_chat(&state, &caller, &chat_id).await?;
+            let chat = match locate_chat(&state, &caller, &chat_id).await? {
+                crate::ws::ChatLink::Local(chat) => chat,
+                // Known limit: REST calls are not forwarded between nodes (the WebSocket's
+                // are); an orphaned chat was taken over here by `locate_chat`.
+                crate::ws::ChatLink::Remote(_) => {
+                    return Err(ApiError::new(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "chat_on_another_node",
+                        "the chat runs on another node: use its WebSocket, or retry on that node",
+                    ));
+                }
+            };
             Ok(OwnedChat { caller, chat })
         })
     }
@@ -216,6 +227,71 @@ pub(crate) async fn owned_chat(
         .ok_or_else(ApiError::not_found)?;
     state.registry.do_send(RegisterChat(restored.clone()));
     Ok(restored)
+}
+
+/// Where the caller's chat `chat_id` runs: here, or (in a cluster) on another node. An open
+/// chat no node owns is taken over here; 404 for a chat of anyone else.
+pub(crate) async fn locate_chat(
+    state: &AppState,
+    caller: &Caller,
+    chat_id: &str,
+) -> Result<crate::ws::ChatLink, ApiError> {
+    use crate::cluster::Claimed;
+    use crate::ws::ChatLink;
+    let Some(cluster) = &state.cluster else {
+        return owned_chat(state, caller, chat_id)
+            .await
+            .map(ChatLink::Local);
+    };
+    let found = state
+        .registry
+        .send(FindChat {
+            chat_id: chat_id.to_owned(),
+            tenant: caller.tenant.clone(),
+            user: caller.user.clone(),
+        })
+        .await
+        .map_err(|_| unavailable())?;
+    if let Some(chat) = found {
+        return Ok(ChatLink::Local(chat));
+    }
+    // The store says whose chat it is and whether it is still open.
+    let stored = state.chats.load_chat(chat_id).await.map_err(|e| {
+        tracing::warn!(chat_id, error = %e, "cannot read the chat's record");
+        unavailable()
+    })?;
+    let Some(stored) =
+        stored.filter(|c| *c.record.tenant == *caller.tenant && *c.record.user_id == *caller.user)
+    else {
+        return Err(ApiError::not_found());
+    };
+    if stored.state.status == tessera_store::STATUS_COMPLETED {
+        return owned_chat(state, caller, chat_id)
+            .await
+            .map(ChatLink::Local);
+    }
+    let claimed = cluster
+        .node
+        .send(crate::cluster::ClaimChat(chat_id.to_owned()))
+        .await
+        .map_err(|_| unavailable())?
+        .map_err(|e| {
+            tracing::warn!(chat_id, error = %e, "cannot claim the chat");
+            unavailable()
+        })?;
+    match claimed {
+        Claimed::Local(chat) => Ok(ChatLink::Local(chat)),
+        Claimed::Remote => Ok(ChatLink::Remote(crate::cluster::RemoteChat::new(
+            std::sync::Arc::from(chat_id),
+            cluster.bus.clone(),
+            state.chats.clone(),
+            cluster.node.clone(),
+            cluster.patience,
+        ))),
+        Claimed::NotOpen => owned_chat(state, caller, chat_id)
+            .await
+            .map(ChatLink::Local),
+    }
 }
 
 /// Registers all routes.
@@ -348,21 +424,22 @@ pub(crate) async fn start_chat(
         }
         Err(QuotaRefusal::Unavailable) => return Err(unavailable()),
     };
-    let created = state
-        .engine
-        .start_chat(NewChat {
-            tenant: caller.tenant.to_string(),
-            user: caller.user.to_string(),
-            workflow,
-            context,
-            chat_id,
-        })
-        .await;
+    let new = NewChat {
+        tenant: caller.tenant.to_string(),
+        user: caller.user.to_string(),
+        workflow,
+        context,
+        chat_id,
+    };
+    let created = match &state.cluster {
+        None => state.engine.start_chat(new).await.map_err(ApiError::from),
+        Some(cluster) => start_leased_chat(state, cluster, new).await,
+    };
     let handle = match created {
         Ok(handle) => handle,
         Err(e) => {
             slot.abandon().await;
-            return Err(e.into());
+            return Err(e);
         }
     };
     if state
@@ -378,6 +455,41 @@ pub(crate) async fn start_chat(
     state.metrics.chats_created.fetch_add(1, Ordering::Relaxed);
     state.metrics.chats_open.fetch_add(1, Ordering::Relaxed);
     tracing::info!(chat_id = %handle.identity.chat_id, tenant = %caller.tenant, workflow = %handle.workflow, "chat created");
+    Ok(handle)
+}
+
+/// Starts a chat in a cluster: its lease first, so every durable write of it is fenced from
+/// the start and no other node can take it.
+async fn start_leased_chat(
+    state: &AppState,
+    cluster: &crate::serve::ClusterHandles,
+    mut new: NewChat,
+) -> Result<ChatHandle, ApiError> {
+    let chat_id = new
+        .chat_id
+        .get_or_insert_with(|| format!("chat_{}", uuid::Uuid::new_v4().simple()))
+        .clone();
+    let epoch = cluster
+        .node
+        .send(crate::cluster::LeaseNewChat(chat_id.clone()))
+        .await
+        .map_err(|_| unavailable())?
+        .map_err(|e| {
+            tracing::warn!(chat_id = %chat_id, error = %e, "cannot take the new chat's lease");
+            unavailable()
+        })?
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "this node is shutting down; retry on another",
+            )
+        })?;
+    let handle = state.engine.start_fenced_chat(new, Some(epoch)).await?;
+    cluster.node.do_send(crate::cluster::ServeChat {
+        chat: handle.clone(),
+        epoch,
+    });
     Ok(handle)
 }
 
@@ -630,7 +742,7 @@ async fn websocket(
         .ws_caller(&req, &path, query.ticket.as_deref())
         .await
         .map_err(caller_error)?;
-    let chat = owned_chat(&state, &caller, &path).await?;
+    let chat = locate_chat(&state, &caller, &path).await?;
     crate::ws::upgrade(
         &req,
         stream,
@@ -659,10 +771,10 @@ async fn ws_ticket(
     state: web::Data<AppState>,
     body: web::Json<TicketRequest>,
 ) -> Result<HttpResponse, ApiError> {
-    let chat = owned_chat(&state, &caller, &body.chat_id).await?;
+    let chat = locate_chat(&state, &caller, &body.chat_id).await?;
     let (ticket, ttl) = state
         .auth
-        .issue_ticket(&caller, &chat.identity.chat_id)
+        .issue_ticket(&caller, chat.chat_id())
         .await
         .map_err(caller_error)?;
     Ok(HttpResponse::Ok().json(json!({"ticket": ticket, "expires_in_s": ttl})))

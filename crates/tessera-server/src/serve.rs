@@ -55,7 +55,26 @@ pub struct AppState {
     pub connections: Addr<crate::ws::ConnectionHub>,
     /// Where the workflows live; the web client loads their `ui/*.js` components from here.
     pub workflows_dir: std::path::PathBuf,
+    /// Cluster mode (`cluster.nats_url`): this node's part of the service.
+    pub cluster: Option<ClusterHandles>,
 }
+
+/// What a node of a cluster uses to own, find and reach chats (see ARCHITECTURE.md, "Several
+/// nodes").
+pub struct ClusterHandles {
+    /// Starts, serves and gives up this node's chats (it holds the `LeaseManager`).
+    pub node: Addr<crate::cluster::ClusterNode>,
+    /// NATS: live events and forwarded commands of chats other nodes own.
+    pub bus: tessera_cluster::ClusterBus,
+    /// How long a forwarded command waits for a node to serve its chat (a takeover).
+    pub patience: Duration,
+}
+
+/// How long a forwarded command waits for its owner's answer over NATS.
+const CLUSTER_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Orphaned chats a node takes over per scan at most.
+const TAKEOVER_BATCH: i64 = 64;
 
 /// Chooses where the chats' models come from: the configured endpoint, else the demo scripts.
 fn model_source(config: &ServerConfig) -> anyhow::Result<ModelSource> {
@@ -121,6 +140,66 @@ fn workflow_summary(workflow: &Workflow, demo: bool) -> Value {
     })
 }
 
+/// Connects to NATS: the bus of this node and the counters it keeps.
+async fn connect_cluster_bus(
+    url: &str,
+    config: &ServerConfig,
+) -> anyhow::Result<(tessera_cluster::ClusterBus, Arc<tessera_cluster::ClusterMetrics>)> {
+    let metrics = Arc::new(tessera_cluster::ClusterMetrics::default());
+    let bus = tessera_cluster::ClusterBus::connect(
+        url,
+        &config.cluster.node_id(),
+        &config.cluster.subject_prefix,
+        CLUSTER_REQUEST_TIMEOUT,
+        metrics.clone(),
+    )
+    .await
+    .with_context(|| {
+        format!(
+            "cannot connect to NATS at {}",
+            crate::config::redact_url(url)
+        )
+    })?;
+    Ok((bus, metrics))
+}
+
+/// Starts this node's `ClusterNode` with its `LeaseManager`.
+async fn start_cluster_node(
+    (bus, metrics): (tessera_cluster::ClusterBus, Arc<tessera_cluster::ClusterMetrics>),
+    config: &ServerConfig,
+    leases: Arc<dyn tessera_store::LeaseStore>,
+    engine: Engine,
+    registry: Addr<ChatRegistry>,
+) -> anyhow::Result<ClusterHandles> {
+    let node_id = config.cluster.node_id();
+    let ttl = config.cluster.lease_ttl();
+    let lease_config = tessera_cluster::LeaseManagerConfig {
+        node_id: node_id.clone(),
+        ttl,
+        takeover_batch: TAKEOVER_BATCH,
+    };
+    let relay_bus = bus.clone();
+    let node = crate::cluster::ClusterNode::create(move |ctx| {
+        let manager = tessera_cluster::LeaseManager::new(
+            leases,
+            lease_config,
+            ctx.address().recipient(),
+            metrics,
+        )
+        .start();
+        crate::cluster::ClusterNode::new(engine, relay_bus)
+            .with_leases(manager)
+            .with_registry(registry)
+    });
+    tracing::info!(node = %node_id, lease_ttl_s = ttl.as_secs(), "cluster mode: leases in PostgreSQL, routing over NATS");
+    Ok(ClusterHandles {
+        node,
+        bus,
+        // Lease expiry, the next orphan scan (a third of the TTL) and the restore.
+        patience: ttl * 2 + Duration::from_secs(5),
+    })
+}
+
 /// Pending connections the listening socket queues (as actix-web's own `bind` does; the
 /// operating system's default of 128 drops connections under a burst of clients).
 const LISTEN_BACKLOG: i32 = 2048;
@@ -146,15 +225,17 @@ pub async fn run(
     config: ServerConfig,
     shutdown: impl Future<Output = ()> + 'static,
 ) -> anyhow::Result<()> {
-    if config.cluster.enabled() {
-        // Refused rather than ignored: a node that believed it was alone would run chats
-        // another node also runs.
-        anyhow::bail!(
-            "cluster.nats_url / TESSERA_NATS_URL is set, but this build does not run several nodes yet (leases, routing and failover are not wired into `tessera serve`); unset it to run a single node"
-        );
-    }
-    // Cluster mode passes `Some(crate::cluster_limits::cluster_limits(&config, &bus).await?)`.
-    let limit_seams = crate::cluster_limits::LimitSeams::new(&config, None);
+    // A cluster node reaches NATS first: tickets, the tenant budget and the open-chat quota
+    // are shared through it from the first request on.
+    let cluster_link = match &config.cluster.nats_url {
+        Some(url) => Some(connect_cluster_bus(url, &config).await?),
+        None => None,
+    };
+    let cluster_limits = match &cluster_link {
+        Some((bus, _)) => Some(crate::cluster_limits::cluster_limits(&config, bus).await?),
+        None => None,
+    };
+    let limit_seams = crate::cluster_limits::LimitSeams::new(&config, cluster_limits.as_ref());
     let auth = limit_seams.tickets_for(Authenticator::new(config.tenants.clone(), &config.auth)?);
     if auth.dev_mode() {
         tracing::warn!("no tenants or JWT configured: DEV MODE, every request is trusted");
@@ -199,6 +280,15 @@ pub async fn run(
         .collect();
     let store = stores.chats();
     let artifacts = stores.artifacts();
+    let lease_store = match (config.cluster.enabled(), stores.leases()) {
+        (false, _) => None,
+        (true, Some(leases)) => Some(leases),
+        // Refused rather than ignored: nodes on separate SQLite files would each run the
+        // same chats.
+        (true, None) => anyhow::bail!(
+            "cluster.nats_url / TESSERA_NATS_URL is set, but the store is SQLite: several nodes must share one PostgreSQL database (set store.url / TESSERA_STORE_URL to postgres://...)"
+        ),
+    };
     let services = ToolServices {
         tasks: stores.tasks(),
         artifacts: artifacts.clone(),
@@ -270,10 +360,24 @@ pub async fn run(
         models.clone(),
     ));
     let registry = ChatRegistry::default().start();
-    let restored = engine
-        .rehydrate()
-        .await
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let cluster_metrics = cluster_link.as_ref().map(|(_, metrics)| metrics.clone());
+    let readiness_bus = cluster_link.as_ref().map(|(bus, _)| bus.clone());
+    let cluster = match (cluster_link, lease_store) {
+        (Some(link), Some(leases)) => Some(
+            start_cluster_node(link, &config, leases, engine.clone(), registry.clone()).await?,
+        ),
+        _ => None,
+    };
+    // In a cluster the open chats belong to whichever node holds their lease: the orphan scan
+    // takes over those nobody holds, instead of every node rebuilding every chat.
+    let restored = if cluster.is_some() {
+        Vec::new()
+    } else {
+        engine
+            .rehydrate()
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}"))?
+    };
     if !restored.is_empty() {
         tracing::info!(
             chats = restored.len(),
@@ -307,9 +411,8 @@ pub async fn run(
         rest_budget: crate::limits::RestInputBudget::new(config.limits.rest_inputs_per_minute),
         chat_quota: limit_seams.chat_quota.clone(),
         metrics,
-        // Cluster mode: `Some(cluster metrics)` and the bus for the readiness probe.
-        cluster_metrics: None,
-        readiness: crate::readiness::Readiness::new(store.clone(), None),
+        cluster_metrics,
+        readiness: crate::readiness::Readiness::new(store.clone(), readiness_bus),
         limits: Arc::new(config.limits.clone()),
         artifacts,
         chats: store.clone(),
@@ -317,7 +420,9 @@ pub async fn run(
         shutting_down: shutting_down.clone(),
         connections,
         workflows_dir: config.workflows_dir.clone(),
+        cluster,
     });
+    let draining = state.cluster.as_ref().map(|c| c.node.clone());
     let workers = if config.http_workers == 0 {
         std::thread::available_parallelism().map_or(1, |n| n.get())
     } else {
@@ -354,6 +459,12 @@ pub async fn run(
         shutdown.await;
         tracing::info!("shutting down: no new connections; closing sockets");
         flag.store(true, Ordering::Relaxed);
+        if let Some(node) = draining {
+            // Leases released now, so other nodes take the chats over on their next scan
+            // instead of after the TTL.
+            let released = node.send(crate::cluster::DrainNode).await.unwrap_or(0);
+            tracing::info!(leases = released, "drained: leases released to other nodes");
+        }
         let closed = hub.send(crate::ws::CloseAll).await.unwrap_or(0);
         tracing::info!(sockets = closed, "closed sockets with 1001 (going away)");
         handle.stop(true).await;

@@ -217,11 +217,31 @@ impl Handler<StopOutbox> for Outbox {
     }
 }
 
+/// Where a socket's chat runs: on this node, or (in a cluster) on another node, followed and
+/// driven over NATS.
+pub enum ChatLink {
+    Local(ChatHandle),
+    Remote(crate::cluster::RemoteChat),
+}
+
+impl ChatLink {
+    /// The chat's id.
+    pub fn chat_id(&self) -> &Arc<str> {
+        match self {
+            Self::Local(chat) => &chat.identity.chat_id,
+            Self::Remote(remote) => &remote.chat_id,
+        }
+    }
+}
+
 /// One client socket of one chat.
 pub struct WsConnection {
-    chat: ChatHandle,
+    chat: ChatLink,
+    chat_id: Arc<str>,
     after_seq: u64,
     subscription: Option<u64>,
+    /// The feed of a remote chat's events (instead of `subscription`).
+    remote_feed: Option<Addr<crate::cluster::RemoteFeed>>,
     limits: Arc<Limits>,
     metrics: Arc<Metrics>,
     tenant_budget: Arc<TenantBudget>,
@@ -246,12 +266,14 @@ pub struct WsConnection {
 
 impl WsConnection {
     /// A connection that first replays the chat's events after `after_seq`.
-    pub fn new(chat: ChatHandle, after_seq: u64, shared: ConnectionShared) -> Self {
+    pub fn new(chat: ChatLink, after_seq: u64, shared: ConnectionShared) -> Self {
         let now = Instant::now();
         Self {
+            chat_id: chat.chat_id().clone(),
             chat,
             after_seq,
             subscription: None,
+            remote_feed: None,
             limits: shared.limits,
             metrics: shared.metrics,
             tenant_budget: shared.tenant_budget,
@@ -270,14 +292,29 @@ impl WsConnection {
         }
     }
 
-    fn subscribe(&mut self, after_seq: u64, ctx: &mut ws::WebsocketContext<Self>) {
-        if let Some(old) = self.subscription.take() {
-            self.chat.addr.do_send(Unsubscribe(old));
+    /// Ends the current subscription (local) or feed (remote).
+    fn unsubscribe(&mut self) {
+        if let (Some(old), ChatLink::Local(chat)) = (self.subscription.take(), &self.chat) {
+            chat.addr.do_send(Unsubscribe(old));
         }
+        if let Some(feed) = self.remote_feed.take() {
+            feed.do_send(crate::cluster::StopFeed);
+        }
+    }
+
+    fn subscribe(&mut self, after_seq: u64, ctx: &mut ws::WebsocketContext<Self>) {
+        self.unsubscribe();
         let Some(outbox) = &self.outbox else {
             return;
         };
-        let request = self.chat.addr.send(Subscribe {
+        let chat = match &self.chat {
+            ChatLink::Local(chat) => chat,
+            ChatLink::Remote(remote) => {
+                self.remote_feed = Some(remote.feed(after_seq, outbox.clone().recipient()));
+                return;
+            }
+        };
+        let request = chat.addr.send(Subscribe {
             recipient: outbox.clone().recipient(),
             after_seq,
         });
@@ -304,7 +341,7 @@ impl WsConnection {
         ctx.text(
             Envelope {
                 seq: 0,
-                chat_id: &self.chat.identity.chat_id,
+                chat_id: &self.chat_id,
                 timestamp: &timestamp,
                 event,
             }
@@ -367,7 +404,7 @@ impl WsConnection {
         self.strikes = self.strikes.saturating_add(1);
         self.metrics.ws_rate_limited.fetch_add(1, Ordering::Relaxed);
         if self.strikes >= self.limits.rate_limit_strikes.max(1) {
-            tracing::warn!(chat_id = %self.chat.identity.chat_id, "closing a websocket that keeps exceeding its rate limit");
+            tracing::warn!(chat_id = %self.chat_id, "closing a websocket that keeps exceeding its rate limit");
             self.close_with(ctx, ws::CloseCode::Policy, "rate limit exceeded");
         } else {
             self.send_error(
@@ -396,13 +433,21 @@ impl WsConnection {
                 return;
             }
         };
+        let chat = match &self.chat {
+            ChatLink::Local(chat) => chat.addr.clone(),
+            ChatLink::Remote(remote) => {
+                let remote = remote.clone();
+                self.forward(remote, message, ctx);
+                return;
+            }
+        };
         match message {
             ClientMessage::UserMessage {
                 content,
                 client_msg_id,
             } => {
                 let request = crate::telemetry::send_input(
-                    self.chat.addr.clone(),
+                    chat.clone(),
                     UserInput {
                         content,
                         client_msg_id: client_msg_id.clone(),
@@ -426,7 +471,7 @@ impl WsConnection {
             }
             ClientMessage::ToolResponse(frame) => {
                 let corr = frame.corr.clone();
-                let request = self.chat.addr.send(ToolAnswer {
+                let request = chat.send(ToolAnswer {
                     corr: frame.corr,
                     response: frame.raw,
                 });
@@ -447,11 +492,58 @@ impl WsConnection {
             }
             ClientMessage::Resume { last_seq } => self.subscribe(last_seq, ctx),
             ClientMessage::Cancel => {
-                self.chat.addr.do_send(CancelRun);
+                chat.do_send(CancelRun);
                 self.ack(ctx, "cancel", None);
             }
             ClientMessage::Ping => self.ack(ctx, "pong", None),
         }
+    }
+
+    /// Carries out a client frame for a chat another node owns: commands go to the owner over
+    /// NATS and are acked (or refused) as the owner answers.
+    fn forward(
+        &mut self,
+        remote: crate::cluster::RemoteChat,
+        message: ClientMessage,
+        ctx: &mut ws::WebsocketContext<Self>,
+    ) {
+        use tessera_cluster::{ChatCommand, CommandReply};
+        let (command, kind, ack_id) = match message {
+            ClientMessage::UserMessage {
+                content,
+                client_msg_id,
+            } => (
+                ChatCommand::Input {
+                    content,
+                    client_msg_id: client_msg_id.clone(),
+                },
+                "user_message",
+                client_msg_id,
+            ),
+            ClientMessage::ToolResponse(frame) => (
+                ChatCommand::ToolAnswer {
+                    corr: frame.corr.clone(),
+                    response: frame.raw,
+                },
+                "tool_response",
+                Some(frame.corr),
+            ),
+            ClientMessage::Cancel => (ChatCommand::Cancel, "cancel", None),
+            ClientMessage::Resume { last_seq } => return self.subscribe(last_seq, ctx),
+            ClientMessage::Ping => return self.ack(ctx, "pong", None),
+        };
+        let answer = async move { remote.forward(command).await };
+        ctx.spawn(
+            answer
+                .into_actor(self)
+                .map(move |reply, act, ctx| match reply {
+                    CommandReply::Accepted => act.ack(ctx, kind, ack_id),
+                    CommandReply::Refused { code, message } => {
+                        let code = ErrorCode::from_wire(&code).unwrap_or(ErrorCode::Internal);
+                        act.send_error(ctx, code, message, true);
+                    }
+                }),
+        );
     }
 }
 
@@ -494,9 +586,7 @@ impl Actor for WsConnection {
         if let Some(id) = self.hub_id.take() {
             self.hub.do_send(Leave(id));
         }
-        if let Some(id) = self.subscription.take() {
-            self.chat.addr.do_send(Unsubscribe(id));
-        }
+        self.unsubscribe();
     }
 }
 
@@ -616,15 +706,15 @@ impl WsConnection {
                 ctx.stop();
             }
             Err(_) if self.guard.violation() == Some(Violation::TooLarge) => {
-                tracing::warn!(chat_id = %self.chat.identity.chat_id, "closing a websocket whose frame announces more than the hard limit");
+                tracing::warn!(chat_id = %self.chat_id, "closing a websocket whose frame announces more than the hard limit");
                 self.close_with(ctx, ws::CloseCode::Size, "frame too large");
             }
             Err(_) if self.guard.violation() == Some(Violation::InvalidUtf8) => {
-                tracing::debug!(chat_id = %self.chat.identity.chat_id, "closing a websocket that sent text that is not UTF-8");
+                tracing::debug!(chat_id = %self.chat_id, "closing a websocket that sent text that is not UTF-8");
                 self.close_with(ctx, ws::CloseCode::Invalid, "text is not UTF-8");
             }
             Err(err) => {
-                tracing::debug!(chat_id = %self.chat.identity.chat_id, error = %err, "websocket protocol error");
+                tracing::debug!(chat_id = %self.chat_id, error = %err, "websocket protocol error");
                 ctx.close(Some(ws::CloseReason {
                     code: ws::CloseCode::Protocol,
                     description: None,
@@ -642,7 +732,7 @@ impl WsConnection {
 pub fn upgrade(
     req: &HttpRequest,
     stream: web::Payload,
-    chat: ChatHandle,
+    chat: ChatLink,
     after_seq: u64,
     shared: ConnectionShared,
 ) -> Result<HttpResponse, actix_web::Error> {

@@ -255,7 +255,17 @@ async fn a_reader_on_another_node_gets_replay_then_live_events_without_gap_or_du
             .collect();
         // The greeting's request, then one per turn.
         if input_requests >= 3 && texts.iter().any(|t| t.contains("Buy bread")) {
-            let seqs: Vec<u64> = seen.iter().filter_map(|e| e["seq"].as_u64()).collect();
+            // Logged events only: the replay's `chat.resume_boundary` is connection-scoped.
+            let seqs: Vec<u64> = seen
+                .iter()
+                .filter_map(|e| e["seq"].as_u64())
+                .filter(|s| *s > 0)
+                .collect();
+            let boundaries = seen
+                .iter()
+                .filter(|e| e["type"] == "chat.resume_boundary")
+                .count();
+            assert_eq!(boundaries, 1, "the replay ends with one resume boundary");
             assert_eq!(
                 seqs,
                 (1..=seqs.len() as u64).collect::<Vec<_>>(),

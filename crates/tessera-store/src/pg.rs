@@ -439,9 +439,14 @@ impl LeaseStore for PgStore {
                 return Ok(Vec::new());
             }
             let renewed: Vec<String> = sqlx::query(
-                "UPDATE chat_leases AS l SET expires_at = now() + $4 * INTERVAL '1 millisecond' \
-                 FROM UNNEST($2::TEXT[], $3::BIGINT[]) AS h(chat_id, epoch) \
-                 WHERE l.chat_id = h.chat_id AND l.epoch = h.epoch AND l.node = $1 \
+                // Rows locked in chat id order, as fenced write groups lock them (no
+                // deadlock between a renewal and a group).
+                "WITH held AS (SELECT l.chat_id FROM chat_leases AS l \
+                    JOIN UNNEST($2::TEXT[], $3::BIGINT[]) AS h(chat_id, epoch) \
+                    ON l.chat_id = h.chat_id AND l.epoch = h.epoch AND l.node = $1 \
+                    ORDER BY l.chat_id FOR UPDATE OF l) \
+                 UPDATE chat_leases AS l SET expires_at = now() + $4 * INTERVAL '1 millisecond' \
+                 FROM held WHERE l.chat_id = held.chat_id \
                  RETURNING l.chat_id",
             )
             .bind(&node)

@@ -111,6 +111,10 @@ async fn run(pool: PgPool, mut queue: mpsc::UnboundedReceiver<Command>) {
             }
         }
         if !group.is_empty() {
+            // Chat by chat in id order (stable: one chat's writes keep their order), so the
+            // lease rows a fenced group locks FOR SHARE are taken in the same order as a lease
+            // renewal's row locks: no deadlock between the two.
+            group.sort_by(|a, b| a.write.chat_id().cmp(b.write.chat_id()));
             let results = match &mut conn {
                 Some(c) => commit_group(c, &group).await,
                 None => match pool.acquire().await {

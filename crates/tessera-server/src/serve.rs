@@ -144,7 +144,10 @@ fn workflow_summary(workflow: &Workflow, demo: bool) -> Value {
 async fn connect_cluster_bus(
     url: &str,
     config: &ServerConfig,
-) -> anyhow::Result<(tessera_cluster::ClusterBus, Arc<tessera_cluster::ClusterMetrics>)> {
+) -> anyhow::Result<(
+    tessera_cluster::ClusterBus,
+    Arc<tessera_cluster::ClusterMetrics>,
+)> {
     let metrics = Arc::new(tessera_cluster::ClusterMetrics::default());
     let bus = tessera_cluster::ClusterBus::connect(
         url,
@@ -165,7 +168,10 @@ async fn connect_cluster_bus(
 
 /// Starts this node's `ClusterNode` with its `LeaseManager`.
 async fn start_cluster_node(
-    (bus, metrics): (tessera_cluster::ClusterBus, Arc<tessera_cluster::ClusterMetrics>),
+    (bus, metrics): (
+        tessera_cluster::ClusterBus,
+        Arc<tessera_cluster::ClusterMetrics>,
+    ),
     config: &ServerConfig,
     leases: Arc<dyn tessera_store::LeaseStore>,
     engine: Engine,
@@ -363,9 +369,9 @@ pub async fn run(
     let cluster_metrics = cluster_link.as_ref().map(|(_, metrics)| metrics.clone());
     let readiness_bus = cluster_link.as_ref().map(|(bus, _)| bus.clone());
     let cluster = match (cluster_link, lease_store) {
-        (Some(link), Some(leases)) => Some(
-            start_cluster_node(link, &config, leases, engine.clone(), registry.clone()).await?,
-        ),
+        (Some(link), Some(leases)) => {
+            Some(start_cluster_node(link, &config, leases, engine.clone(), registry.clone()).await?)
+        }
         _ => None,
     };
     // In a cluster the open chats belong to whichever node holds their lease: the orphan scan

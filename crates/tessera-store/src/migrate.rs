@@ -23,10 +23,15 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "chat_workflow_version",
         include_str!("../migrations/0003_chat_workflow_version.sql"),
     ),
+    (
+        4,
+        "open_chats_by_tenant",
+        include_str!("../migrations/0004_open_chats_by_tenant.sql"),
+    ),
 ];
 
 /// Highest schema version this build knows.
-pub(crate) const LATEST_VERSION: i64 = 3;
+pub(crate) const LATEST_VERSION: i64 = 4;
 
 /// Bring the schema up to [`LATEST_VERSION`]; a no-op when it already is.
 pub(crate) async fn run(pool: &SqlitePool) -> Result<(), StoreError> {

@@ -97,7 +97,7 @@ async fn the_workflow_version_round_trips_and_older_chats_get_an_empty_one() {
         .unwrap();
     }
     let store = SqliteStore::open(&path).await.unwrap();
-    assert_eq!(store.schema_version().await.unwrap(), 3);
+    assert_eq!(store.schema_version().await.unwrap(), 4);
     let old = store
         .load_chat("old")
         .await

@@ -11,14 +11,21 @@ use crate::StoreError;
 use crate::convert::now_ms;
 
 /// (version, name, SQL), ascending by version. Append only.
-const MIGRATIONS: &[(i64, &str, &str)] = &[(
-    1,
-    "init",
-    include_str!("../../migrations/postgres/0001_init.sql"),
-)];
+const MIGRATIONS: &[(i64, &str, &str)] = &[
+    (
+        1,
+        "init",
+        include_str!("../../migrations/postgres/0001_init.sql"),
+    ),
+    (
+        2,
+        "open_chats_by_tenant",
+        include_str!("../../migrations/postgres/0002_open_chats_by_tenant.sql"),
+    ),
+];
 
 /// Highest schema version this build knows.
-pub(crate) const LATEST_VERSION: i64 = 1;
+pub(crate) const LATEST_VERSION: i64 = 2;
 
 /// Bring the schema up to [`LATEST_VERSION`]; a no-op when it already is.
 pub(crate) async fn run(pool: &PgPool) -> Result<(), StoreError> {

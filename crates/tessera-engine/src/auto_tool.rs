@@ -126,6 +126,9 @@ pub enum AutoToolOutcome {
     NoBinding,
     /// The structured data failed the model's schema: nothing ran.
     Invalid(String),
+    /// The chat left memory while its UI call waited: the call is still pending in the store
+    /// and nothing was announced or completed.
+    Released,
 }
 
 /// The per-arbiter auto-tool actor.
@@ -310,6 +313,9 @@ fn wait_for_ui(
     });
     async move {
         let outcome = wait.await.unwrap_or(UiOutcome::Cancelled);
+        if outcome == UiOutcome::Released {
+            return AutoToolOutcome::Released;
+        }
         let ended = interpret_ui_outcome(&binding, corr, &agent_message_id, outcome);
         finish(&binding, &ctx, ended, &parts)
     }
@@ -347,7 +353,10 @@ fn interpret_ui_outcome(
             None,
             Vec::new(),
         ),
-        UiOutcome::Cancelled => (tessera_tools::ui_cancelled_result(), None, Vec::new()),
+        // Released never gets here (`wait_for_ui` returns first); read as a cancel if it did.
+        UiOutcome::Cancelled | UiOutcome::Released => {
+            (tessera_tools::ui_cancelled_result(), None, Vec::new())
+        }
         UiOutcome::Disconnected => (
             ToolErrorResult::new(
                 Some("connection_lost"),

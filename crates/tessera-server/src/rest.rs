@@ -25,7 +25,7 @@ use tessera_protocol::{ErrorCode, ServerEvent, ToolCallEvent};
 use tokio::sync::oneshot;
 
 use crate::auth::{AuthError, Caller};
-use crate::registry::{FindChat, RegisterChat};
+use crate::registry::{OpenChat, RegisterChat};
 use crate::serve::AppState;
 
 /// A REST error: status, stable code, and a sentence for humans.
@@ -194,26 +194,25 @@ pub(crate) async fn owned_chat(
     caller: &Caller,
     chat_id: &str,
 ) -> Result<ChatHandle, ApiError> {
-    let found = state
+    // A chat not in memory (completed, or open and left idle, or from before a restart) is
+    // rebuilt from the store by the registry, once however many lookups ask at the same time.
+    state
         .registry
-        .send(FindChat {
+        .send(OpenChat {
             chat_id: chat_id.to_owned(),
             tenant: caller.tenant.clone(),
             user: caller.user.clone(),
         })
         .await
-        .map_err(|_| unavailable())?;
-    if let Some(chat) = found {
-        return Ok(chat);
-    }
-    // A chat that completed before a restart is not kept in memory: rebuild it on demand.
-    let restored = state
-        .engine
-        .restore_completed_chat(chat_id, &caller.tenant, &caller.user)
-        .await?
-        .ok_or_else(ApiError::not_found)?;
-    state.registry.do_send(RegisterChat(restored.clone()));
-    Ok(restored)
+        .map_err(|_| unavailable())?
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                ErrorCode::Internal.as_str(),
+                e.to_string(),
+            )
+        })?
+        .ok_or_else(ApiError::not_found)
 }
 
 /// Registers all routes.
@@ -260,7 +259,7 @@ async fn metrics(state: web::Data<AppState>) -> HttpResponse {
     crate::metrics::write_metric(
         &mut text,
         "tessera_chats_in_memory",
-        "Chat sessions held in memory (completed ones leave and are rebuilt on demand).",
+        "Chat sessions held in memory (completed and idle open ones leave and are rebuilt on demand).",
         "gauge",
         i64::try_from(state.engine.chats_in_memory()).unwrap_or(i64::MAX),
     );
@@ -323,20 +322,18 @@ pub(crate) async fn start_chat(
 ) -> Result<ChatHandle, ApiError> {
     let limit = state.limits.max_open_chats_per_tenant;
     // Held until the chat is registered, so concurrent creations cannot overshoot the cap.
-    let lock = state.chat_quota.tenant_lock(&caller.tenant);
-    let _guard = lock.lock().await;
+    let _turn = state.chat_quota.turn(&caller.tenant).await;
     if limit > 0 {
-        let chats = state
-            .registry
-            .send(crate::registry::TenantChats(caller.tenant.clone()))
+        // Counted in the store: open chats that left memory count too.
+        let open = state
+            .chats
+            .count_open_chats(&caller.tenant)
             .await
-            .map_err(|_| unavailable())?;
-        if state
-            .chat_quota
-            .open_count(&caller.tenant, chats, limit)
-            .await
-            >= limit
-        {
+            .map_err(|e| {
+                tracing::error!(tenant = %caller.tenant, error = %e, "cannot count open chats");
+                unavailable()
+            })?;
+        if open >= u64::try_from(limit).unwrap_or(u64::MAX) {
             return Err(ApiError::new(
                 StatusCode::TOO_MANY_REQUESTS,
                 "too_many_chats",

@@ -202,6 +202,7 @@ pub async fn run(
         model_call_deadline: Duration::from_secs_f64(config.llm.call_deadline_s),
         max_tokens: config.llm.max_tokens,
         vault_key: Some(Arc::new(tessera_engine::secrets::VaultKey::new(vault_key))),
+        idle_evict: config.limits.idle_chat_evict(),
         ..EngineConfig::default()
     };
     let metrics = Arc::new(Metrics::default());
@@ -245,7 +246,7 @@ pub async fn run(
         config.data_dir.clone(),
         models.clone(),
     ));
-    let registry = ChatRegistry::default().start();
+    let registry = ChatRegistry::new(engine.clone()).start();
     let restored = engine
         .rehydrate()
         .await

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use integration_tests::server::{ServerOptions, TestServer};
 use integration_tests::wsclient::WsClient;
-use integration_tests::{loadgen_bin, workspace_root};
+use integration_tests::{copy_dir, loadgen_bin, workspace_root};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
@@ -183,16 +183,4 @@ async fn generator_structured_agents_get_schema_valid_output_and_reach_their_ui_
         "no errors: {:?}",
         ws.of("chat.error")
     );
-}
-
-fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
-    for entry in std::fs::read_dir(from).into_iter().flatten().flatten() {
-        let target = to.join(entry.file_name());
-        if entry.path().is_dir() {
-            std::fs::create_dir_all(&target).unwrap_or_else(|e| panic!("{e}"));
-            copy_dir(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), &target).unwrap_or_else(|e| panic!("{e}"));
-        }
-    }
 }

@@ -217,3 +217,41 @@ impl Handler<RegistrySize> for ChatRegistry {
         MessageResult((self.chats.len(), self.rebuilding.len()))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_engine::{EngineConfig, EngineHooks};
+    use tessera_tools::BuiltinRegistry;
+
+    #[actix::test]
+    async fn concurrent_lookups_of_a_missing_chat_share_one_rebuild_and_leave_nothing_behind() {
+        let config = EngineConfig {
+            arbiters: 1,
+            ..EngineConfig::default()
+        };
+        let engine = Engine::start(
+            Vec::new(),
+            &BuiltinRegistry::default(),
+            config,
+            EngineHooks::default(),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let registry = ChatRegistry::new(engine).start();
+        let lookups = (0..10).map(|i| {
+            registry.send(OpenChat {
+                chat_id: "chat_missing".into(),
+                tenant: Arc::from("t"),
+                user: Arc::from(if i % 2 == 0 { "u1" } else { "u2" }),
+            })
+        });
+        for answer in futures::future::join_all(lookups).await {
+            assert!(matches!(answer, Ok(Ok(None))), "no such chat for anyone");
+        }
+        assert_eq!(
+            registry.send(RegistrySize).await.ok(),
+            Some((0, 0)),
+            "no handle and no rebuild in flight is left"
+        );
+    }
+}

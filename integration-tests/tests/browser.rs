@@ -4,6 +4,7 @@
 //! `integration-tests/artifacts/`.
 
 use integration_tests::browser::{self, Browser, Viewport, keys};
+use integration_tests::copy_dir;
 use integration_tests::server::{ServerOptions, TestServer};
 use serde_json::{Value, json};
 
@@ -675,18 +676,6 @@ fn shipped_workflows_copy() -> tempfile::TempDir {
         dir.path(),
     );
     dir
-}
-
-fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
-    for entry in std::fs::read_dir(from).into_iter().flatten().flatten() {
-        let target = to.join(entry.file_name());
-        if entry.path().is_dir() {
-            std::fs::create_dir_all(&target).unwrap_or_else(|e| panic!("{e}"));
-            copy_dir(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), &target).unwrap_or_else(|e| panic!("{e}"));
-        }
-    }
 }
 
 /// Opens the client and starts a chat of `workflow`; waits until the composer accepts input.

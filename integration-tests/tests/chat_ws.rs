@@ -1,6 +1,7 @@
 //! End-to-end chats against the real `tessera serve` binary over real HTTP and WebSocket,
 //! with the offline demo model. Each test asserts the events the client sees.
 
+use integration_tests::copy_dir;
 use integration_tests::server::{ServerOptions, TestServer};
 use integration_tests::wsclient::WsClient;
 use serde_json::{Value, json};
@@ -399,18 +400,6 @@ async fn todo_assistant_runs_its_tools_over_the_http_fallback_and_run_endpoint()
     let text = String::from_utf8_lossy(&metrics);
     assert!(text.contains("tessera_turns_total"), "{text}");
     assert!(!text.contains(&chat), "metrics carry no chat ids");
-}
-
-fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
-    for entry in std::fs::read_dir(from).into_iter().flatten().flatten() {
-        let target = to.join(entry.file_name());
-        if entry.path().is_dir() {
-            std::fs::create_dir_all(&target).unwrap_or_else(|e| panic!("{e}"));
-            copy_dir(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), &target).unwrap_or_else(|e| panic!("{e}"));
-        }
-    }
 }
 
 #[tokio::test]

@@ -3,8 +3,8 @@
 
 use integration_tests::mock_llm::MockLlm;
 use integration_tests::server::{ServerOptions, TestServer};
-use integration_tests::workspace_root;
 use integration_tests::wsclient::WsClient;
+use integration_tests::{copy_dir, workspace_root};
 use serde_json::{Value, json};
 
 fn answer(call: &Value, data: Value) -> Value {
@@ -131,16 +131,4 @@ async fn generator_structured_agents_get_schema_valid_output_and_reach_their_ui_
         "no errors: {:?}",
         ws.of("chat.error")
     );
-}
-
-fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
-    for entry in std::fs::read_dir(from).into_iter().flatten().flatten() {
-        let target = to.join(entry.file_name());
-        if entry.path().is_dir() {
-            std::fs::create_dir_all(&target).unwrap_or_else(|e| panic!("{e}"));
-            copy_dir(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), &target).unwrap_or_else(|e| panic!("{e}"));
-        }
-    }
 }

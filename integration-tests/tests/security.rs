@@ -6,13 +6,13 @@
 //! the raw SQLite bytes.
 
 use std::collections::VecDeque;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::{SinkExt, StreamExt};
-use integration_tests::{tessera_bin, workspace_root};
+use integration_tests::{copy_dir, tessera_bin, workspace_root};
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -487,18 +487,6 @@ fn workflows_copy() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     copy_dir(&workspace_root().join("workflows"), dir.path());
     dir
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    for entry in std::fs::read_dir(from).into_iter().flatten().flatten() {
-        let target = to.join(entry.file_name());
-        if entry.path().is_dir() {
-            std::fs::create_dir_all(&target).unwrap_or_else(|e| panic!("{e}"));
-            copy_dir(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), &target).unwrap_or_else(|e| panic!("{e}"));
-        }
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -2284,4 +2272,172 @@ async fn streamed_deltas_leave_the_in_memory_log_once_their_message_is_final() {
     let boundary = replay.until("chat.resume_boundary").await;
     check_replay(&replay, &boundary);
     drop(first);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Idle open chats leave memory
+
+/// A server that evicts idle open chats after `idle_s`, whose LoadTest form (`confirm_form`)
+/// waits for its answer without a timeout (a timed wait keeps its chat in memory).
+async fn evicting_server(idle_s: f64, toml: &str) -> (Srv, tempfile::TempDir) {
+    let workflows = workflows_copy();
+    let tools = workflows.path().join("LoadTest/tools.json");
+    let text = std::fs::read_to_string(&tools).unwrap_or_else(|e| panic!("{e}"));
+    let untimed = text.replace(
+        "\"mode\": \"inline\" },\n      \"timeout_s\": 120",
+        "\"mode\": \"inline\" }",
+    );
+    assert_ne!(text, untimed, "the form's timeout_s was not found");
+    std::fs::write(&tools, untimed).unwrap_or_else(|e| panic!("{e}"));
+    let srv = Srv::start(Opts {
+        toml: format!("[limits]\nidle_chat_evict_s = {idle_s}\nui_timeout_s = 0.0\n{toml}"),
+        workflows: Some(workflows.path().to_path_buf()),
+        ..Opts::default()
+    })
+    .await;
+    (srv, workflows)
+}
+
+/// The seqs of the chat's logged events (seq > 0) a socket received, in order.
+fn logged_seqs(socket: &Ws) -> Vec<u64> {
+    socket
+        .events
+        .iter()
+        .filter_map(|e| e["seq"].as_u64())
+        .filter(|seq| *seq > 0)
+        .collect()
+}
+
+#[tokio::test]
+async fn idle_open_chats_leave_memory_and_resume_exactly_where_they_stopped() {
+    let (srv, _workflows) = evicting_server(2.0, "").await;
+    let who = vec![("x-user-id", "idler".to_owned())];
+
+    // Chat 1 waits for its user; chat 2 waits on a UI call nobody answers yet.
+    let talk = srv.create_chat("LoadTest", &who).await;
+    let mut socket = ws(&srv.ws_url(&talk), &who).await;
+    socket.say("first words").await;
+    socket.until("chat.run_start").await;
+    socket.until("chat.input_request").await;
+    let seen = logged_seqs(&socket);
+    let last_before = seen.last().copied().unwrap_or(0);
+    drop(socket);
+    let (status, body) = srv
+        .post(
+            "/api/v1/chats",
+            &who,
+            json!({"workflow": "LoadTest", "context": {"ui_round_trip": true}}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let form = body["chat_id"].as_str().unwrap_or_default().to_owned();
+    let mut socket = ws(&srv.ws_url(&form), &who).await;
+    socket.say("show me the form").await;
+    let call = socket.until_ui_call().await;
+    drop(socket);
+
+    // Nobody connected, nothing running: both leave memory.
+    srv.until_metric("tessera_chats_in_memory", |n| n == 0)
+        .await;
+
+    // Many lookups of the evicted chat at once (REST reads and sockets resuming mid-log):
+    // exactly one session is rebuilt.
+    let resume_from = last_before.saturating_sub(3);
+    let url = format!("{}?last_seq={resume_from}", srv.ws_url(&talk));
+    let path = format!("/api/v1/chats/{talk}");
+    let reads = (0..8).map(|_| srv.get(&path, &who));
+    let (reads, (first, second)) = tokio::join!(futures::future::join_all(reads), async {
+        tokio::join!(ws(&url, &who), ws(&url, &who))
+    });
+    for (status, body) in &reads {
+        assert_eq!(*status, 200, "{body}");
+        assert_eq!(body["status"], "awaiting_user");
+        assert_eq!(body["last_seq"], json!(last_before));
+    }
+    assert_eq!(
+        srv.metric("tessera_chats_in_memory").await,
+        1,
+        "one session for the rebuilt chat, none for the other"
+    );
+
+    // Resumed by seq with no gap, and the chat goes on from there on both sockets.
+    for mut resumed in [first, second] {
+        let boundary = resumed.until("chat.resume_boundary").await;
+        assert_eq!(boundary["data"]["last_seq"], json!(last_before));
+        let replayed = logged_seqs(&resumed);
+        let expected: Vec<u64> = seen
+            .iter()
+            .copied()
+            .filter(|seq| *seq > resume_from)
+            .collect();
+        assert_eq!(replayed, expected, "the missed events, in order, no gap");
+        drop(resumed);
+    }
+    let mut socket = ws(
+        &format!("{}?last_seq={last_before}", srv.ws_url(&talk)),
+        &who,
+    )
+    .await;
+    socket.until("chat.resume_boundary").await;
+    socket.say("more words").await;
+    socket.until("chat.run_start").await;
+    socket.until("chat.input_request").await;
+    let after = logged_seqs(&socket);
+    let continued: Vec<u64> = (last_before + 1..=last_before + after.len() as u64).collect();
+    assert_eq!(after, continued, "new events continue the seqs");
+    drop(socket);
+
+    // The UI call pending when its chat left memory is offered again under the same corr,
+    // and answering it works exactly once.
+    let corr = call["data"]["corr"].clone();
+    let mut socket = ws(&srv.ws_url(&form), &who).await;
+    let session = socket.until("chat.session").await;
+    assert_eq!(session["data"]["status"], "awaiting_tool");
+    assert_eq!(session["data"]["pending_ui_calls"][0]["corr"], corr);
+    socket.until("chat.resume_boundary").await;
+    let reply = answer(
+        &call,
+        "success",
+        json!({"status": "success", "confirmed": true}),
+    );
+    socket.send(reply.clone()).await;
+    socket
+        .until_match("chat.tool_response", |e| {
+            e["data"]["tool_name"] == "confirm_form"
+        })
+        .await;
+    socket.until("chat.input_request").await;
+    drop(socket);
+    let (status, body) = srv
+        .post(
+            &format!("/api/v1/chats/{form}/tool-responses"),
+            &who,
+            reply["data"].clone(),
+        )
+        .await;
+    assert_eq!(status, 404, "a second answer is refused: {body}");
+    let mut replay = ws(&format!("{}?last_seq=0", srv.ws_url(&form)), &who).await;
+    replay.until("chat.resume_boundary").await;
+    let responses = replay
+        .events
+        .iter()
+        .filter(|e| e["type"] == "chat.tool_response" && e["data"]["tool_name"] == "confirm_form")
+        .count();
+    assert_eq!(responses, 1, "{:?}", replay.types());
+}
+
+#[tokio::test]
+async fn the_open_chat_quota_counts_chats_that_left_memory() {
+    let (srv, _workflows) = evicting_server(1.0, "max_open_chats_per_tenant = 2\n").await;
+    let who = vec![("x-user-id", "hoarder".to_owned())];
+    for _ in 0..2 {
+        srv.create_chat("LoadTest", &who).await;
+    }
+    srv.until_metric("tessera_chats_in_memory", |n| n == 0)
+        .await;
+    let (status, body) = srv
+        .post("/api/v1/chats", &who, json!({"workflow": "LoadTest"}))
+        .await;
+    assert_eq!(status, 429, "{body}");
+    assert_eq!(body["code"], "too_many_chats", "{body}");
 }

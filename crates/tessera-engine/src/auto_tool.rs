@@ -129,6 +129,9 @@ pub enum AutoToolOutcome {
     NoBinding,
     /// The structured data failed the model's schema: nothing ran.
     Invalid(String),
+    /// The chat left memory while its UI call waited: the call is still pending in the store
+    /// and nothing was announced or completed.
+    Released,
 }
 
 /// The per-arbiter auto-tool actor.
@@ -322,6 +325,9 @@ fn wait_for_ui(
             .unwrap_or(UiOutcome::Cancelled);
         span.record("tessera.ui.outcome", outcome.kind());
         drop(span);
+        if outcome == UiOutcome::Released {
+            return AutoToolOutcome::Released;
+        }
         let ended = interpret_ui_outcome(&binding, corr, &agent_message_id, outcome);
         finish(&binding, &ctx, ended, &parts)
     }
@@ -359,7 +365,10 @@ fn interpret_ui_outcome(
             None,
             Vec::new(),
         ),
-        UiOutcome::Cancelled => (tessera_tools::ui_cancelled_result(), None, Vec::new()),
+        // Released never gets here (`wait_for_ui` returns first); read as a cancel if it did.
+        UiOutcome::Cancelled | UiOutcome::Released => {
+            (tessera_tools::ui_cancelled_result(), None, Vec::new())
+        }
         UiOutcome::Disconnected => (
             ToolErrorResult::new(
                 Some("connection_lost"),

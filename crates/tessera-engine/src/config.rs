@@ -42,6 +42,10 @@ pub struct EngineConfig {
     pub arbiters: usize,
     /// Seals the chats' secret vaults at rest; `None` keeps secrets in memory only.
     pub vault_key: Option<std::sync::Arc<crate::secrets::VaultKey>>,
+    /// An open chat idle this long with nobody subscribed, no turn running and all its writes
+    /// stored leaves memory; it is rebuilt from the store on demand (as after a restart).
+    /// `None` keeps open chats in memory (so does running without a store).
+    pub idle_evict: Option<Duration>,
 }
 
 impl Default for EngineConfig {
@@ -60,6 +64,7 @@ impl Default for EngineConfig {
             max_tokens: 4096,
             arbiters: 0,
             vault_key: None,
+            idle_evict: None,
         }
     }
 }

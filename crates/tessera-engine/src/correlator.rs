@@ -30,6 +30,9 @@ pub enum UiOutcome {
     Cancelled,
     /// The client went away and the policy says fail.
     Disconnected,
+    /// The chat left memory while waiting (see [`ReleaseUiCalls`]): the call is not over; the
+    /// store keeps it, and the rebuilt chat waits for it again under the same corr.
+    Released,
 }
 
 impl UiOutcome {
@@ -40,6 +43,7 @@ impl UiOutcome {
             UiOutcome::TimedOut(_) => "timed_out",
             UiOutcome::Cancelled => "cancelled",
             UiOutcome::Disconnected => "disconnected",
+            UiOutcome::Released => "released",
         }
     }
 }
@@ -84,6 +88,14 @@ pub struct ResolveUiCall {
 #[derive(Message)]
 #[rtype(result = "usize")]
 pub struct CancelUiCalls {
+    pub chat_id: Arc<str>,
+}
+
+/// The chat leaves memory: forget its pending calls without ending them (no answer, no
+/// timeout, not remembered as resolved). Their waiters get [`UiOutcome::Released`].
+#[derive(Message)]
+#[rtype(result = "usize")]
+pub struct ReleaseUiCalls {
     pub chat_id: Arc<str>,
 }
 
@@ -266,6 +278,23 @@ impl Handler<CancelUiCalls> for UiCorrelator {
             .iter()
             .filter(|corr| self.finish(corr, UiOutcome::Cancelled))
             .count()
+    }
+}
+
+impl Handler<ReleaseUiCalls> for UiCorrelator {
+    type Result = usize;
+
+    fn handle(&mut self, msg: ReleaseUiCalls, _ctx: &mut Self::Context) -> usize {
+        let corrs = self.corrs_of(&msg.chat_id);
+        for corr in &corrs {
+            if let Some(pending) = self.pending.remove(corr) {
+                if let Some(timer) = pending.timer {
+                    timer.abort();
+                }
+                let _ = pending.reply.send(UiOutcome::Released);
+            }
+        }
+        corrs.len()
     }
 }
 

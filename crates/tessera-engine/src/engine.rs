@@ -252,11 +252,13 @@ impl Engine {
         })
     }
 
-    /// Rebuilds one completed chat from the store for `tenant`/`user` (its history stays
-    /// readable after a restart without keeping every finished chat in memory). `None` when
-    /// there is no such chat, it is not theirs, or it is still open (open chats are rebuilt by
-    /// [`Engine::rehydrate`] at start).
-    pub async fn restore_completed_chat(
+    /// Rebuilds one chat of `tenant`/`user` that is not in memory: a completed chat (its
+    /// history stays readable without keeping every finished chat in memory) or an open chat
+    /// that left memory while idle, which resumes its pending work exactly as
+    /// [`Engine::rehydrate`] does after a restart (a pending UI call is waited for again under
+    /// the same corr). `None` when there is no such chat or it is not theirs. The caller makes
+    /// sure one chat is rebuilt once (the server's registry does).
+    pub async fn restore_chat(
         &self,
         chat_id: &str,
         tenant: &str,
@@ -265,7 +267,7 @@ impl Engine {
         let Some(rows) = self.rows() else {
             return Ok(None);
         };
-        let Some(chat) = rows.completed(chat_id, tenant, user).await? else {
+        let Some(chat) = rows.owned(chat_id, tenant, user).await? else {
             return Ok(None);
         };
         Ok(self.start_restored(chat, None).await)
@@ -333,8 +335,8 @@ impl Engine {
         Ok(handles)
     }
 
-    /// How many chat sessions are in memory (completed chats leave after a while and are
-    /// rebuilt from the store on demand).
+    /// How many chat sessions are in memory (completed chats, and open ones idle for
+    /// `idle_evict`, leave and are rebuilt from the store on demand).
     pub fn chats_in_memory(&self) -> usize {
         self.inner
             .shards

@@ -445,8 +445,8 @@ impl ChatRows {
         self.0.create_chat(record).await.map_err(store_error)
     }
 
-    /// Chat `chat_id` if it is `tenant`/`user`'s and completed, loaded whole.
-    pub async fn completed(
+    /// Chat `chat_id` if it is `tenant`/`user`'s (open or completed), loaded whole.
+    pub async fn owned(
         &self,
         chat_id: &str,
         tenant: &str,
@@ -455,10 +455,7 @@ impl ChatRows {
         let Some(chat) = self.0.load_chat(chat_id).await.map_err(store_error)? else {
             return Ok(None);
         };
-        if chat.record.tenant != tenant
-            || chat.record.user_id != user
-            || chat.state.status != STATUS_COMPLETED
-        {
+        if chat.record.tenant != tenant || chat.record.user_id != user {
             return Ok(None);
         }
         self.load(chat).await.map(Some)

@@ -17,7 +17,8 @@ use tessera_tools::ToolContext;
 
 use crate::auto_tool::{AutoToolOutcome, InvokeAutoTool};
 use crate::correlator::{
-    CancelUiCalls, ChatDisconnected, CorrelationError, ListPendingUiCalls, ResolveUiCall,
+    CancelUiCalls, ChatDisconnected, CorrelationError, ListPendingUiCalls, ReleaseUiCalls,
+    ResolveUiCall,
 };
 use crate::dedup::{CompleteKey, ToolKey};
 use crate::envelope::{ChatIdJson, EventLog, envelope_json};
@@ -184,6 +185,9 @@ pub struct ChatSession {
     workflow_span: tracing::Span,
     /// The lease epoch every durable write carries in a cluster (`None` on a single node).
     epoch: Option<i64>,
+    /// Last event, subscription change or read: an open chat idle for the engine's
+    /// `idle_evict` leaves memory (see [`IdleCheck`]).
+    last_active: std::time::Instant,
 }
 
 /// Flush queued durable writes (sent to self so writes batch per mailbox turn).
@@ -233,6 +237,7 @@ impl ChatSession {
             restored: None,
             workflow_span: tracing::Span::none(),
             epoch: None,
+            last_active: std::time::Instant::now(),
             chat_id_json: ChatIdJson::new(&id.chat_id),
             id,
             shard,
@@ -261,6 +266,7 @@ impl ChatSession {
         }
         let text = self.log.publish(&self.chat_id_json, &event);
         let seq = self.last_seq();
+        self.last_active = std::time::Instant::now();
         if self.persist.is_some() {
             self.persist_event(seq, &event, &text);
         }
@@ -567,6 +573,8 @@ impl ChatSession {
                 ));
                 self.await_user();
             }
+            // The chat is leaving memory (see `IdleCheck`); its rebuild waits again.
+            AutoToolOutcome::Released => {}
             AutoToolOutcome::Invalid(errors) => {
                 self.publish(ServerEvent::error(
                     ErrorCode::StructuredOutputInvalid,
@@ -653,6 +661,9 @@ impl Actor for ChatSession {
         }
         if self.persist.as_ref().is_some_and(|p| p.has_queued()) {
             self.request_flush();
+        }
+        if let (Some(idle), Some(_)) = (self.config.idle_evict, &self.persist) {
+            ctx.notify_later(IdleCheck, idle);
         }
         if let Some(work) = self.restored.take() {
             self.start_restored(work, ctx);
@@ -800,12 +811,94 @@ impl Handler<Retire> for ChatSession {
         if !matches!(self.status, ChatStatus::Completed(_)) {
             return;
         }
-        self.subscribers.retain(|s| s.recipient.connected());
-        if self.subscribers.is_empty() && persist.is_idle() && !self.flush_requested {
+        if self.unobserved_and_stored(persist.is_idle()) {
             tracing::debug!(chat_id = %self.id.chat_id, "completed chat leaves memory");
             ctx.stop();
         } else {
             ctx.notify_later(Retire, RETIRE_CHECK);
+        }
+    }
+}
+
+impl ChatSession {
+    /// Nobody is subscribed or watching and every write is stored (`stored`: the write-behind
+    /// queue is idle): the store alone can rebuild the chat.
+    fn unobserved_and_stored(&mut self, stored: bool) -> bool {
+        self.subscribers.retain(|s| s.recipient.connected());
+        self.watchers.retain(|(_, w)| w.connected());
+        self.subscribers.is_empty() && self.watchers.is_empty() && stored && !self.flush_requested
+    }
+}
+
+/// Is this open chat idle enough to leave memory? It leaves when it has been idle (no event,
+/// subscription change or read) for the engine's `idle_evict`, nobody is subscribed or
+/// watching, its writes are all stored, and it waits only on someone outside the process:
+/// the user (`AwaitingUser`), or a UI call without a timeout (`AwaitingTool`; a timed wait
+/// needs this process to end it on time, so the chat stays until it does). A running turn
+/// keeps it. The server rebuilds it from the store on the next lookup, as after a restart.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct IdleCheck;
+
+impl ChatSession {
+    /// The idle time left before the chat may leave memory (`None`: it is due).
+    fn idle_left(&self, idle: std::time::Duration) -> Option<std::time::Duration> {
+        idle.checked_sub(self.last_active.elapsed())
+            .filter(|left| !left.is_zero())
+    }
+
+    /// Leaves memory; a UI wait is released (not ended) first.
+    fn evict(&mut self, ctx: &mut Context<Self>) {
+        tracing::debug!(chat_id = %self.id.chat_id, tenant = %self.id.tenant, status = self.status.as_str(), "idle open chat leaves memory");
+        if self.status == ChatStatus::AwaitingTool {
+            self.shard.correlator.do_send(ReleaseUiCalls {
+                chat_id: self.id.chat_id.clone(),
+            });
+        }
+        ctx.stop();
+    }
+}
+
+impl Handler<IdleCheck> for ChatSession {
+    type Result = ();
+
+    fn handle(&mut self, _: IdleCheck, ctx: &mut Self::Context) {
+        let (Some(idle), Some(persist)) = (self.config.idle_evict, &self.persist) else {
+            return;
+        };
+        let stored = persist.is_idle();
+        if let Some(left) = self.idle_left(idle) {
+            ctx.notify_later(IdleCheck, left);
+            return;
+        }
+        let may_leave = self.unobserved_and_stored(stored);
+        match self.status {
+            // Completed chats retire on their own (see `Retire`).
+            ChatStatus::Completed(_) => {}
+            ChatStatus::AwaitingUser if may_leave => self.evict(ctx),
+            ChatStatus::AwaitingTool if may_leave => {
+                let pending = self.shard.correlator.send(ListPendingUiCalls {
+                    chat_id: self.id.chat_id.clone(),
+                });
+                let checked_at = self.last_active;
+                ctx.wait(pending.into_actor(self).map(move |pending, act, ctx| {
+                    let untimed = pending.as_ref().is_ok_and(|calls| {
+                        !calls.is_empty() && calls.iter().all(|c| c.timeout_s.is_none())
+                    });
+                    let still_idle = act.last_active == checked_at
+                        && act.status == ChatStatus::AwaitingTool
+                        && act.persist.as_ref().is_some_and(WriteBehind::is_idle)
+                        && act.unobserved_and_stored(true);
+                    if untimed && still_idle {
+                        act.evict(ctx);
+                    } else {
+                        ctx.notify_later(IdleCheck, idle);
+                    }
+                }));
+            }
+            _ => {
+                ctx.notify_later(IdleCheck, idle);
+            }
         }
     }
 }
@@ -822,6 +915,7 @@ impl Handler<Subscribe> for ChatSession {
     type Result = ResponseActFuture<Self, u64>;
 
     fn handle(&mut self, msg: Subscribe, _ctx: &mut Self::Context) -> Self::Result {
+        self.last_active = std::time::Instant::now();
         let id = self.next_subscriber;
         self.next_subscriber += 1;
         let pending = self.shard.correlator.send(ListPendingUiCalls {
@@ -867,6 +961,7 @@ impl Handler<Watch> for ChatSession {
     type Result = u64;
 
     fn handle(&mut self, Watch(recipient): Watch, _ctx: &mut Self::Context) -> u64 {
+        self.last_active = std::time::Instant::now();
         let id = self.next_subscriber;
         self.next_subscriber += 1;
         self.watchers.push((id, recipient));
@@ -878,6 +973,7 @@ impl Handler<Unsubscribe> for ChatSession {
     type Result = ();
 
     fn handle(&mut self, Unsubscribe(id): Unsubscribe, _ctx: &mut Self::Context) {
+        self.last_active = std::time::Instant::now();
         self.subscribers
             .retain(|s| s.id != id && s.recipient.connected());
         self.watchers.retain(|(w, r)| *w != id && r.connected());
@@ -1057,6 +1153,7 @@ impl Handler<GetSnapshot> for ChatSession {
     type Result = ResponseActFuture<Self, ChatSnapshot>;
 
     fn handle(&mut self, _: GetSnapshot, _ctx: &mut Self::Context) -> Self::Result {
+        self.last_active = std::time::Instant::now();
         let pending = self.shard.correlator.send(ListPendingUiCalls {
             chat_id: self.id.chat_id.clone(),
         });

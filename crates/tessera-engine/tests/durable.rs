@@ -244,6 +244,9 @@ impl ChatStore for FlakyStore {
     fn completed_chats_before(&self, before_ms: i64, limit: u32) -> StoreFuture<Vec<String>> {
         self.inner.completed_chats_before(before_ms, limit)
     }
+    fn count_open_chats(&self, tenant: &str) -> StoreFuture<u64> {
+        self.inner.count_open_chats(tenant)
+    }
 }
 
 #[actix::test]

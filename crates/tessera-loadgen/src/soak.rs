@@ -1,9 +1,12 @@
 //! `soak`: opens and finishes many chats, one after another on a few workers, and samples the
-//! server's memory as it goes, to show that finished chats do not stay in memory.
+//! server's memory as it goes, to show that finished chats do not stay in memory; with
+//! `--idle`, that chats left open and idle do not either.
 //!
 //! Each chat is a `LoadTest` chat created with `finish_after_turn` (REST `POST /chats`), sent
 //! one message (`POST /chats/{id}/input`), and polled (`GET /chats/{id}`) until it has
-//! completed. REST over pooled connections, not a WebSocket per chat: 100,000 sockets opened
+//! completed. With `--idle` it is created without `finish_after_turn` and polled until its
+//! turn is over (`awaiting_user`), then left open: the server evicts it after
+//! `limits.idle_chat_evict_s`. REST over pooled connections, not a WebSocket per chat: 100,000 sockets opened
 //! and closed in a minute would run out of loopback ports (TIME_WAIT), which is not what this
 //! measures.
 
@@ -47,6 +50,9 @@ pub struct SoakArgs {
     /// Runtime worker threads of the load generator.
     #[arg(long, default_value_t = 2)]
     pub threads: usize,
+    /// Leave each chat open and idle after its one turn instead of finishing it.
+    #[arg(long)]
+    pub idle: bool,
 }
 
 struct Soak {
@@ -58,6 +64,8 @@ struct Soak {
     total: usize,
     chat_timeout: Duration,
     deadline: Instant,
+    /// Chats stay open (see [`SoakArgs::idle`]).
+    idle: bool,
 }
 
 /// One memory sample.
@@ -76,7 +84,7 @@ impl Soak {
             .http
             .post(format!("{}/api/v1/chats", self.base))
             .header("x-user-id", &user)
-            .json(&json!({"workflow": "LoadTest", "context": {"finish_after_turn": true}}))
+            .json(&json!({"workflow": "LoadTest", "context": {"finish_after_turn": !self.idle}}))
             .send()
             .await?
             .error_for_status()?
@@ -93,6 +101,11 @@ impl Soak {
             .await?
             .error_for_status()?;
         let until = Instant::now() + self.chat_timeout;
+        let done = if self.idle {
+            "awaiting_user"
+        } else {
+            "completed"
+        };
         loop {
             let state: Value = self
                 .http
@@ -103,7 +116,7 @@ impl Soak {
                 .error_for_status()?
                 .json()
                 .await?;
-            if state["status"] == "completed" {
+            if state["status"] == done {
                 return Ok(());
             }
             if Instant::now() > until {
@@ -175,6 +188,7 @@ pub fn run(args: SoakArgs) -> anyhow::Result<bool> {
         total: args.chats,
         chat_timeout: Duration::from_secs(args.chat_timeout_s.max(1)),
         deadline: started + Duration::from_secs(args.max_seconds.max(1)),
+        idle: args.idle,
     });
     let pid = args.server_pid.to_string();
     let rss = || proc_status_kib(&pid, "VmRSS").unwrap_or(0);
@@ -224,6 +238,7 @@ pub fn run(args: SoakArgs) -> anyhow::Result<bool> {
     let failed = soak.failed.load(Ordering::Relaxed);
     let mib = |kib: u64| (kib as f64 / 1024.0 * 10.0).round() / 10.0;
     let summary = json!({
+        "mode": if args.idle { "open_idle" } else { "finished" },
         "chats_finished": finished,
         "chats_failed": failed,
         "seconds": (started.elapsed().as_secs_f64() * 10.0).round() / 10.0,

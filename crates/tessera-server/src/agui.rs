@@ -25,7 +25,7 @@ use crate::agui_events::{
     AguiEvent, AguiTranslator, Interrupt, RunOutcome, RunSignal, state_delta,
 };
 use crate::auth::Caller;
-use crate::rest::{ApiError, owned_chat, parse_body, start_chat, unavailable};
+use crate::rest::{ApiError, parse_body, start_chat, unavailable};
 use crate::serve::AppState;
 
 /// The fields of AG-UI's `RunAgentInput` this endpoint reads (the others are accepted and
@@ -217,7 +217,18 @@ pub async fn run(
     let workflow = workflow.into_inner();
     let chat_id = thread_chat_id(&caller, &input.thread_id);
     let mut new_chat = false;
-    let chat = match owned_chat(&state, &caller, &chat_id).await {
+    // In a cluster, an open chat is served only by the node holding its lease.
+    let located = crate::rest::locate_chat(&state, &caller, &chat_id)
+        .await
+        .and_then(|link| match link {
+            crate::ws::ChatLink::Local(chat) => Ok(chat),
+            crate::ws::ChatLink::Remote(_) => Err(crate::rest::ApiError::new(
+                actix_web::http::StatusCode::SERVICE_UNAVAILABLE,
+                "chat_on_another_node",
+                "the chat runs on another node: retry on that node",
+            )),
+        });
+    let chat = match located {
         Ok(chat) => chat,
         Err(e) if e.is_not_found() => {
             let context = match &input.state {

@@ -95,7 +95,6 @@ mod tests {
     use super::*;
     use crate::auth::Caller;
     use crate::limits::QuotaRefusal;
-    use crate::registry::ChatRegistry;
 
     async fn node(url: &str, name: &str, prefix: &str, config: &ServerConfig) -> ClusterLimits {
         let bus = ClusterBus::connect(
@@ -205,16 +204,21 @@ mod tests {
             LimitSeams::new(&config, Some(&a)),
             LimitSeams::new(&config, Some(&b)),
         );
-        let registry = ChatRegistry::default().start();
+        // The global quota counts in NATS; the store is the local side's (unused here).
+        let store = match tessera_store::SqliteStore::in_memory().await {
+            Ok(store) => store,
+            Err(e) => panic!("{e}"),
+        };
+        let registry = &store;
         let tenant: Arc<str> = Arc::from("acme");
-        let first = a.chat_quota.reserve(&registry, &tenant, 2).await;
-        let second = b.chat_quota.reserve(&registry, &tenant, 2).await;
+        let first = a.chat_quota.reserve(registry, &tenant, 2).await;
+        let second = b.chat_quota.reserve(registry, &tenant, 2).await;
         assert!(first.is_ok() && second.is_ok(), "two places of two");
         if let Ok(slot) = first {
             slot.opened();
         }
         assert_eq!(
-            a.chat_quota.reserve(&registry, &tenant, 2).await.err(),
+            a.chat_quota.reserve(registry, &tenant, 2).await.err(),
             Some(QuotaRefusal::Full),
             "the quota counts the other node's chat"
         );
@@ -222,7 +226,7 @@ mod tests {
         if let Ok(slot) = second {
             slot.abandon().await;
         }
-        let third = a.chat_quota.reserve(&registry, &tenant, 2).await;
+        let third = a.chat_quota.reserve(registry, &tenant, 2).await;
         assert!(third.is_ok(), "the abandoned place is free again");
         if let Ok(slot) = third {
             slot.opened();
@@ -231,7 +235,7 @@ mod tests {
         b.chat_quota.chat_ended(&tenant, 2);
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         loop {
-            match b.chat_quota.reserve(&registry, &tenant, 2).await {
+            match b.chat_quota.reserve(registry, &tenant, 2).await {
                 Ok(slot) => {
                     slot.opened();
                     break;

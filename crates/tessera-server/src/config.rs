@@ -308,6 +308,10 @@ pub struct Limits {
     /// Bytes of generated files (downloads made by tools) one tenant may keep; a tool whose
     /// file would go over fails with a quota error the model sees. 0 = no limit.
     pub max_file_bytes_per_tenant: u64,
+    /// Seconds an open chat stays in memory while idle (nobody subscribed, no turn running,
+    /// waiting on the user or on a UI call without a timeout); then it leaves memory and is
+    /// rebuilt from the store on its next lookup. 0 = open chats stay in memory.
+    pub idle_chat_evict_s: f64,
 }
 
 /// One tenant.
@@ -369,6 +373,7 @@ impl Default for Limits {
             idle_timeout_s: 60,
             tool_timeout_s: 12.0,
             max_file_bytes_per_tenant: 1024 * 1024 * 1024,
+            idle_chat_evict_s: 600.0,
         }
     }
 }
@@ -377,6 +382,11 @@ impl Limits {
     /// The UI wait as a duration (`None` = no timeout).
     pub fn ui_timeout(&self) -> Option<Duration> {
         (self.ui_timeout_s > 0.0).then(|| Duration::from_secs_f64(self.ui_timeout_s))
+    }
+
+    /// How long an idle open chat stays in memory (`None`: it stays).
+    pub fn idle_chat_evict(&self) -> Option<Duration> {
+        (self.idle_chat_evict_s > 0.0).then(|| Duration::from_secs_f64(self.idle_chat_evict_s))
     }
 }
 
@@ -448,6 +458,11 @@ impl ServerConfig {
             config.limits.ui_timeout_s = v
                 .parse()
                 .with_context(|| format!("TESSERA_UI_TIMEOUT_S={v:?} is not a number"))?;
+        }
+        if let Some(v) = env("TESSERA_IDLE_CHAT_EVICT_S") {
+            config.limits.idle_chat_evict_s = v
+                .parse()
+                .with_context(|| format!("TESSERA_IDLE_CHAT_EVICT_S={v:?} is not a number"))?;
         }
         if let Some(v) = env("TESSERA_MAX_FRAME_BYTES") {
             config.limits.max_frame_bytes = v

@@ -10,17 +10,13 @@
 //! nanoseconds of arithmetic on the request path; a round trip through a mailbox would cost
 //! more than the check.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use actix::Addr;
-use futures::future::join_all;
 use tessera_cluster::{AllowMessage, GlobalLimits, TenantBudgets};
-use tessera_engine::ChatHandle;
-use tessera_engine::session::{ChatStatus, GetSnapshot};
-
-use crate::registry::{ChatRegistry, TenantChats};
+use tessera_store::ChatStore;
 
 /// The budget window.
 const WINDOW: Duration = Duration::from_secs(60);
@@ -187,79 +183,65 @@ impl TenantBudget {
     }
 }
 
-/// The cap on a tenant's open (not completed) chats. Creations of one tenant are serialized
-/// so a burst cannot overshoot the cap.
+/// Serializes the chat creations of each tenant, so a burst cannot overshoot the open-chat
+/// cap: a creation holds its tenant's turn while it counts the tenant's open chats (in the
+/// store: chats that left memory count too) and creates its own.
+///
+/// WHY an async lock per tenant and not an actor: the critical section spans awaits (the
+/// count and the chat's first write), and only creations of one tenant must queue; an actor
+/// would either serialize every tenant (`ctx.wait`) or re-implement this queue. The std
+/// mutex guards only the map, for an insert or a removal; an entry leaves the map as soon as
+/// no creation holds or waits for it.
 #[derive(Debug, Default)]
 pub struct ChatQuota {
-    locks: Mutex<HashMap<Arc<str>, Arc<tokio::sync::Mutex<()>>>>,
-    /// Per tenant, its chats in memory known to have completed, so they are not asked again.
-    /// Only chats still in memory are kept (completed chats leave memory, and this set with
-    /// them), so it does not grow with every chat ever run.
-    completed: Mutex<HashMap<Arc<str>, HashSet<Arc<str>>>>,
+    turns: Mutex<HashMap<Arc<str>, Arc<tokio::sync::Mutex<()>>>>,
 }
 
-/// Tenant locks kept before unused ones are dropped.
-const LOCKS_KEPT: usize = 1024;
+/// A tenant's turn to create a chat; the next creation of the tenant waits until it drops.
+pub struct CreationTurn<'a> {
+    quota: &'a ChatQuota,
+    tenant: Arc<str>,
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
 
 impl ChatQuota {
-    /// The lock to hold while checking and creating a chat of `tenant`.
-    pub fn tenant_lock(&self, tenant: &Arc<str>) -> Arc<tokio::sync::Mutex<()>> {
-        let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
-        if locks.len() >= LOCKS_KEPT {
-            // Held by nobody but this map: safe to drop (JWT tenants may be many).
-            locks.retain(|_, lock| Arc::strong_count(lock) > 1);
+    /// Waits for `tenant`'s turn to check the cap and create a chat.
+    pub async fn turn(&self, tenant: &Arc<str>) -> CreationTurn<'_> {
+        let lock = {
+            let mut turns = self.turns.lock().unwrap_or_else(|p| p.into_inner());
+            turns.entry(tenant.clone()).or_default().clone()
+        };
+        CreationTurn {
+            quota: self,
+            tenant: tenant.clone(),
+            guard: Some(lock.lock_owned().await),
         }
-        locks.entry(tenant.clone()).or_default().clone()
     }
 
-    /// How many of `chats` (the tenant's chats in memory) are open, counting at most up to
-    /// `limit` (asks only chats not yet known to be completed, and only when the plain count
-    /// reaches the limit).
-    pub async fn open_count(
-        &self,
-        tenant: &Arc<str>,
-        chats: Vec<ChatHandle>,
-        limit: usize,
-    ) -> usize {
-        let unknown: Vec<ChatHandle> = {
-            let mut all = self.completed.lock().unwrap_or_else(|p| p.into_inner());
-            let completed = all.entry(tenant.clone()).or_default();
-            // Forget chats that left memory.
-            let live: HashSet<&Arc<str>> = chats.iter().map(|c| &c.identity.chat_id).collect();
-            completed.retain(|id| live.contains(id));
-            let unknown = chats
-                .iter()
-                .filter(|c| !completed.contains(&c.identity.chat_id))
-                .cloned()
-                .collect();
-            if completed.is_empty() {
-                all.remove(tenant);
-            }
-            unknown
-        };
-        if unknown.len() < limit {
-            return unknown.len();
-        }
-        let statuses = join_all(unknown.iter().map(|c| c.addr.send(GetSnapshot))).await;
-        let mut open = 0;
-        let mut all = self.completed.lock().unwrap_or_else(|p| p.into_inner());
-        let completed = all.entry(tenant.clone()).or_default();
-        for (chat, status) in unknown.iter().zip(statuses) {
-            match status {
-                Ok(snap) if matches!(snap.status, ChatStatus::Completed(_)) => {
-                    completed.insert(chat.identity.chat_id.clone());
-                }
-                // A stopped actor is not open either (it is swept from the registry).
-                Err(_) => {}
-                Ok(_) => open += 1,
-            }
-        }
-        open
+    /// Tenants with a creation in progress or waiting.
+    #[cfg(test)]
+    fn tenants(&self) -> usize {
+        self.turns.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 }
 
-/// The cap on each tenant's open chats: counted from this node's chats in memory
-/// ([`ChatQuota`]), or in cluster mode in the deployment's key-value bucket (exact while nodes
+impl Drop for CreationTurn<'_> {
+    fn drop(&mut self) {
+        let mut turns = self.quota.turns.lock().unwrap_or_else(|p| p.into_inner());
+        self.guard = None;
+        // Clones are taken only under this map lock: a count of 1 (the map's own) means
+        // nobody holds or waits for this tenant's turn, so the entry may go.
+        if turns
+            .get(&self.tenant)
+            .is_some_and(|lock| Arc::strong_count(lock) == 1)
+        {
+            turns.remove(&self.tenant);
+        }
+    }
+}
+
+/// The cap on each tenant's open chats: counted in the store, creations of a tenant taking
+/// turns on this node ([`ChatQuota`]), or in cluster mode in the deployment's key-value bucket (exact while nodes
 /// live; see ARCHITECTURE.md, "Global limits").
 pub enum OpenChatQuota {
     /// One node.
@@ -273,20 +255,20 @@ pub enum OpenChatQuota {
 pub enum QuotaRefusal {
     /// The tenant has `limit` open chats already.
     Full,
-    /// The count could not be read (registry stopped, key-value bucket unreachable).
+    /// The count could not be read (store unreachable, key-value bucket unreachable).
     Unavailable,
 }
 
 /// A tenant's place for one more open chat, held while the chat is created: keep it with
 /// [`QuotaSlot::opened`] once the chat exists, or give it back with [`QuotaSlot::abandon`].
-pub struct QuotaSlot {
+pub struct QuotaSlot<'a> {
     /// Local: creations of one tenant are serialized until the chat is registered.
-    _serialized: Option<tokio::sync::OwnedMutexGuard<()>>,
+    _turn: Option<CreationTurn<'a>>,
     /// Global: the counted place, given back when the creation fails.
     counted: Option<(GlobalLimits, Arc<str>)>,
 }
 
-impl QuotaSlot {
+impl QuotaSlot<'_> {
     /// The chat was created (and registered): its place stays counted until it ends.
     pub fn opened(self) {}
 
@@ -302,42 +284,43 @@ impl QuotaSlot {
 
 impl OpenChatQuota {
     /// Takes a place for one more open chat of `tenant` if it has fewer than `limit`
-    /// (0 = unlimited). `registry` holds this node's chats (the local count).
+    /// (0 = unlimited). `store` holds the tenant's chats (the local count).
     pub async fn reserve(
         &self,
-        registry: &Addr<ChatRegistry>,
+        store: &dyn ChatStore,
         tenant: &Arc<str>,
         limit: usize,
-    ) -> Result<QuotaSlot, QuotaRefusal> {
+    ) -> Result<QuotaSlot<'_>, QuotaRefusal> {
         match self {
             Self::Local(quota) => {
                 // Held until the chat is registered, so concurrent creations cannot overshoot.
-                let serialized = quota.tenant_lock(tenant).lock_owned().await;
+                let turn = quota.turn(tenant).await;
                 if limit > 0 {
-                    let chats = registry
-                        .send(TenantChats(tenant.clone()))
-                        .await
-                        .map_err(|_| QuotaRefusal::Unavailable)?;
-                    if quota.open_count(tenant, chats, limit).await >= limit {
+                    // Counted in the store: open chats that left memory count too.
+                    let open = store.count_open_chats(tenant).await.map_err(|e| {
+                        tracing::error!(tenant = %tenant, error = %e, "cannot count open chats");
+                        QuotaRefusal::Unavailable
+                    })?;
+                    if open >= u64::try_from(limit).unwrap_or(u64::MAX) {
                         return Err(QuotaRefusal::Full);
                     }
                 }
                 Ok(QuotaSlot {
-                    _serialized: Some(serialized),
+                    _turn: Some(turn),
                     counted: None,
                 })
             }
             Self::Global(limits) => {
                 if limit == 0 {
                     return Ok(QuotaSlot {
-                        _serialized: None,
+                        _turn: None,
                         counted: None,
                     });
                 }
                 let limit = u64::try_from(limit).unwrap_or(u64::MAX);
                 match limits.try_open_chat(tenant, limit).await {
                     Ok(true) => Ok(QuotaSlot {
-                        _serialized: None,
+                        _turn: None,
                         counted: Some(((**limits).clone(), tenant.clone())),
                     }),
                     Ok(false) => Err(QuotaRefusal::Full),
@@ -427,5 +410,36 @@ pub(crate) mod tests {
         }
         limiter.allow(&Arc::from("new"));
         assert_eq!(limiter.keys(), 1, "only the live window is left");
+    }
+
+    #[actix::test]
+    async fn creations_of_a_tenant_take_turns_and_the_map_shrinks() {
+        use futures::FutureExt;
+        let quota = ChatQuota::default();
+        let (a, b): (Arc<str>, Arc<str>) = (Arc::from("a"), Arc::from("b"));
+        let first = quota.turn(&a).await;
+        assert!(
+            quota.turn(&a).now_or_never().is_none(),
+            "a second creation of tenant a waits for the first"
+        );
+        let other = quota.turn(&b).now_or_never();
+        assert!(other.is_some(), "tenant b does not wait for a");
+        drop(other);
+        assert_eq!(quota.tenants(), 1, "b's entry left with its turn");
+        let mut waiting = Box::pin(quota.turn(&a));
+        assert!(futures::poll!(&mut waiting).is_pending());
+        drop(first);
+        let second = waiting.await;
+        assert_eq!(
+            quota.tenants(),
+            1,
+            "a is still in use by the second creation"
+        );
+        drop(second);
+        assert_eq!(
+            quota.tenants(),
+            0,
+            "no creation in progress: the map is empty"
+        );
     }
 }

@@ -26,7 +26,7 @@ use tokio::sync::oneshot;
 
 use crate::auth::{AuthError, Caller};
 use crate::limits::QuotaRefusal;
-use crate::registry::{FindChat, RegisterChat};
+use crate::registry::{FindChat, OpenChat, RegisterChat};
 use crate::serve::AppState;
 
 /// A REST error: status, stable code, and a sentence for humans.
@@ -207,26 +207,25 @@ pub(crate) async fn owned_chat(
     caller: &Caller,
     chat_id: &str,
 ) -> Result<ChatHandle, ApiError> {
-    let found = state
+    // A chat not in memory (completed, or open and left idle, or from before a restart) is
+    // rebuilt from the store by the registry, once however many lookups ask at the same time.
+    state
         .registry
-        .send(FindChat {
+        .send(OpenChat {
             chat_id: chat_id.to_owned(),
             tenant: caller.tenant.clone(),
             user: caller.user.clone(),
         })
         .await
-        .map_err(|_| unavailable())?;
-    if let Some(chat) = found {
-        return Ok(chat);
-    }
-    // A chat that completed before a restart is not kept in memory: rebuild it on demand.
-    let restored = state
-        .engine
-        .restore_completed_chat(chat_id, &caller.tenant, &caller.user)
-        .await?
-        .ok_or_else(ApiError::not_found)?;
-    state.registry.do_send(RegisterChat(restored.clone()));
-    Ok(restored)
+        .map_err(|_| unavailable())?
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                ErrorCode::Internal.as_str(),
+                e.to_string(),
+            )
+        })?
+        .ok_or_else(ApiError::not_found)
 }
 
 /// Where the caller's chat `chat_id` runs: here, or (in a cluster) on another node. An open
@@ -344,7 +343,7 @@ async fn metrics(state: web::Data<AppState>) -> HttpResponse {
     crate::metrics::write_metric(
         &mut text,
         "tessera_chats_in_memory",
-        "Chat sessions held in memory (completed ones leave and are rebuilt on demand).",
+        "Chat sessions held in memory (completed and idle open ones leave and are rebuilt on demand).",
         "gauge",
         i64::try_from(state.engine.chats_in_memory()).unwrap_or(i64::MAX),
     );
@@ -411,7 +410,7 @@ pub(crate) async fn start_chat(
     let limit = state.limits.max_open_chats_per_tenant;
     let slot = match state
         .chat_quota
-        .reserve(&state.registry, &caller.tenant, limit)
+        .reserve(state.chats.as_ref(), &caller.tenant, limit)
         .await
     {
         Ok(slot) => slot,

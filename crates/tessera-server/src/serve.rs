@@ -307,6 +307,13 @@ pub async fn run(
         model_call_deadline: Duration::from_secs_f64(config.llm.call_deadline_s),
         max_tokens: config.llm.max_tokens,
         vault_key: Some(Arc::new(tessera_engine::secrets::VaultKey::new(vault_key))),
+        // In a cluster a chat that left memory would drop its lease and come straight back
+        // through the orphan scan: idle chats stay where their lease is.
+        idle_evict: if config.cluster.enabled() {
+            None
+        } else {
+            config.limits.idle_chat_evict()
+        },
         ..EngineConfig::default()
     };
     let metrics = Arc::new(Metrics::default());
@@ -365,7 +372,7 @@ pub async fn run(
         versions.clone(),
         models.clone(),
     ));
-    let registry = ChatRegistry::default().start();
+    let registry = ChatRegistry::new(engine.clone()).start();
     let cluster_metrics = cluster_link.as_ref().map(|(_, metrics)| metrics.clone());
     let readiness_bus = cluster_link.as_ref().map(|(bus, _)| bus.clone());
     let cluster = match (cluster_link, lease_store) {

@@ -115,6 +115,17 @@ pub(crate) async fn completed_before(
         .collect()
 }
 
+/// How many of `tenant`'s chats have not completed (index `chats_open_by_tenant`).
+pub(crate) async fn count_open(pool: SqlitePool, tenant: String) -> Result<u64, StoreError> {
+    let count: i64 =
+        sqlx::query_scalar("SELECT COUNT(*) FROM chats WHERE tenant = ? AND status <> ?")
+            .bind(&tenant)
+            .bind(STATUS_COMPLETED)
+            .fetch_one(&pool)
+            .await?;
+    Ok(u64::try_from(count).unwrap_or(0))
+}
+
 /// Delete a chat; rows of the child tables (and through `chat_numbers`, of the tables keyed
 /// by chat number) go by `ON DELETE CASCADE`, artifacts explicitly.
 pub(crate) fn delete(conn: &Connection, chat_id: &str) -> Result<bool, StoreError> {

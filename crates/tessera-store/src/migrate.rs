@@ -33,10 +33,15 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "append_order",
         include_str!("../migrations/0005_append_order.sql"),
     ),
+    (
+        6,
+        "open_chats_by_tenant",
+        include_str!("../migrations/0006_open_chats_by_tenant.sql"),
+    ),
 ];
 
 /// Highest schema version this build knows.
-pub(crate) const LATEST_VERSION: i64 = 5;
+pub(crate) const LATEST_VERSION: i64 = 6;
 
 /// Bring the schema up to [`LATEST_VERSION`]; a no-op when it already is.
 pub(crate) async fn run(pool: &SqlitePool) -> Result<(), StoreError> {

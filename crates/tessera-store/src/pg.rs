@@ -322,6 +322,13 @@ impl ChatStore for PgStore {
             limit,
         ))
     }
+
+    fn count_open_chats(&self, tenant: &str) -> StoreFuture<u64> {
+        self.on_runtime(reads::count_open_chats(
+            self.pool.clone(),
+            tenant.to_owned(),
+        ))
+    }
 }
 
 impl crate::WorkflowVersionStore for PgStore {

@@ -185,6 +185,10 @@ impl ChatStore for SqliteStore {
         Box::pin(chats::completed_before(self.pool.clone(), before_ms, limit))
     }
 
+    fn count_open_chats(&self, tenant: &str) -> StoreFuture<u64> {
+        Box::pin(chats::count_open(self.pool.clone(), tenant.to_owned()))
+    }
+
     fn all_messages(&self, chat_id: &str) -> StoreFuture<Vec<StoredMessage>> {
         Box::pin(messages::all(self.pool.clone(), chat_id.to_owned()))
     }

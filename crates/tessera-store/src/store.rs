@@ -109,4 +109,8 @@ pub trait ChatStore: Send + Sync + 'static {
     /// Ids of up to `limit` completed chats last updated before `before_ms` (Unix ms), oldest
     /// first: what the retention task purges.
     fn completed_chats_before(&self, before_ms: i64, limit: u32) -> StoreFuture<Vec<String>>;
+
+    /// How many of `tenant`'s chats have not completed (the open-chat quota counts these, in
+    /// memory or not).
+    fn count_open_chats(&self, tenant: &str) -> StoreFuture<u64>;
 }

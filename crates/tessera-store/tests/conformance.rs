@@ -461,6 +461,37 @@ async fn completed_chats_before_lists_only_old_completed_chats_oldest_first(db: 
     assert_eq!(first, ["old-done-1"], "the limit caps one purge round");
 }
 
+async fn count_open_chats_counts_a_tenants_chats_not_completed(db: TestDb) {
+    let store = open(&db).await;
+    assert_eq!(store.count_open_chats("acme").await.unwrap(), 0);
+    for (id, tenant, status) in [
+        ("a-open-1", "acme", None),
+        ("a-open-2", "acme", Some(STATUS_AWAITING_USER)),
+        ("a-done", "acme", Some(STATUS_COMPLETED)),
+        ("b-open", "beta", None),
+    ] {
+        store
+            .create_chat(record(id, tenant, "u1", 1))
+            .await
+            .unwrap();
+        if let Some(status) = status {
+            let state = ChatState {
+                status: status.to_owned(),
+                ..ChatState::initial(2)
+            };
+            store.save_state(id, state).await.unwrap();
+        }
+    }
+    assert_eq!(
+        store.count_open_chats("acme").await.unwrap(),
+        2,
+        "a just-created chat counts, a completed one does not"
+    );
+    assert_eq!(store.count_open_chats("beta").await.unwrap(), 1);
+    assert!(store.delete_chat("a-open-1").await.unwrap());
+    assert_eq!(store.count_open_chats("acme").await.unwrap(), 1);
+}
+
 async fn generated_files_over_the_tenant_quota_are_refused_and_nothing_is_stored(db: TestDb) {
     let store = open(&db).await.with_tenant_file_quota(100);
     store
@@ -1331,6 +1362,7 @@ conformance!(
     list_open_chats_excludes_completed,
     delete_chat_cascades,
     completed_chats_before_lists_only_old_completed_chats_oldest_first,
+    count_open_chats_counts_a_tenants_chats_not_completed,
     generated_files_over_the_tenant_quota_are_refused_and_nothing_is_stored,
     concurrent_files_cannot_overshoot_the_tenant_quota_together,
     migrations_are_idempotent,

@@ -17,17 +17,23 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "init",
         include_str!("../../migrations/postgres/0001_init.sql"),
     ),
-    // 2 and 3 are SQLite's catch-up to what PostgreSQL's 0001 already has; numbers stay
-    // aligned so one schema version means the same tables on both backends.
+    // 2 and 3 are SQLite's catch-up to what PostgreSQL's 0001 already has, and 5 is SQLite's
+    // write-ordered layout; numbers stay aligned so one schema version means the same tables
+    // on both backends.
     (
         4,
         "workflow_versions",
         include_str!("../../migrations/postgres/0004_workflow_versions.sql"),
     ),
+    (
+        6,
+        "open_chats_by_tenant",
+        include_str!("../../migrations/postgres/0006_open_chats_by_tenant.sql"),
+    ),
 ];
 
 /// Highest schema version this build knows.
-pub(crate) const LATEST_VERSION: i64 = 4;
+pub(crate) const LATEST_VERSION: i64 = 6;
 
 /// Bring the schema up to [`LATEST_VERSION`]; a no-op when it already is.
 pub(crate) async fn run(pool: &PgPool) -> Result<(), StoreError> {

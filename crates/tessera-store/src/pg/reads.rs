@@ -80,6 +80,17 @@ pub(crate) async fn list_open_chats(pool: PgPool) -> Result<Vec<StoredChat>, Sto
     rows.iter().map(crate::rows::chat).collect()
 }
 
+/// How many of `tenant`'s chats have not completed (index `chats_open_by_tenant`).
+pub(crate) async fn count_open_chats(pool: PgPool, tenant: String) -> Result<u64, StoreError> {
+    let count: i64 =
+        sqlx::query_scalar("SELECT COUNT(*) FROM chats WHERE tenant = $1 AND status <> $2")
+            .bind(&tenant)
+            .bind(STATUS_COMPLETED)
+            .fetch_one(&pool)
+            .await?;
+    Ok(u64::try_from(count).unwrap_or(0))
+}
+
 pub(crate) async fn messages(
     pool: PgPool,
     chat_id: String,

@@ -413,7 +413,10 @@ async fn unlisted_workflows_are_not_offered_but_start_by_name() {
         .flatten()
         .filter_map(|w| w["name"].as_str())
         .collect();
-    assert_eq!(names, ["Generator", "TextToolkit", "TodoAssistant"]);
+    assert_eq!(
+        names,
+        ["Generator", "McpEverything", "TextToolkit", "TodoAssistant"]
+    );
     // LoadTest says `"listed": false`; the load generator still starts it by name.
     server.create_chat("LoadTest", "alice").await;
 }

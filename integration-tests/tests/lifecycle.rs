@@ -50,12 +50,18 @@ fn stored_rows(db: &std::path::Path, chat_id: &str) -> Vec<(&'static str, i64)> 
     ]
     .into_iter()
     .map(|table| {
-        let n: i64 = conn
-            .query_row(
-                &format!("SELECT COUNT(*) FROM {table} WHERE chat_id = ?1"),
-                [chat_id],
-                |r| r.get(0),
+        // The write-ordered logs are keyed by the chat's number, not its id.
+        let by_number = matches!(table, "messages" | "events" | "tool_invocations");
+        let query = if by_number {
+            format!(
+                "SELECT COUNT(*) FROM {table} WHERE chat_no = \
+                 (SELECT chat_no FROM chat_numbers WHERE chat_id = ?1)"
             )
+        } else {
+            format!("SELECT COUNT(*) FROM {table} WHERE chat_id = ?1")
+        };
+        let n: i64 = conn
+            .query_row(&query, [chat_id], |r| r.get(0))
             .unwrap_or_else(|e| panic!("{table}: {e}"));
         (table, n)
     })

@@ -35,6 +35,11 @@ fn nats_url(test: &str) -> Option<String> {
     url
 }
 
+/// The tests of this file take turns: each runs several nodes and measures takeover times
+/// against lease TTLs of a few seconds, and nodes of two tests at once on a 2-core machine
+/// starve each other's lease renewals.
+static ONE_CLUSTER_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// N nodes on one schema and one NATS subject prefix.
 struct Cluster {
     schema: PgTestSchema,
@@ -64,6 +69,13 @@ impl Cluster {
                 // One vault key for the service: a node that takes a chat over opens the
                 // secrets another node sealed.
                 ("TESSERA_SECRET_KEY".to_owned(), "42".repeat(32)),
+                // The tenant budget is global in a cluster: 300 chats of one tenant (plus their
+                // resends after reconnects) would spend the default 1,200 a minute and wait for
+                // the next minute, which is not what these tests measure.
+                (
+                    "TESSERA_MESSAGES_PER_MINUTE_PER_TENANT".to_owned(),
+                    "1000000".to_owned(),
+                ),
                 (
                     "RUST_LOG".to_owned(),
                     "warn,tessera_cluster=info,tessera_server::cluster=info".to_owned(),
@@ -303,6 +315,7 @@ async fn assert_each_tool_ran_once(store: &PgStore, chat: &str) {
 
 #[tokio::test]
 async fn a_chat_created_on_one_node_is_driven_through_another() {
+    let _turn = ONE_CLUSTER_AT_A_TIME.lock().await;
     let Some(cluster) = Cluster::start("cluster_two_nodes", 2).await else {
         return;
     };
@@ -382,6 +395,7 @@ async fn a_chat_created_on_one_node_is_driven_through_another() {
 
 #[tokio::test]
 async fn chats_survive_a_node_killed_mid_run() {
+    let _turn = ONE_CLUSTER_AT_A_TIME.lock().await;
     const CHATS: usize = 300;
     let Some(mut cluster) = Cluster::start_with_ttl("cluster_kill_node", 3, BUSY_LEASE_TTL_S).await
     else {
@@ -513,6 +527,7 @@ async fn chats_survive_a_node_killed_mid_run() {
 
 #[tokio::test]
 async fn a_node_paused_past_its_lease_cannot_write_and_drops_its_chats() {
+    let _turn = ONE_CLUSTER_AT_A_TIME.lock().await;
     let Some(cluster) = Cluster::start("cluster_sigstop", 2).await else {
         return;
     };
@@ -657,6 +672,7 @@ async fn a_node_paused_past_its_lease_cannot_write_and_drops_its_chats() {
 
 #[tokio::test]
 async fn sigterm_hands_the_chats_over_before_their_lease_expires() {
+    let _turn = ONE_CLUSTER_AT_A_TIME.lock().await;
     let Some(mut cluster) = Cluster::start("cluster_drain", 2).await else {
         return;
     };

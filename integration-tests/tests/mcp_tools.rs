@@ -268,3 +268,84 @@ fn the_shipped_mcp_workflow_validates_with_or_without_its_server() {
         "{stdout}"
     );
 }
+
+/// With traces exported, an MCP call carries the W3C trace context of its `execute_tool` span
+/// in `_meta` (`traceparent`), under the trace of the WebSocket upgrade's `traceparent`.
+#[tokio::test]
+async fn an_mcp_tool_call_carries_the_traceparent_of_its_span() {
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+    use prost::Message as _;
+    use wiremock::matchers::{method, path};
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+
+    const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let otlp = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/v1/traces"))
+        .respond_with(ResponseTemplate::new(200))
+        .mount(&otlp)
+        .await;
+    let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let log = tmp.path().join("calls.log");
+    let root = workflow(
+        &tmp.path().join("workflows"),
+        stdio_server(json!({"TESSERA_MCP_TESTSERVER_LOG": log.display().to_string()})),
+        "echo",
+    );
+    let mock = MockLlm::start().await;
+    let mut options = ServerOptions {
+        workflows_dir: Some(root),
+        ..mock.options()
+    };
+    options
+        .env
+        .push(("OTEL_EXPORTER_OTLP_ENDPOINT".into(), otlp.uri()));
+    let server = TestServer::start(options).await;
+    let chat = server.create_chat("McpDemo", "alice").await;
+    let parent = format!("00-{TRACE_ID}-00f067aa0ba902b7-01");
+    let mut ws = WsClient::try_connect_with(
+        &server.ws_url(&chat, 0),
+        "alice",
+        &[("traceparent", parent.as_str())],
+    )
+    .await
+    .unwrap_or_else(|e| panic!("websocket connect failed: {e}"));
+    ws.until("chat.resume_boundary").await;
+    one_turn(&mut ws, "test_echo").await;
+    ws.close().await;
+    assert!(server.terminate().await, "tessera exits cleanly on SIGTERM");
+
+    let calls = logged_calls(&log);
+    assert_eq!(calls.len(), 1, "exactly one call: {calls:?}");
+    let header = calls[0]["meta"]["traceparent"]
+        .as_str()
+        .unwrap_or_else(|| panic!("the MCP call has no traceparent: {calls:?}"))
+        .to_owned();
+    let parts: Vec<&str> = header.split('-').collect();
+    assert_eq!(parts.len(), 4, "{header}");
+    assert_eq!(
+        parts[1], TRACE_ID,
+        "the caller's trace continues into the MCP call"
+    );
+    // Its parent id is the exported `execute_tool` span of the call.
+    let mut tool_span_ids = Vec::new();
+    for request in otlp.received_requests().await.unwrap_or_default() {
+        let export = ExportTraceServiceRequest::decode(request.body.as_slice())
+            .unwrap_or_else(|e| panic!("{e}"));
+        for resource in export.resource_spans {
+            for scope in resource.scope_spans {
+                for span in scope.spans {
+                    if span.name == "execute_tool test_echo" {
+                        tool_span_ids.push(
+                            span.span_id
+                                .iter()
+                                .map(|b| format!("{b:02x}"))
+                                .collect::<String>(),
+                        );
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(tool_span_ids, [parts[2].to_owned()]);
+}

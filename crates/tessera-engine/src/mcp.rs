@@ -434,15 +434,20 @@ impl Tool for McpTool {
                 .map_err(|_| ToolError::Failed("the MCP hub stopped".to_owned()))?
                 .map_err(ToolError::Failed)?;
             // Who the call is for comes from the chat, never from the model's arguments.
-            let meta = json!({
-                "tessera/tenant": &*ctx.app_id,
-                "tessera/user": &*ctx.user_id,
-                "tessera/chat_id": &*ctx.chat_id,
-                "tessera/invocation_key": &*ctx.turn_idempotency_key,
-            });
-            let result = conn
-                .call_with_meta(&tool, args, meta.as_object().cloned())
-                .await;
+            let mut meta = Map::new();
+            meta.insert("tessera/tenant".into(), json!(&*ctx.app_id));
+            meta.insert("tessera/user".into(), json!(&*ctx.user_id));
+            meta.insert("tessera/chat_id".into(), json!(&*ctx.chat_id));
+            meta.insert(
+                "tessera/invocation_key".into(),
+                json!(&*ctx.turn_idempotency_key),
+            );
+            // The caller's `execute_tool` span, when traces are exported: W3C trace context in
+            // `_meta` (`traceparent`, `tracestate`), as MCP carries it.
+            for (name, value) in tessera_telemetry::outgoing_headers() {
+                meta.insert(name.into(), Value::String(value));
+            }
+            let result = conn.call_with_meta(&tool, args, Some(meta)).await;
             if result.is_err() {
                 hub.do_send(McpSessionFailed { server, conn });
             }

@@ -489,3 +489,46 @@ async fn a_ui_tool_has_an_execute_tool_span_holding_the_wait_for_the_browser() {
         "no content by default"
     );
 }
+
+/// A REST input's `traceparent` is the parent of the turn's workflow span (the WebSocket that
+/// follows the chat sends none).
+#[tokio::test]
+async fn a_rest_input_continues_the_callers_trace() {
+    let otlp = otlp_receiver().await;
+    let tool = tool_server().await;
+    let mock = MockLlm::start().await;
+    let workflows = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    write_workflow(workflows.path(), &format!("{}/lookup", tool.uri()));
+    let mut options = mock.options();
+    options.workflows_dir = Some(workflows.path().to_path_buf());
+    options.env.extend([
+        ("OTEL_EXPORTER_OTLP_ENDPOINT".into(), otlp.uri()),
+        ("OTEL_SERVICE_NAME".into(), "tessera-otel-test".into()),
+        ("OTEL_BSP_SCHEDULE_DELAY".into(), "600000".into()),
+    ]);
+    let server = TestServer::start(options).await;
+    let chat = server.create_chat("Lookup", "alice").await;
+    let mut ws = WsClient::connect(&server.ws_url(&chat, 0), "alice").await;
+    ws.until("chat.resume_boundary").await;
+    let sent = reqwest::Client::new()
+        .post(format!("{}/api/v1/chats/{chat}/input", server.base))
+        .header("x-user-id", "alice")
+        .header("traceparent", traceparent())
+        .json(&json!({"content": USER_TEXT}))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("POST input: {e}"));
+    assert!(sent.status().is_success(), "{}", sent.status());
+    let response = ws.until("chat.tool_response").await;
+    assert_eq!(response["data"]["success"], true, "{response}");
+    ws.until("chat.input_request").await;
+    ws.close().await;
+    assert!(server.terminate().await, "tessera exits cleanly on SIGTERM");
+
+    let exported = decode(&otlp, chat).await;
+    let workflow = one(&exported.spans, "invoke_workflow Lookup");
+    assert_eq!(hex(&workflow.trace_id), TRACE_ID);
+    assert_eq!(hex(&workflow.parent_span_id), CALLER_SPAN_ID);
+    let agent = one(&exported.spans, "invoke_agent LookupAgent");
+    assert_eq!(agent.parent_span_id, workflow.span_id);
+}

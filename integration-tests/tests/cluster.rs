@@ -155,6 +155,27 @@ struct ChatRun {
     tail: Vec<String>,
 }
 
+/// Every stored event of `chat`, once the store holds at least `count` of them (`what`
+/// names the wait in its timeout message).
+async fn stored_events(
+    store: &PgStore,
+    chat: &str,
+    count: u64,
+    what: &str,
+) -> Vec<tessera_store::StoredEvent> {
+    wait_until(what, Duration::from_secs(10), async || {
+        store
+            .events_after(chat, 0, u32::MAX)
+            .await
+            .is_ok_and(|e| e.len() as u64 >= count)
+    })
+    .await;
+    store
+        .events_after(chat, 0, u32::MAX)
+        .await
+        .unwrap_or_default()
+}
+
 /// Drives a Generator chat to its end like a browser: says what the interview asks, answers
 /// every UI tool call, and on a closed socket reconnects to another node and resumes by seq.
 /// `first` picks the first node; reconnects go round the others. With `hold`, the first UI
@@ -349,21 +370,7 @@ async fn a_chat_created_on_one_node_is_driven_through_another() {
     // on every event), and everything it saw is in the store in the same order.
     let store = cluster.store().await;
     let seen = ws.last_seq;
-    wait_until(
-        "the store to hold what B relayed",
-        Duration::from_secs(10),
-        async || {
-            store
-                .events_after(&chat, 0, u32::MAX)
-                .await
-                .is_ok_and(|e| e.len() as u64 >= seen)
-        },
-    )
-    .await;
-    let stored = store
-        .events_after(&chat, 0, u32::MAX)
-        .await
-        .unwrap_or_default();
+    let stored = stored_events(&store, &chat, seen, "the store to hold what B relayed").await;
     let relayed: Vec<u64> = ws
         .events
         .iter()
@@ -621,21 +628,7 @@ async fn a_node_paused_past_its_lease_cannot_write_and_drops_its_chats() {
     })
     .await;
     let b_seen = on_b.last_seq;
-    wait_until(
-        "B's events in the store",
-        Duration::from_secs(10),
-        async || {
-            store
-                .events_after(&chat, 0, u32::MAX)
-                .await
-                .is_ok_and(|e| e.len() as u64 >= b_seen)
-        },
-    )
-    .await;
-    let after = store
-        .events_after(&chat, 0, u32::MAX)
-        .await
-        .unwrap_or_default();
+    let after = stored_events(&store, &chat, b_seen, "B's events in the store").await;
     assert!(a_log.contains("write fenced") || a_log.contains("lease lost"));
     for (before, now) in log_before_wake.iter().zip(&after) {
         assert_eq!(before.json, now.json, "seq {} was rewritten", before.seq);

@@ -166,9 +166,17 @@ impl Exported {
     }
 }
 
-/// Runs one chat turn with export on (plus `extra_env`), stops the server, and decodes what
-/// the receiver got.
-async fn traced_chat(extra_env: &[(&str, &str)]) -> Exported {
+/// A server exporting to a fresh OTLP receiver (plus `extra_env`), with the mock LLM and the
+/// `Lookup` workflow's HTTP tool; dropping it stops them all.
+struct Traced {
+    server: TestServer,
+    otlp: MockServer,
+    tool: MockServer,
+    _mock: MockLlm,
+    _workflows: tempfile::TempDir,
+}
+
+async fn traced_server(extra_env: &[(&str, &str)]) -> Traced {
     let otlp = otlp_receiver().await;
     let tool = tool_server().await;
     let mock = MockLlm::start().await;
@@ -187,10 +195,25 @@ async fn traced_chat(extra_env: &[(&str, &str)]) -> Exported {
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
     );
-    let server = TestServer::start(options).await;
-    let chat = chat_once(&server).await;
-    assert!(server.terminate().await, "tessera exits cleanly on SIGTERM");
-    decode(&otlp, chat).await
+    Traced {
+        server: TestServer::start(options).await,
+        otlp,
+        tool,
+        _mock: mock,
+        _workflows: workflows,
+    }
+}
+
+/// Runs one chat turn with export on (plus `extra_env`), stops the server, and decodes what
+/// the receiver got.
+async fn traced_chat(extra_env: &[(&str, &str)]) -> Exported {
+    let traced = traced_server(extra_env).await;
+    let chat = chat_once(&traced.server).await;
+    assert!(
+        traced.server.terminate().await,
+        "tessera exits cleanly on SIGTERM"
+    );
+    decode(&traced.otlp, chat).await
 }
 
 /// Decodes every export `otlp` received.
@@ -352,19 +375,10 @@ async fn message_content_is_exported_only_when_the_operator_opts_in() {
 
 #[tokio::test]
 async fn an_http_tool_call_carries_the_traceparent_of_its_span() {
-    let otlp = otlp_receiver().await;
-    let tool = tool_server().await;
-    let mock = MockLlm::start().await;
-    let workflows = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    write_workflow(workflows.path(), &format!("{}/lookup", tool.uri()));
-    let mut options = mock.options();
-    options.workflows_dir = Some(workflows.path().to_path_buf());
-    options
-        .env
-        .push(("OTEL_EXPORTER_OTLP_ENDPOINT".into(), otlp.uri()));
-    let server = TestServer::start(options).await;
-    chat_once(&server).await;
-    assert!(server.terminate().await);
+    let traced = traced_server(&[]).await;
+    let (otlp, tool) = (&traced.otlp, &traced.tool);
+    chat_once(&traced.server).await;
+    assert!(traced.server.terminate().await);
 
     let calls = tool.received_requests().await.unwrap_or_default();
     assert_eq!(calls.len(), 1);
@@ -494,19 +508,8 @@ async fn a_ui_tool_has_an_execute_tool_span_holding_the_wait_for_the_browser() {
 /// follows the chat sends none).
 #[tokio::test]
 async fn a_rest_input_continues_the_callers_trace() {
-    let otlp = otlp_receiver().await;
-    let tool = tool_server().await;
-    let mock = MockLlm::start().await;
-    let workflows = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    write_workflow(workflows.path(), &format!("{}/lookup", tool.uri()));
-    let mut options = mock.options();
-    options.workflows_dir = Some(workflows.path().to_path_buf());
-    options.env.extend([
-        ("OTEL_EXPORTER_OTLP_ENDPOINT".into(), otlp.uri()),
-        ("OTEL_SERVICE_NAME".into(), "tessera-otel-test".into()),
-        ("OTEL_BSP_SCHEDULE_DELAY".into(), "600000".into()),
-    ]);
-    let server = TestServer::start(options).await;
+    let traced = traced_server(&[]).await;
+    let server = &traced.server;
     let chat = server.create_chat("Lookup", "alice").await;
     let mut ws = WsClient::connect(&server.ws_url(&chat, 0), "alice").await;
     ws.until("chat.resume_boundary").await;
@@ -523,9 +526,12 @@ async fn a_rest_input_continues_the_callers_trace() {
     assert_eq!(response["data"]["success"], true, "{response}");
     ws.until("chat.input_request").await;
     ws.close().await;
-    assert!(server.terminate().await, "tessera exits cleanly on SIGTERM");
+    assert!(
+        traced.server.terminate().await,
+        "tessera exits cleanly on SIGTERM"
+    );
 
-    let exported = decode(&otlp, chat).await;
+    let exported = decode(&traced.otlp, chat).await;
     let workflow = one(&exported.spans, "invoke_workflow Lookup");
     assert_eq!(hex(&workflow.trace_id), TRACE_ID);
     assert_eq!(hex(&workflow.parent_span_id), CALLER_SPAN_ID);

@@ -218,17 +218,7 @@ pub async fn run(
     let chat_id = thread_chat_id(&caller, &input.thread_id);
     let mut new_chat = false;
     // In a cluster, an open chat is served only by the node holding its lease.
-    let located = crate::rest::locate_chat(&state, &caller, &chat_id)
-        .await
-        .and_then(|link| match link {
-            crate::ws::ChatLink::Local(chat) => Ok(chat),
-            crate::ws::ChatLink::Remote(_) => Err(crate::rest::ApiError::new(
-                actix_web::http::StatusCode::SERVICE_UNAVAILABLE,
-                "chat_on_another_node",
-                "the chat runs on another node: retry on that node",
-            )),
-        });
-    let chat = match located {
+    let chat = match crate::rest::local_chat(&state, &caller, &chat_id).await {
         Ok(chat) => chat,
         Err(e) if e.is_not_found() => {
             let context = match &input.state {

@@ -145,18 +145,7 @@ impl FromRequest for OwnedChat {
         });
         Box::pin(async move {
             let (state, caller, chat_id) = found?;
-            let chat = match locate_chat(&state, &caller, &chat_id).await? {
-                crate::ws::ChatLink::Local(chat) => chat,
-                // Known limit: REST calls are not forwarded between nodes (the WebSocket's
-                // are); an orphaned chat was taken over here by `locate_chat`.
-                crate::ws::ChatLink::Remote(_) => {
-                    return Err(ApiError::new(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "chat_on_another_node",
-                        "the chat runs on another node: use its WebSocket, or retry on that node",
-                    ));
-                }
-            };
+            let chat = local_chat(&state, &caller, &chat_id).await?;
             Ok(OwnedChat { caller, chat })
         })
     }
@@ -290,6 +279,25 @@ pub(crate) async fn locate_chat(
         Claimed::NotOpen => owned_chat(state, caller, chat_id)
             .await
             .map(ChatLink::Local),
+    }
+}
+
+/// The caller's chat `chat_id` when this node runs it (or takes it over, if no node does);
+/// 503 `chat_on_another_node` when another node owns it.
+///
+/// Known limit: REST calls are not forwarded between nodes (the WebSocket's are).
+pub(crate) async fn local_chat(
+    state: &AppState,
+    caller: &Caller,
+    chat_id: &str,
+) -> Result<ChatHandle, ApiError> {
+    match locate_chat(state, caller, chat_id).await? {
+        crate::ws::ChatLink::Local(chat) => Ok(chat),
+        crate::ws::ChatLink::Remote(_) => Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "chat_on_another_node",
+            "the chat runs on another node: use its WebSocket, or retry on that node",
+        )),
     }
 }
 

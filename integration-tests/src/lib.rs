@@ -76,6 +76,7 @@ fn build_bin(package: &str, bin: &str) -> PathBuf {
 }
 
 pub mod browser;
+pub mod cluster;
 pub mod mock_llm;
 pub mod postgres;
 pub mod server;

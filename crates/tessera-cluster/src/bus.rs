@@ -37,6 +37,28 @@ pub enum ChatCommand {
     },
     /// Stop the running turn.
     Cancel,
+    /// The chat as the REST API shows it (`GET /chats/{id}`); answered with its JSON.
+    Snapshot,
+    /// One page of the chat's transcript (`GET /chats/{id}/messages`); answered with its JSON.
+    Messages {
+        /// Messages skipped.
+        offset: u64,
+        /// Messages at most.
+        limit: u64,
+    },
+    /// The chat is being deleted: stop its session now (the deleting node then deletes the
+    /// stored chat and its lease, which fences any write still under way).
+    Stop,
+    /// Run an AG-UI run of the chat on its owner and stream the run's SSE frames to
+    /// `stream_to` (an inbox the forwarder opened with [`ClusterBus::open_stream`]).
+    AguiRun {
+        /// The workflow the client asked for (a thread of another workflow is refused).
+        workflow: String,
+        /// The client's `RunAgentInput`.
+        input: Value,
+        /// Where the frames go.
+        stream_to: String,
+    },
 }
 
 /// The owner's answer to a [`ChatCommand`].
@@ -45,14 +67,80 @@ pub enum ChatCommand {
 pub enum CommandReply {
     /// Taken.
     Accepted,
+    /// Carried out, with a JSON answer (reads).
+    Answered {
+        /// What the owner's REST API answers.
+        body: Value,
+    },
     /// Refused with a stable error code (the one the owner's own socket would have sent).
     Refused {
         /// Stable error code.
         code: String,
         /// For the user.
         message: String,
+        /// The HTTP status the owner's REST API answers for it (absent: the forwarder picks).
+        #[serde(default)]
+        status: Option<u16>,
     },
 }
+
+/// One message of a stream from an owner to a forwarder (see [`ClusterBus::open_stream`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum StreamFrame {
+    /// The next piece of the stream.
+    Data(Bytes),
+    /// Nothing new, but the owner is still there.
+    KeepAlive,
+    /// The stream is over.
+    End,
+}
+
+/// One received [`StreamFrame`], numbered by the owner from 0 so a lost one shows.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NumberedFrame {
+    /// Its place in the stream.
+    pub n: u64,
+    /// The frame.
+    pub frame: StreamFrame,
+}
+
+impl NumberedFrame {
+    fn encode(&self) -> Bytes {
+        let (tag, body): (u8, &[u8]) = match &self.frame {
+            StreamFrame::Data(data) => (b'd', data),
+            StreamFrame::KeepAlive => (b'k', &[]),
+            StreamFrame::End => (b'e', &[]),
+        };
+        let mut out = Vec::with_capacity(9 + body.len());
+        out.push(tag);
+        out.extend_from_slice(&self.n.to_be_bytes());
+        out.extend_from_slice(body);
+        Bytes::from(out)
+    }
+
+    fn decode(payload: &Bytes) -> Result<Self, ClusterError> {
+        let short = || ClusterError::Decode("stream frame shorter than its header".into());
+        let tag = *payload.first().ok_or_else(short)?;
+        let n: [u8; 8] = payload
+            .get(1..9)
+            .and_then(|h| h.try_into().ok())
+            .ok_or_else(short)?;
+        let frame = match tag {
+            b'd' => StreamFrame::Data(payload.slice(9..)),
+            b'k' => StreamFrame::KeepAlive,
+            b'e' => StreamFrame::End,
+            other => return Err(ClusterError::Decode(format!("stream frame tag {other}"))),
+        };
+        Ok(Self {
+            n: u64::from_be_bytes(n),
+            frame,
+        })
+    }
+}
+
+/// Where an owner may stream to: inboxes only, so a command cannot make it publish on a
+/// chat's subjects.
+const INBOX_PREFIX: &str = "_INBOX.";
 
 /// One live event relayed from the owner: its seq and its serialized envelope (the same bytes
 /// the owner's own sockets get).
@@ -268,6 +356,49 @@ impl ClusterBus {
         serde_json::from_slice(&answer.payload).map_err(|e| ClusterError::Decode(e.to_string()))
     }
 
+    /// Opens a stream an owner can send frames to (forwarder side): subscribes to a fresh
+    /// inbox and returns its name (for the command) and the frames that arrive on it, in the
+    /// order the owner sent them (NATS keeps one publisher's order). Drop the stream to close it.
+    pub async fn open_stream(
+        &self,
+    ) -> Result<
+        (
+            String,
+            impl Stream<Item = NumberedFrame> + Send + Unpin + use<>,
+        ),
+        ClusterError,
+    > {
+        let inbox = self.client.new_inbox();
+        let subscriber = self.subscribe(inbox.clone()).await?;
+        Ok((
+            inbox,
+            subscriber.filter_map(|msg| {
+                let decoded = NumberedFrame::decode(&msg.payload);
+                if let Err(e) = &decoded {
+                    tracing::warn!(error = %e, "dropped an undecodable stream frame");
+                }
+                futures::future::ready(decoded.ok())
+            }),
+        ))
+    }
+
+    /// Sends one frame of a stream to `to` (owner side); `to` must be an inbox.
+    pub async fn send_stream_frame(
+        &self,
+        to: &str,
+        frame: &NumberedFrame,
+    ) -> Result<(), ClusterError> {
+        if !to.starts_with(INBOX_PREFIX) {
+            return Err(ClusterError::Decode(format!(
+                "a stream goes to an inbox, not to {to:?}"
+            )));
+        }
+        self.client
+            .publish(to.to_owned(), frame.encode())
+            .await
+            .map_err(|e| ClusterError::Nats(e.to_string()))
+    }
+
     async fn subscribe(&self, subject: String) -> Result<Subscriber, ClusterError> {
         let subscriber = self
             .client
@@ -278,5 +409,40 @@ impl ClusterBus {
         // it: wait for a round trip on this connection, which comes after it.
         self.round_trip().await?;
         Ok(subscriber)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stream_frames_round_trip() -> Result<(), ClusterError> {
+        for frame in [
+            StreamFrame::Data(Bytes::from_static(b"data: {}\n\n")),
+            StreamFrame::KeepAlive,
+            StreamFrame::End,
+        ] {
+            let numbered = NumberedFrame { n: 7, frame };
+            assert_eq!(NumberedFrame::decode(&numbered.encode())?, numbered);
+        }
+        assert!(NumberedFrame::decode(&Bytes::from_static(b"d123")).is_err());
+        assert!(NumberedFrame::decode(&Bytes::from_static(b"x\0\0\0\0\0\0\0\0")).is_err());
+        Ok(())
+    }
+
+    #[test]
+    fn a_refusal_without_a_status_still_decodes() -> Result<(), serde_json::Error> {
+        let reply: CommandReply =
+            serde_json::from_str(r#"{"kind":"refused","code":"internal","message":"m"}"#)?;
+        assert_eq!(
+            reply,
+            CommandReply::Refused {
+                code: "internal".into(),
+                message: "m".into(),
+                status: None
+            }
+        );
+        Ok(())
     }
 }

@@ -23,7 +23,9 @@ mod metrics;
 mod subjects;
 pub mod testing;
 
-pub use bus::{ChatCommand, ClusterBus, CommandReply, IncomingCommand, LiveEvent};
+pub use bus::{
+    ChatCommand, ClusterBus, CommandReply, IncomingCommand, LiveEvent, NumberedFrame, StreamFrame,
+};
 pub use error::ClusterError;
 pub use lease::{
     AcquireLease, Drain, HeldLeases, LeaseManager, LeaseManagerConfig, OwnershipChange,

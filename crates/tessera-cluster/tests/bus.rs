@@ -28,6 +28,7 @@ async fn a_command_reaches_the_owner_and_its_answer_comes_back() {
                 ChatCommand::Cancel => CommandReply::Refused {
                     code: "nothing_to_cancel".into(),
                     message: "no run".into(),
+                    status: Some(409),
                 },
                 _ => CommandReply::Accepted,
             };

@@ -11,7 +11,7 @@ use actix::prelude::*;
 use actix_web::http::StatusCode;
 use actix_web::web::Bytes;
 use actix_web::{HttpResponse, web};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 use tessera_engine::ChatHandle;
@@ -25,12 +25,16 @@ use crate::agui_events::{
     AguiEvent, AguiTranslator, Interrupt, RunOutcome, RunSignal, state_delta,
 };
 use crate::auth::Caller;
+use crate::cluster::{RemoteChat, STREAM_SILENCE_LIMIT};
 use crate::rest::{ApiError, parse_body, start_chat, unavailable};
 use crate::serve::AppState;
+use crate::ws::ChatLink;
+use tessera_cluster::{ChatCommand, NumberedFrame, StreamFrame};
 
 /// The fields of AG-UI's `RunAgentInput` this endpoint reads (the others are accepted and
-/// ignored: tools are the workflow's, not the client's).
-#[derive(Deserialize)]
+/// ignored: tools are the workflow's, not the client's). Serialized to hand a run to the
+/// chat's node in a cluster.
+#[derive(Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct RunAgentInput {
     thread_id: String,
@@ -44,7 +48,7 @@ pub struct RunAgentInput {
     resume: Vec<ResumeEntry>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 struct InputMessage {
     #[serde(default)]
@@ -54,7 +58,7 @@ struct InputMessage {
     content: Option<Value>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 struct ResumeEntry {
     interrupt_id: String,
@@ -73,7 +77,7 @@ enum RunInput {
     Nothing,
 }
 
-fn bad_request(message: impl Into<String>) -> ApiError {
+pub(crate) fn bad_request(message: impl Into<String>) -> ApiError {
     ApiError::new(
         StatusCode::BAD_REQUEST,
         ErrorCode::InvalidField.as_str(),
@@ -216,21 +220,52 @@ pub async fn run(
     }
     let workflow = workflow.into_inner();
     let chat_id = thread_chat_id(&caller, &input.thread_id);
-    let mut new_chat = false;
-    // In a cluster, an open chat is served only by the node holding its lease.
-    let chat = match crate::rest::local_chat(&state, &caller, &chat_id).await {
-        Ok(chat) => chat,
+    // In a cluster, an open chat is served only by the node holding its lease: a run of a
+    // chat another node runs is run there and its frames relayed from there.
+    let frames = match crate::rest::locate_chat(&state, &caller, &chat_id).await {
+        Ok(ChatLink::Local(chat)) => sse_body(start_run(chat, &workflow, input, false).await?),
+        Ok(ChatLink::Remote(remote)) => {
+            let remote = match &state.cluster {
+                Some(cluster) => remote.with_patience(cluster.rest_patience),
+                None => remote,
+            };
+            run_on_its_node(&remote, workflow, &input).await?
+        }
         Err(e) if e.is_not_found() => {
             let context = match &input.state {
                 Some(Value::Object(vars)) => vars.clone(),
                 Some(Value::Null) | None => Map::new(),
                 Some(_) => return Err(bad_request("state must be an object")),
             };
-            new_chat = true;
-            start_chat(&state, &caller, workflow.clone(), context, Some(chat_id)).await?
+            let chat =
+                start_chat(&state, &caller, workflow.clone(), context, Some(chat_id)).await?;
+            sse_body(start_run(chat, &workflow, input, true).await?)
         }
         Err(e) => return Err(e),
     };
+    Ok(HttpResponse::Ok()
+        .content_type("text/event-stream")
+        .insert_header(("Cache-Control", "no-cache"))
+        .streaming(frames))
+}
+
+type SseBody = futures::stream::BoxStream<'static, Result<Bytes, actix_web::Error>>;
+
+fn sse_body(received: mpsc::UnboundedReceiver<Bytes>) -> SseBody {
+    Box::pin(futures::stream::unfold(
+        received,
+        |mut received| async move { received.recv().await.map(|frame| (Ok(frame), received)) },
+    ))
+}
+
+/// Starts an AG-UI run of `chat` on this node (the node that runs the chat) and returns its
+/// SSE frames as they come. `new_chat`: the chat was created for this run.
+pub(crate) async fn start_run(
+    chat: ChatHandle,
+    workflow: &str,
+    input: RunAgentInput,
+    new_chat: bool,
+) -> Result<mpsc::UnboundedReceiver<Bytes>, ApiError> {
     if chat.workflow != workflow {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
@@ -259,16 +294,70 @@ pub async fn run(
         .await
         .map_err(|_| unavailable())?;
     streamer.do_send(Watching(subscription));
-    let body = futures::stream::unfold(received, |mut received| async move {
-        received
-            .recv()
-            .await
-            .map(|frame| (Ok::<Bytes, actix_web::Error>(frame), received))
-    });
-    Ok(HttpResponse::Ok()
-        .content_type("text/event-stream")
-        .insert_header(("Cache-Control", "no-cache"))
-        .streaming(body))
+    Ok(received)
+}
+
+/// Runs the AG-UI run on the node that runs the chat and relays its frames. When that node
+/// goes silent mid-run (it died), the stream ends with a `RUN_ERROR` the client can retry:
+/// a retried run sends nothing twice (see [`RunAgentInput::run_input`]).
+async fn run_on_its_node(
+    remote: &RemoteChat,
+    workflow: String,
+    input: &RunAgentInput,
+) -> Result<SseBody, ApiError> {
+    let input = serde_json::to_value(input).map_err(|e| bad_request(e.to_string()))?;
+    let started = remote
+        .stream(|stream_to| ChatCommand::AguiRun {
+            workflow,
+            input,
+            stream_to,
+        })
+        .await
+        .map_err(crate::rest::owner_unreachable)?;
+    let frames = match started {
+        Ok(frames) => frames,
+        Err(reply) => return Err(crate::rest::refusal_error(reply)),
+    };
+    Ok(Box::pin(futures::stream::unfold(
+        Some((frames, 0u64)),
+        |relaying| async move {
+            use futures::StreamExt;
+            let (mut frames, mut next) = relaying?;
+            loop {
+                let frame = tokio::time::timeout(STREAM_SILENCE_LIMIT, frames.next()).await;
+                match frame {
+                    Ok(Some(NumberedFrame { n, frame })) if n == next => {
+                        next += 1;
+                        match frame {
+                            StreamFrame::Data(data) => {
+                                return Some((Ok(data), Some((frames, next))));
+                            }
+                            StreamFrame::KeepAlive => {}
+                            StreamFrame::End => return None,
+                        }
+                    }
+                    // Silence, a lost frame or a closed connection: the run's node is gone.
+                    _ => {
+                        let lost = AguiEvent::RunError {
+                            message: "lost the chat's node during the run; run again to continue"
+                                .into(),
+                            code: "owner_unavailable".into(),
+                        };
+                        return Some((Ok(sse_frame(&lost, None)), None));
+                    }
+                }
+            }
+        },
+    )))
+}
+
+/// One SSE frame of `event` (with the chat's `seq` as its id when it comes from the log).
+fn sse_frame(event: &AguiEvent, seq: Option<u64>) -> Bytes {
+    let data = serde_json::to_string(event).unwrap_or_default();
+    Bytes::from(match seq {
+        Some(seq) => format!("id: {seq}\ndata: {data}\n\n"),
+        None => format!("data: {data}\n\n"),
+    })
 }
 
 /// The watch is attached (`id` for [`Unsubscribe`]): the run may look at the chat.
@@ -323,12 +412,7 @@ impl Actor for AguiRun {
 impl AguiRun {
     /// Sends one SSE frame; a client that went away stops the run (the chat goes on).
     fn emit(&mut self, event: AguiEvent, seq: Option<u64>, ctx: &mut Context<Self>) {
-        let data = serde_json::to_string(&event).unwrap_or_default();
-        let frame = match seq {
-            Some(seq) => format!("id: {seq}\ndata: {data}\n\n"),
-            None => format!("data: {data}\n\n"),
-        };
-        if self.events.send(Bytes::from(frame)).is_err() {
+        if self.events.send(sse_frame(&event, seq)).is_err() {
             ctx.stop();
         }
     }

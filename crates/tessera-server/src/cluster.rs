@@ -14,12 +14,10 @@ use bytes::Bytes;
 use serde::Deserialize;
 use tessera_cluster::{
     AcquireLease, ChatCommand, ClusterBus, ClusterError, CommandReply, Drain, IncomingCommand,
-    LeaseManager, LiveEvent, ReleaseLease,
+    LeaseManager, LiveEvent, NumberedFrame, ReleaseLease,
 };
 use tessera_engine::ChatHandle;
-use tessera_engine::session::{
-    CancelRun, ChatSession, Deliver, Subscribe, ToolAnswer, Unsubscribe, UserInput,
-};
+use tessera_engine::session::{CancelRun, Deliver, Subscribe, ToolAnswer, Unsubscribe, UserInput};
 use tessera_protocol::ErrorCode;
 use tokio::sync::{mpsc, oneshot};
 
@@ -116,9 +114,10 @@ impl Handler<Deliver> for ChatRelay {
 }
 
 /// Carries out a client's command on a local chat session, answering the way the session
-/// answered (the relay sends that back to the forwarding node).
-pub async fn carry_out(addr: &Addr<ChatSession>, command: ChatCommand) -> CommandReply {
-    let not_running = || refused(ErrorCode::Internal, "the chat is not running");
+/// answered (the relay sends that back to the forwarding node). REST reads are answered with
+/// the JSON the owner's own REST API would send, refusals with its HTTP status.
+pub async fn carry_out(chat: &ChatHandle, bus: &ClusterBus, command: ChatCommand) -> CommandReply {
+    let addr = &chat.addr;
     match command {
         ChatCommand::Input {
             content,
@@ -131,38 +130,113 @@ pub async fn carry_out(addr: &Addr<ChatSession>, command: ChatCommand) -> Comman
             .await
         {
             Ok(Ok(())) => CommandReply::Accepted,
-            Ok(Err(e)) => refused(e.code(), &e),
-            Err(_) => not_running(),
+            Ok(Err(e)) => crate::rest::ApiError::from(e).to_refusal(),
+            Err(_) => crate::rest::unavailable().to_refusal(),
         },
         ChatCommand::ToolAnswer { corr, response } => {
             match addr.send(ToolAnswer { corr, response }).await {
                 Ok(Ok(())) => CommandReply::Accepted,
-                Ok(Err(e)) => refused(e.code(), &e),
-                Err(_) => not_running(),
+                Ok(Err(e)) => crate::rest::ApiError::from(e).to_refusal(),
+                Err(_) => crate::rest::unavailable().to_refusal(),
             }
         }
         ChatCommand::Cancel => match addr.send(CancelRun).await {
             Ok(()) => CommandReply::Accepted,
-            Err(_) => not_running(),
+            Err(_) => crate::rest::unavailable().to_refusal(),
         },
+        ChatCommand::Snapshot => match crate::rest::snapshot(chat).await {
+            Ok(snap) => CommandReply::Answered {
+                body: crate::rest::chat_json(&snap),
+            },
+            Err(e) => e.to_refusal(),
+        },
+        ChatCommand::Messages { offset, limit } => match crate::rest::snapshot(chat).await {
+            Ok(snap) => CommandReply::Answered {
+                body: crate::rest::messages_json(
+                    &snap,
+                    usize::try_from(offset).unwrap_or(usize::MAX),
+                    usize::try_from(limit).unwrap_or(usize::MAX),
+                ),
+            },
+            Err(e) => e.to_refusal(),
+        },
+        ChatCommand::Stop => {
+            // Stopped already is as good: nothing of it runs here any more.
+            let _ = addr.send(tessera_engine::session::StopChat).await;
+            CommandReply::Accepted
+        }
+        ChatCommand::AguiRun {
+            workflow,
+            input,
+            stream_to,
+        } => serve_agui_run(chat, bus, &workflow, input, stream_to).await,
     }
 }
 
-fn refused(code: ErrorCode, message: impl ToString) -> CommandReply {
-    CommandReply::Refused {
-        code: code.as_str().to_owned(),
-        message: message.to_string(),
-    }
+/// How often an owner streaming a run to another node says it is still there.
+pub(crate) const STREAM_KEEPALIVE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// How long a forwarder waits without any frame before it gives the owner up.
+pub(crate) const STREAM_SILENCE_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Starts an AG-UI run of `chat` here and streams its SSE frames to `stream_to` until it ends.
+async fn serve_agui_run(
+    chat: &ChatHandle,
+    bus: &ClusterBus,
+    workflow: &str,
+    input: serde_json::Value,
+    stream_to: String,
+) -> CommandReply {
+    let input = match serde_json::from_value::<crate::agui::RunAgentInput>(input) {
+        Ok(input) => input,
+        Err(e) => return crate::agui::bad_request(e.to_string()).to_refusal(),
+    };
+    let mut frames = match crate::agui::start_run(chat.clone(), workflow, input, false).await {
+        Ok(frames) => frames,
+        Err(e) => return e.to_refusal(),
+    };
+    let bus = bus.clone();
+    let chat_id = chat.identity.chat_id.clone();
+    actix::spawn(async move {
+        use tessera_cluster::StreamFrame;
+        let mut n = 0u64;
+        let mut keepalive = tokio::time::interval(STREAM_KEEPALIVE);
+        keepalive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        keepalive.tick().await;
+        loop {
+            let frame = tokio::select! {
+                data = frames.recv() => match data {
+                    Some(data) => StreamFrame::Data(data),
+                    None => StreamFrame::End,
+                },
+                _ = keepalive.tick() => StreamFrame::KeepAlive,
+            };
+            let end = frame == StreamFrame::End;
+            if let Err(e) = bus
+                .send_stream_frame(&stream_to, &NumberedFrame { n, frame })
+                .await
+            {
+                // The forwarder notices the silence and tells its client to retry.
+                tracing::warn!(chat_id = %chat_id, error = %e, "AG-UI run not streamed");
+                return;
+            }
+            n += 1;
+            if end {
+                return;
+            }
+        }
+    });
+    CommandReply::Accepted
 }
 
 impl StreamHandler<IncomingCommand> for ChatRelay {
     fn handle(&mut self, incoming: IncomingCommand, ctx: &mut Self::Context) {
-        let addr = self.chat.addr.clone();
+        let chat = self.chat.clone();
         let bus = self.bus.clone();
         let chat_id = self.chat.identity.chat_id.clone();
         let command = incoming.command.clone();
         let answer = async move {
-            let reply = carry_out(&addr, command).await;
+            let reply = carry_out(&chat, &bus, command).await;
             if let Err(e) = bus.reply(incoming, &reply).await {
                 // The forwarder times out and tells its client to retry.
                 tracing::warn!(chat_id = %chat_id, error = %e, "command answer not sent");
@@ -742,6 +816,26 @@ const NO_OWNER_FIRST_RETRY: std::time::Duration = std::time::Duration::from_mill
 /// Longest wait between such retries.
 const NO_OWNER_MAX_RETRY: std::time::Duration = std::time::Duration::from_millis(500);
 
+/// Why a command did not reach the chat's owner (it may be retried).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ForwardError {
+    /// No node served the chat within the patience (its owner died and its lease has not
+    /// expired yet, or a takeover is under way).
+    NoOwner,
+    /// The owner did not answer in time (slow or paused); it may have carried the command out.
+    Timeout,
+    /// NATS failed.
+    Bus,
+}
+
+fn refused(code: ErrorCode, message: impl ToString) -> CommandReply {
+    CommandReply::Refused {
+        code: code.as_str().to_owned(),
+        message: message.to_string(),
+        status: None,
+    }
+}
+
 /// A chat another node owns, as a socket on this node uses it: its events come through a
 /// [`RemoteFeed`], its commands are forwarded to the owner over NATS.
 #[derive(Clone)]
@@ -773,33 +867,74 @@ impl RemoteChat {
         }
     }
 
-    /// Forwards `command` to the chat's owner and returns its answer. "No responders" (no node
+    /// The same chat, with commands waiting at most `patience` for a node to serve it (REST
+    /// answers a retryable error sooner than a socket, which the client keeps open).
+    pub fn with_patience(mut self, patience: std::time::Duration) -> Self {
+        self.patience = patience;
+        self
+    }
+
+    /// Forwards `command` to the chat's owner and returns its answer, refusals included, the
+    /// way a socket reports them.
+    pub async fn forward(&self, command: ChatCommand) -> CommandReply {
+        match self.send(command).await {
+            Ok(reply) => reply,
+            Err(ForwardError::Timeout) => refused(
+                ErrorCode::Internal,
+                "the chat's node did not answer in time; check the chat and retry",
+            ),
+            Err(ForwardError::NoOwner | ForwardError::Bus) => {
+                refused(ErrorCode::Internal, "no node serves the chat right now")
+            }
+        }
+    }
+
+    /// Sends `command` to the chat's owner and waits for its answer. "No responders" (no node
     /// serves the chat: its owner died or is handing it over) is retried until `patience` runs
     /// out, offering to take the chat over here each time; a timeout is not retried (the owner
     /// may have carried the command out).
-    pub async fn forward(&self, command: ChatCommand) -> CommandReply {
+    pub async fn send(&self, command: ChatCommand) -> Result<CommandReply, ForwardError> {
         let deadline = std::time::Instant::now() + self.patience;
         let mut delay = NO_OWNER_FIRST_RETRY;
         loop {
             match self.bus.send_command(&self.chat_id, &command).await {
-                Ok(reply) => return reply,
-                Err(ClusterError::NoOwner(_)) if std::time::Instant::now() < deadline => {
+                Ok(reply) => return Ok(reply),
+                Err(ClusterError::NoOwner(_)) => {
+                    let now = std::time::Instant::now();
+                    if now >= deadline {
+                        return Err(ForwardError::NoOwner);
+                    }
                     // Takes an orphan over here; a no-op while another node holds the lease.
                     let _ = self.node.send(ClaimChat(self.chat_id.to_string())).await;
-                    actix_rt::time::sleep(delay).await;
+                    actix_rt::time::sleep(delay.min(deadline - now)).await;
                     delay = (delay * 2).min(NO_OWNER_MAX_RETRY);
                 }
-                Err(ClusterError::Timeout(_)) => {
-                    return refused(
-                        ErrorCode::Internal,
-                        "the chat's node did not answer in time; check the chat and retry",
-                    );
-                }
+                Err(ClusterError::Timeout(_)) => return Err(ForwardError::Timeout),
                 Err(e) => {
                     tracing::warn!(chat_id = %self.chat_id, error = %e, "command not forwarded");
-                    return refused(ErrorCode::Internal, "no node serves the chat right now");
+                    return Err(ForwardError::Bus);
                 }
             }
+        }
+    }
+
+    /// Sends a command that makes the chat's owner stream frames back (an AG-UI run) and
+    /// returns the frames, or the owner's answer when it did not accept; `make_command` builds
+    /// the command from the inbox the frames go to (subscribed before the command is sent).
+    pub async fn stream(
+        &self,
+        make_command: impl FnOnce(String) -> ChatCommand,
+    ) -> Result<
+        Result<futures::stream::BoxStream<'static, NumberedFrame>, CommandReply>,
+        ForwardError,
+    > {
+        let (inbox, frames) = self.bus.open_stream().await.map_err(|e| {
+            tracing::warn!(chat_id = %self.chat_id, error = %e, "cannot open a stream");
+            ForwardError::Bus
+        })?;
+        match self.send(make_command(inbox)).await? {
+            CommandReply::Accepted => Ok(Ok(Box::pin(frames))),
+            other => Ok(Err(other)),
         }
     }
 

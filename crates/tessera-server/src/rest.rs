@@ -7,6 +7,7 @@
 //! usage series) — put them behind the network boundary if tenant ids or counts are
 //! sensitive.
 
+use std::borrow::Cow;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -17,6 +18,7 @@ use actix_web::{FromRequest, HttpRequest, HttpResponse, ResponseError, web};
 use futures::future::{LocalBoxFuture, Ready, ready};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
+use tessera_cluster::{ChatCommand, CommandReply};
 use tessera_engine::session::{
     CancelRun, ChatSnapshot, GetSnapshot, Observed, ToolAnswer, Unsubscribe, UserInput, Watch,
 };
@@ -25,17 +27,19 @@ use tessera_protocol::{ErrorCode, ServerEvent, ToolCallEvent};
 use tokio::sync::oneshot;
 
 use crate::auth::{AuthError, Caller};
+use crate::cluster::{ForwardError, RemoteChat};
 use crate::limits::QuotaRefusal;
 use crate::registry::{FindChat, OpenChat, RegisterChat};
 use crate::serve::AppState;
+use crate::ws::ChatLink;
 
 /// A REST error: status, stable code, and a sentence for humans.
 #[derive(Debug)]
 pub struct ApiError {
     status: StatusCode,
-    code: &'static str,
+    code: Cow<'static, str>,
     message: String,
-    /// Seconds for a `Retry-After` header (429s).
+    /// Seconds for a `Retry-After` header (429s, and 503s a retry may cure).
     retry_after: Option<u64>,
 }
 
@@ -43,15 +47,39 @@ impl ApiError {
     pub(crate) fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
         Self {
             status,
-            code,
+            code: Cow::Borrowed(code),
             message: message.into(),
             retry_after: None,
         }
     }
 
     /// The stable error code.
-    pub(crate) fn code(&self) -> &'static str {
-        self.code
+    pub(crate) fn code(&self) -> &str {
+        &self.code
+    }
+
+    /// This error as the owner of a chat answers a forwarded command with it, so the
+    /// forwarding node answers the same status and body.
+    pub(crate) fn to_refusal(&self) -> CommandReply {
+        CommandReply::Refused {
+            code: self.code.to_string(),
+            message: self.message.clone(),
+            status: Some(self.status.as_u16()),
+        }
+    }
+
+    /// The error an owner refused a forwarded command with (see [`Self::to_refusal`]); a
+    /// refusal without a status is the owner's bug or an older node: 500.
+    fn from_refusal(code: String, message: String, status: Option<u16>) -> Self {
+        let status = status
+            .and_then(|s| StatusCode::from_u16(s).ok())
+            .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        Self {
+            status,
+            code: Cow::Owned(code),
+            message,
+            retry_after: None,
+        }
     }
 
     /// A missing (or someone else's) resource.
@@ -80,7 +108,7 @@ impl ResponseError for ApiError {
         if let Some(seconds) = self.retry_after {
             response.insert_header(("Retry-After", seconds.to_string()));
         }
-        response.json(json!({"code": self.code, "message": self.message}))
+        response.json(json!({"code": &*self.code, "message": self.message}))
     }
 }
 
@@ -108,6 +136,58 @@ pub(crate) fn unavailable() -> ApiError {
     )
 }
 
+/// What a client is told to wait before retrying a request its chat's node did not take.
+const OWNER_RETRY_AFTER_S: u64 = 2;
+
+/// The chat's node could not be reached: 503 with `Retry-After`, never a hang.
+pub(crate) fn owner_unreachable(error: ForwardError) -> ApiError {
+    let mut api = match error {
+        ForwardError::Timeout => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "owner_timeout",
+            "the chat's node did not answer in time; it may have carried the request out, \
+             so check the chat before retrying",
+        ),
+        ForwardError::NoOwner | ForwardError::Bus => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "owner_unavailable",
+            "no node serves the chat right now (its node may have stopped; another takes the \
+             chat over once its lease expires); retry",
+        ),
+    };
+    api.retry_after = Some(OWNER_RETRY_AFTER_S);
+    api
+}
+
+/// The error of an owner's answer that is not the one the request needed.
+pub(crate) fn refusal_error(reply: CommandReply) -> ApiError {
+    match reply {
+        CommandReply::Refused {
+            code,
+            message,
+            status,
+        } => ApiError::from_refusal(code, message, status),
+        CommandReply::Accepted | CommandReply::Answered { .. } => ApiError::new(
+            StatusCode::BAD_GATEWAY,
+            ErrorCode::Internal.as_str(),
+            "the chat's node answered something else",
+        ),
+    }
+}
+
+/// Sends `command` to the node that runs a chat for this one and returns the JSON it answered
+/// with (`None`: accepted); its refusal as the same status and body it would have answered.
+pub(crate) async fn forward(
+    remote: &RemoteChat,
+    command: ChatCommand,
+) -> Result<Option<Value>, ApiError> {
+    match remote.send(command).await.map_err(owner_unreachable)? {
+        CommandReply::Accepted => Ok(None),
+        CommandReply::Answered { body } => Ok(Some(body)),
+        refused @ CommandReply::Refused { .. } => Err(refusal_error(refused)),
+    }
+}
+
 /// The authenticated caller of a request: every `/api/v1` handler that takes one checks the
 /// credential before anything else (see `auth.rs`).
 impl FromRequest for Caller {
@@ -127,10 +207,12 @@ fn app_state(req: &HttpRequest) -> Result<web::Data<AppState>, ApiError> {
 }
 
 /// The chat named by the route's `{id}`, owned by the authenticated caller; a chat of anyone
-/// else is 404, exactly like one that does not exist.
+/// else is 404, exactly like one that does not exist. In a cluster the chat may run on
+/// another node (`ChatLink::Remote`): the caller's right to it was checked here, from the
+/// store, and the handler forwards what it does to that node.
 pub struct OwnedChat {
     pub caller: Caller,
-    pub chat: ChatHandle,
+    pub chat: ChatLink,
 }
 
 impl FromRequest for OwnedChat {
@@ -145,7 +227,15 @@ impl FromRequest for OwnedChat {
         });
         Box::pin(async move {
             let (state, caller, chat_id) = found?;
-            let chat = local_chat(&state, &caller, &chat_id).await?;
+            let chat = match (
+                locate_chat(&state, &caller, &chat_id).await?,
+                &state.cluster,
+            ) {
+                (ChatLink::Remote(remote), Some(cluster)) => {
+                    ChatLink::Remote(remote.with_patience(cluster.rest_patience))
+                }
+                (chat, _) => chat,
+            };
             Ok(OwnedChat { caller, chat })
         })
     }
@@ -223,9 +313,8 @@ pub(crate) async fn locate_chat(
     state: &AppState,
     caller: &Caller,
     chat_id: &str,
-) -> Result<crate::ws::ChatLink, ApiError> {
+) -> Result<ChatLink, ApiError> {
     use crate::cluster::Claimed;
-    use crate::ws::ChatLink;
     let Some(cluster) = &state.cluster else {
         return owned_chat(state, caller, chat_id)
             .await
@@ -269,7 +358,7 @@ pub(crate) async fn locate_chat(
         })?;
     match claimed {
         Claimed::Local(chat) => Ok(ChatLink::Local(chat)),
-        Claimed::Remote => Ok(ChatLink::Remote(crate::cluster::RemoteChat::new(
+        Claimed::Remote => Ok(ChatLink::Remote(RemoteChat::new(
             std::sync::Arc::from(chat_id),
             cluster.bus.clone(),
             state.chats.clone(),
@@ -279,25 +368,6 @@ pub(crate) async fn locate_chat(
         Claimed::NotOpen => owned_chat(state, caller, chat_id)
             .await
             .map(ChatLink::Local),
-    }
-}
-
-/// The caller's chat `chat_id` when this node runs it (or takes it over, if no node does);
-/// 503 `chat_on_another_node` when another node owns it.
-///
-/// Known limit: REST calls are not forwarded between nodes (the WebSocket's are).
-pub(crate) async fn local_chat(
-    state: &AppState,
-    caller: &Caller,
-    chat_id: &str,
-) -> Result<ChatHandle, ApiError> {
-    match locate_chat(state, caller, chat_id).await? {
-        crate::ws::ChatLink::Local(chat) => Ok(chat),
-        crate::ws::ChatLink::Remote(_) => Err(ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "chat_on_another_node",
-            "the chat runs on another node: use its WebSocket, or retry on that node",
-        )),
     }
 }
 
@@ -546,9 +616,9 @@ pub(crate) async fn snapshot(chat: &ChatHandle) -> Result<ChatSnapshot, ApiError
     chat.addr.send(GetSnapshot).await.map_err(|_| unavailable())
 }
 
-async fn get_chat(OwnedChat { chat, .. }: OwnedChat) -> Result<HttpResponse, ApiError> {
-    let snap = snapshot(&chat).await?;
-    Ok(HttpResponse::Ok().json(json!({
+/// The chat as `GET /chats/{id}` shows it (also what its owner answers another node).
+pub(crate) fn chat_json(snap: &ChatSnapshot) -> Value {
+    json!({
         "chat_id": &*snap.chat_id,
         "workflow": snap.workflow,
         "status": snap.status.as_str(),
@@ -558,7 +628,26 @@ async fn get_chat(OwnedChat { chat, .. }: OwnedChat) -> Result<HttpResponse, Api
         "persisted_seq": snap.persisted_seq,
         "context": snap.visible_context,
         "pending_ui_calls": snap.pending_ui_calls,
-    })))
+    })
+}
+
+async fn get_chat(OwnedChat { chat, .. }: OwnedChat) -> Result<HttpResponse, ApiError> {
+    let body = match chat {
+        ChatLink::Local(chat) => chat_json(&snapshot(&chat).await?),
+        ChatLink::Remote(remote) => answered(forward(&remote, ChatCommand::Snapshot).await?)?,
+    };
+    Ok(HttpResponse::Ok().json(body))
+}
+
+/// The JSON a read forwarded to the chat's owner must have come back with.
+fn answered(body: Option<Value>) -> Result<Value, ApiError> {
+    body.ok_or_else(|| {
+        ApiError::new(
+            StatusCode::BAD_GATEWAY,
+            ErrorCode::Internal.as_str(),
+            "the chat's node answered a read without data",
+        )
+    })
 }
 
 #[derive(Deserialize)]
@@ -573,22 +662,38 @@ fn default_limit() -> usize {
     50
 }
 
-async fn get_messages(
-    OwnedChat { chat, .. }: OwnedChat,
-    paging: web::Query<Paging>,
-) -> Result<HttpResponse, ApiError> {
-    let snap = snapshot(&chat).await?;
-    let limit = paging.limit.clamp(1, 500);
+/// One page of the chat's transcript as `GET /chats/{id}/messages` shows it (also what its
+/// owner answers another node).
+pub(crate) fn messages_json(snap: &ChatSnapshot, offset: usize, limit: usize) -> Value {
+    let limit = limit.clamp(1, 500);
     let total = snap.transcript.len();
     let page: Vec<Value> = snap
         .transcript
         .iter()
-        .skip(paging.offset)
+        .skip(offset)
         .take(limit)
         .map(|m| json!({"message_id": m.message_id, "role": m.role, "agent": m.agent, "content": m.content, "ui_hidden": m.ui_hidden}))
         .collect();
-    Ok(HttpResponse::Ok()
-        .json(json!({"messages": page, "offset": paging.offset, "limit": limit, "total": total})))
+    json!({"messages": page, "offset": offset, "limit": limit, "total": total})
+}
+
+async fn get_messages(
+    OwnedChat { chat, .. }: OwnedChat,
+    paging: web::Query<Paging>,
+) -> Result<HttpResponse, ApiError> {
+    let body = match chat {
+        ChatLink::Local(chat) => {
+            messages_json(&snapshot(&chat).await?, paging.offset, paging.limit)
+        }
+        ChatLink::Remote(remote) => {
+            let command = ChatCommand::Messages {
+                offset: u64::try_from(paging.offset).unwrap_or(u64::MAX),
+                limit: u64::try_from(paging.limit).unwrap_or(u64::MAX),
+            };
+            answered(forward(&remote, command).await?)?
+        }
+    };
+    Ok(HttpResponse::Ok().json(body))
 }
 
 /// Deletes the caller's chat and everything kept for it (see `lifecycle`); 404 for a chat
@@ -599,6 +704,7 @@ async fn delete_chat(
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let chat_id = path.into_inner();
+    stop_on_its_node(&state, &caller, &chat_id).await;
     let deleted = crate::lifecycle::delete_owned_chat(
         &state.chats,
         &state.registry,
@@ -621,8 +727,60 @@ async fn delete_chat(
     Ok(HttpResponse::NoContent().finish())
 }
 
+/// In a cluster, stops the caller's chat `chat_id` on the node that runs it, before this node
+/// deletes it from the store. Best effort: the deletion also deletes the chat's lease, so a
+/// node that missed this (unreachable, paused) has every later write of the chat fenced.
+async fn stop_on_its_node(state: &AppState, caller: &Caller, chat_id: &str) {
+    let Some(cluster) = &state.cluster else {
+        return;
+    };
+    let local = state
+        .registry
+        .send(FindChat {
+            chat_id: chat_id.to_owned(),
+            tenant: caller.tenant.clone(),
+            user: caller.user.clone(),
+        })
+        .await
+        .ok()
+        .flatten();
+    if local.is_some() {
+        return;
+    }
+    // Only the caller's own open chat: the store says whose it is.
+    let open_and_owned = state
+        .chats
+        .load_chat(chat_id)
+        .await
+        .ok()
+        .flatten()
+        .is_some_and(|c| {
+            *c.record.tenant == *caller.tenant
+                && *c.record.user_id == *caller.user
+                && c.state.status != tessera_store::STATUS_COMPLETED
+        });
+    if !open_and_owned {
+        return;
+    }
+    let remote = RemoteChat::new(
+        std::sync::Arc::from(chat_id),
+        cluster.bus.clone(),
+        state.chats.clone(),
+        cluster.node.clone(),
+        Duration::ZERO,
+    );
+    if let Err(e) = remote.send(ChatCommand::Stop).await {
+        tracing::info!(chat_id, error = ?e, "the chat's node did not stop it; deleting fences it");
+    }
+}
+
 async fn cancel_chat(OwnedChat { chat, .. }: OwnedChat) -> Result<HttpResponse, ApiError> {
-    chat.addr.send(CancelRun).await.map_err(|_| unavailable())?;
+    match chat {
+        ChatLink::Local(chat) => chat.addr.send(CancelRun).await.map_err(|_| unavailable())?,
+        ChatLink::Remote(remote) => {
+            forward(&remote, ChatCommand::Cancel).await?;
+        }
+    }
     Ok(HttpResponse::Accepted().json(json!({"status": "cancelling"})))
 }
 
@@ -656,17 +814,28 @@ async fn post_input(
             "body must be {content, client_msg_id?}",
         ));
     };
-    let input = UserInput {
-        content,
-        client_msg_id,
-    };
-    crate::telemetry::send_input(
-        chat.addr.clone(),
-        input,
-        crate::telemetry::remote_parent(&req),
-    )
-    .await
-    .map_err(|_| unavailable())??;
+    match chat {
+        ChatLink::Local(chat) => {
+            let input = UserInput {
+                content,
+                client_msg_id,
+            };
+            crate::telemetry::send_input(
+                chat.addr.clone(),
+                input,
+                crate::telemetry::remote_parent(&req),
+            )
+            .await
+            .map_err(|_| unavailable())??;
+        }
+        ChatLink::Remote(remote) => {
+            let command = ChatCommand::Input {
+                content,
+                client_msg_id,
+            };
+            forward(&remote, command).await?;
+        }
+    }
     Ok(HttpResponse::Accepted().json(json!({"status": "accepted"})))
 }
 
@@ -685,13 +854,23 @@ async fn post_tool_response(
             "body must be {corr, status, action?, data?, message?, code?}",
         ));
     };
-    chat.addr
-        .send(ToolAnswer {
-            corr: frame.corr,
-            response: frame.raw,
-        })
-        .await
-        .map_err(|_| unavailable())??;
+    match chat {
+        ChatLink::Local(chat) => chat
+            .addr
+            .send(ToolAnswer {
+                corr: frame.corr,
+                response: frame.raw,
+            })
+            .await
+            .map_err(|_| unavailable())??,
+        ChatLink::Remote(remote) => {
+            let command = ChatCommand::ToolAnswer {
+                corr: frame.corr,
+                response: frame.raw,
+            };
+            forward(&remote, command).await?;
+        }
+    }
     Ok(HttpResponse::Accepted().json(json!({"status": "accepted"})))
 }
 
@@ -703,7 +882,7 @@ async fn download_file(
     let (_, file) = path.into_inner();
     let found = state
         .artifacts
-        .get(&caller.tenant, &caller.user, &chat.identity.chat_id, &file)
+        .get(&caller.tenant, &caller.user, chat.chat_id(), &file)
         .await
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
     let Some(artifact) = found else {

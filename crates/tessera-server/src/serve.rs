@@ -68,6 +68,9 @@ pub struct ClusterHandles {
     pub bus: tessera_cluster::ClusterBus,
     /// How long a forwarded command waits for a node to serve its chat (a takeover).
     pub patience: Duration,
+    /// The same for a REST request, which rather answers 503 with `Retry-After` than keeps a
+    /// client (or its load balancer) waiting for a lease to expire.
+    pub rest_patience: Duration,
 }
 
 /// How long a forwarded command waits for its owner's answer over NATS.
@@ -203,6 +206,7 @@ async fn start_cluster_node(
         bus,
         // Lease expiry, the next orphan scan (a third of the TTL) and the restore.
         patience: ttl * 2 + Duration::from_secs(5),
+        rest_patience: CLUSTER_REQUEST_TIMEOUT,
     })
 }
 

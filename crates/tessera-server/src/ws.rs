@@ -537,8 +537,10 @@ impl WsConnection {
             answer
                 .into_actor(self)
                 .map(move |reply, act, ctx| match reply {
-                    CommandReply::Accepted => act.ack(ctx, kind, ack_id),
-                    CommandReply::Refused { code, message } => {
+                    CommandReply::Accepted | CommandReply::Answered { .. } => {
+                        act.ack(ctx, kind, ack_id)
+                    }
+                    CommandReply::Refused { code, message, .. } => {
                         let code = ErrorCode::from_wire(&code).unwrap_or(ErrorCode::Internal);
                         act.send_error(ctx, code, message, true);
                     }

@@ -1,0 +1,163 @@
+//! Several real `tessera serve` nodes as one service, for the cluster tests: one PostgreSQL
+//! schema (chats and leases) and one NATS server (routing), each cluster under its own subject
+//! prefix. Needs `TESSERA_TEST_DATABASE_URL` and `TESSERA_TEST_NATS_URL`; without them a test
+//! says it is skipped, and under `CI=true` it fails instead.
+
+use std::time::{Duration, Instant};
+
+use tessera_store::testing::PgTestSchema;
+use tessera_store::{ChatStore, PgStore};
+
+use crate::server::{ServerOptions, TestServer};
+
+const NATS_ENV: &str = "TESSERA_TEST_NATS_URL";
+
+/// Lease TTL of the test nodes: short, so a takeover happens within the test's time.
+pub const LEASE_TTL_S: u64 = 3;
+
+/// The NATS url, or `None` (after printing that `test` is skipped); panics under `CI=true`.
+pub fn nats_url(test: &str) -> Option<String> {
+    let url = std::env::var(NATS_ENV).ok().filter(|u| !u.is_empty());
+    if url.is_none() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "{NATS_ENV} is not set, and CI=true requires the cluster tests to run"
+        );
+        eprintln!("skipped {test}: {NATS_ENV} is not set");
+    }
+    url
+}
+
+/// The tests of one file take turns: each runs several nodes and measures takeover times
+/// against lease TTLs of a few seconds, and nodes of two tests at once on a 2-core machine
+/// starve each other's lease renewals. (Test files are separate processes, which cargo runs
+/// one after the other.)
+pub static ONE_CLUSTER_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// N nodes on one schema and one NATS subject prefix.
+pub struct Cluster {
+    pub schema: PgTestSchema,
+    /// `None` once a test stopped the node.
+    pub nodes: Vec<Option<TestServer>>,
+    /// Each node's log (stderr), `node{i}.log`.
+    logs: tempfile::TempDir,
+}
+
+impl Cluster {
+    /// `count` nodes with the test lease TTL ([`LEASE_TTL_S`]); `None`: skipped.
+    pub async fn start(test: &str, count: usize) -> Option<Cluster> {
+        Self::start_with_ttl(test, count, LEASE_TTL_S).await
+    }
+
+    /// `count` nodes whose leases last `ttl_s`; `None`: skipped.
+    pub async fn start_with_ttl(test: &str, count: usize, ttl_s: u64) -> Option<Cluster> {
+        Self::start_with_env(test, count, ttl_s, Vec::new()).await
+    }
+
+    /// `count` nodes whose leases last `ttl_s`, with `extra_env` on top of the cluster's own
+    /// settings; `None`: skipped.
+    pub async fn start_with_env(
+        test: &str,
+        count: usize,
+        ttl_s: u64,
+        extra_env: Vec<(String, String)>,
+    ) -> Option<Cluster> {
+        let nats = nats_url(test)?;
+        let schema = PgTestSchema::create(test).await?;
+        let prefix = format!("t{}", schema.name);
+        let logs = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let mut nodes = Vec::new();
+        for i in 0..count {
+            let mut env = vec![
+                ("TESSERA_STORE_URL".to_owned(), schema.url()),
+                ("TESSERA_NATS_URL".to_owned(), nats.clone()),
+                ("TESSERA_NATS_PREFIX".to_owned(), prefix.clone()),
+                ("TESSERA_NODE_ID".to_owned(), format!("node{i}")),
+                ("TESSERA_LEASE_TTL_S".to_owned(), ttl_s.to_string()),
+                // One vault key for the service: a node that takes a chat over opens the
+                // secrets another node sealed.
+                ("TESSERA_SECRET_KEY".to_owned(), "42".repeat(32)),
+                // The tenant budget is global in a cluster: 300 chats of one tenant (plus their
+                // resends after reconnects) would spend the default 1,200 a minute and wait for
+                // the next minute, which is not what these tests measure.
+                (
+                    "TESSERA_MESSAGES_PER_MINUTE_PER_TENANT".to_owned(),
+                    "1000000".to_owned(),
+                ),
+                (
+                    "RUST_LOG".to_owned(),
+                    "warn,tessera_cluster=info,tessera_server::cluster=info".to_owned(),
+                ),
+            ];
+            env.extend(extra_env.iter().cloned());
+            let options = ServerOptions {
+                env,
+                stderr_file: Some(logs.path().join(format!("node{i}.log"))),
+                ..Default::default()
+            };
+            nodes.push(Some(TestServer::start(options).await));
+        }
+        Some(Cluster {
+            schema,
+            nodes,
+            logs,
+        })
+    }
+
+    /// Node `i`'s log so far.
+    pub fn log(&self, i: usize) -> String {
+        std::fs::read_to_string(self.logs.path().join(format!("node{i}.log"))).unwrap_or_default()
+    }
+
+    /// Node `i` (panics if a test stopped it).
+    pub fn node(&self, i: usize) -> &TestServer {
+        self.nodes[i]
+            .as_ref()
+            .unwrap_or_else(|| panic!("node {i} was stopped"))
+    }
+
+    /// Every node's base url (empty for a stopped node).
+    pub fn bases(&self) -> Vec<String> {
+        self.nodes
+            .iter()
+            .map(|n| n.as_ref().map(|n| n.base.clone()).unwrap_or_default())
+            .collect()
+    }
+
+    /// The cluster's store, opened by the test.
+    pub async fn store(&self) -> PgStore {
+        PgStore::connect(&self.schema.url())
+            .await
+            .unwrap_or_else(|e| panic!("cannot open the test store: {e}"))
+    }
+}
+
+/// Waits (polling) until `done`; fails the test after `limit`.
+pub async fn wait_until(what: &str, limit: Duration, mut done: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !done().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Every stored event of `chat`, once the store holds at least `count` of them (`what`
+/// names the wait in its timeout message).
+pub async fn stored_events(
+    store: &PgStore,
+    chat: &str,
+    count: u64,
+    what: &str,
+) -> Vec<tessera_store::StoredEvent> {
+    wait_until(what, Duration::from_secs(10), async || {
+        store
+            .events_after(chat, 0, u32::MAX)
+            .await
+            .is_ok_and(|e| e.len() as u64 >= count)
+    })
+    .await;
+    store
+        .events_after(chat, 0, u32::MAX)
+        .await
+        .unwrap_or_default()
+}

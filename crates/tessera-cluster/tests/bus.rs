@@ -133,3 +133,38 @@ async fn live_events_reach_another_node_in_order() {
     assert_eq!(other.seq, 1, "each chat has its own subject");
     assert!(owner.round_trip().await.expect("rtt") < Duration::from_secs(5));
 }
+
+#[actix_rt::test]
+async fn a_stream_reaches_the_forwarder_in_order_and_only_an_inbox_can_receive_one() {
+    use tessera_cluster::{NumberedFrame, StreamFrame};
+    let Some(url) = common::nats_url("a_stream_reaches_the_forwarder") else {
+        return;
+    };
+    let prefix = common::unique_prefix();
+    let owner = common::node_bus(&url, "owner", &prefix, Duration::from_secs(5)).await;
+    let forwarder = common::node_bus(&url, "fwd", &prefix, Duration::from_secs(5)).await;
+    let (inbox, mut frames) = forwarder.open_stream().await.expect("open");
+    let sent: Vec<NumberedFrame> = (0..100u64)
+        .map(|n| NumberedFrame {
+            n,
+            frame: match n {
+                99 => StreamFrame::End,
+                n if n % 10 == 0 => StreamFrame::KeepAlive,
+                n => StreamFrame::Data(format!("data: {n}\n\n").into()),
+            },
+        })
+        .collect();
+    for frame in &sent {
+        owner.send_stream_frame(&inbox, frame).await.expect("send");
+    }
+    for expected in &sent {
+        let got = tokio::time::timeout(Duration::from_secs(5), frames.next())
+            .await
+            .expect("in time")
+            .expect("a frame");
+        assert_eq!(&got, expected);
+    }
+    // A command cannot point an owner's stream at a chat's subjects.
+    let events = owner.subjects().events("chat-1");
+    assert!(owner.send_stream_frame(&events, &sent[0]).await.is_err());
+}

@@ -314,17 +314,26 @@ async fn run_on_its_node(
         })
         .await
         .map_err(crate::rest::owner_unreachable)?;
-    let frames = match started {
-        Ok(frames) => frames,
-        Err(reply) => return Err(crate::rest::refusal_error(reply)),
-    };
-    Ok(Box::pin(futures::stream::unfold(
+    match started {
+        Ok(frames) => Ok(relayed(frames, STREAM_SILENCE_LIMIT)),
+        Err(reply) => Err(crate::rest::refusal_error(reply)),
+    }
+}
+
+/// The SSE body of frames an owner streams: their data in order until the owner's end. A lost
+/// frame, `silence` without any frame (not even a keep-alive) or a closed connection means the
+/// run's node is gone: the body ends with a `RUN_ERROR` the client can retry.
+fn relayed(
+    frames: impl futures::Stream<Item = NumberedFrame> + Send + Unpin + 'static,
+    silence: std::time::Duration,
+) -> SseBody {
+    Box::pin(futures::stream::unfold(
         Some((frames, 0u64)),
-        |relaying| async move {
+        move |relaying| async move {
             use futures::StreamExt;
             let (mut frames, mut next) = relaying?;
             loop {
-                let frame = tokio::time::timeout(STREAM_SILENCE_LIMIT, frames.next()).await;
+                let frame = tokio::time::timeout(silence, frames.next()).await;
                 match frame {
                     Ok(Some(NumberedFrame { n, frame })) if n == next => {
                         next += 1;
@@ -336,7 +345,6 @@ async fn run_on_its_node(
                             StreamFrame::End => return None,
                         }
                     }
-                    // Silence, a lost frame or a closed connection: the run's node is gone.
                     _ => {
                         let lost = AguiEvent::RunError {
                             message: "lost the chat's node during the run; run again to continue"
@@ -348,7 +356,7 @@ async fn run_on_its_node(
                 }
             }
         },
-    )))
+    ))
 }
 
 /// One SSE frame of `event` (with the chat's `seq` as its id when it comes from the log).
@@ -635,5 +643,84 @@ impl Handler<Observed> for AguiRun {
             RunSignal::Completed(_) => self.finish(RunOutcome::Success, ctx),
             RunSignal::Failed { code, message } => self.fail(&code, message, ctx),
         }
+    }
+}
+
+#[cfg(test)]
+mod relay_tests {
+    use std::time::Duration;
+
+    use futures::StreamExt;
+    use tessera_cluster::{NumberedFrame, StreamFrame};
+
+    use super::relayed;
+
+    fn frame(n: u64, frame: StreamFrame) -> NumberedFrame {
+        NumberedFrame { n, frame }
+    }
+
+    fn data(n: u64, text: &'static str) -> NumberedFrame {
+        frame(n, StreamFrame::Data(text.into()))
+    }
+
+    async fn body(frames: Vec<NumberedFrame>, then_silence: bool) -> Vec<String> {
+        let (tx, rx) = futures::channel::mpsc::unbounded();
+        for f in frames {
+            let _ = tx.unbounded_send(f);
+        }
+        // Kept open: the owner went silent rather than away.
+        let _open = then_silence.then_some(tx);
+        relayed(rx, Duration::from_secs(10))
+            .map(|chunk| {
+                chunk.map_or_else(
+                    |e| e.to_string(),
+                    |b| String::from_utf8_lossy(&b).into_owned(),
+                )
+            })
+            .collect()
+            .await
+    }
+
+    #[tokio::test]
+    async fn an_owners_frames_are_relayed_in_order_until_its_end() {
+        let got = body(
+            vec![
+                data(0, "a"),
+                frame(1, StreamFrame::KeepAlive),
+                data(2, "b"),
+                frame(3, StreamFrame::End),
+                data(4, "after the end"),
+            ],
+            false,
+        )
+        .await;
+        assert_eq!(got, vec!["a", "b"]);
+    }
+
+    #[tokio::test]
+    async fn a_lost_frame_ends_the_stream_with_a_run_error() {
+        let got = body(vec![data(0, "a"), data(2, "c")], false).await;
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert_eq!(got[0], "a");
+        assert!(got[1].contains("RUN_ERROR") && got[1].contains("owner_unavailable"));
+    }
+
+    #[tokio::test]
+    async fn an_owner_gone_away_ends_the_stream_with_a_run_error() {
+        let got = body(vec![data(0, "a")], false).await;
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert!(got[1].contains("RUN_ERROR"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_owner_ends_the_stream_with_a_run_error_after_the_limit() {
+        let started = tokio::time::Instant::now();
+        let got = body(vec![data(0, "a")], true).await;
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert!(got[1].contains("RUN_ERROR"));
+        assert!(
+            started.elapsed() >= Duration::from_secs(10),
+            "not before the limit"
+        );
     }
 }

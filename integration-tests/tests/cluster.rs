@@ -7,117 +7,16 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use integration_tests::server::{ServerOptions, TestServer};
+use integration_tests::cluster::{
+    Cluster, LEASE_TTL_S, ONE_CLUSTER_AT_A_TIME, stored_events, wait_until,
+};
 use integration_tests::wsclient::WsClient;
 use serde_json::{Value, json};
-use tessera_store::testing::PgTestSchema;
 use tessera_store::{ChatStore, PgStore};
-
-const NATS_ENV: &str = "TESSERA_TEST_NATS_URL";
-
-/// Lease TTL of the test nodes: short, so a takeover happens within the test's time.
-const LEASE_TTL_S: u64 = 3;
 
 /// Lease TTL of the 300-chat test: long enough that a node starved of CPU on a loaded CI
 /// machine still renews in time (a lease lost to a slow renewal moves a running chat early).
 const BUSY_LEASE_TTL_S: u64 = 6;
-
-/// The NATS url, or `None` (after printing that `test` is skipped); panics under `CI=true`.
-fn nats_url(test: &str) -> Option<String> {
-    let url = std::env::var(NATS_ENV).ok().filter(|u| !u.is_empty());
-    if url.is_none() {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "{NATS_ENV} is not set, and CI=true requires the cluster tests to run"
-        );
-        eprintln!("skipped {test}: {NATS_ENV} is not set");
-    }
-    url
-}
-
-/// The tests of this file take turns: each runs several nodes and measures takeover times
-/// against lease TTLs of a few seconds, and nodes of two tests at once on a 2-core machine
-/// starve each other's lease renewals.
-static ONE_CLUSTER_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-/// N nodes on one schema and one NATS subject prefix.
-struct Cluster {
-    schema: PgTestSchema,
-    nodes: Vec<Option<TestServer>>,
-    /// Each node's log (stderr), `node{i}.log`.
-    logs: tempfile::TempDir,
-}
-
-impl Cluster {
-    async fn start(test: &str, count: usize) -> Option<Cluster> {
-        Self::start_with_ttl(test, count, LEASE_TTL_S).await
-    }
-
-    async fn start_with_ttl(test: &str, count: usize, ttl_s: u64) -> Option<Cluster> {
-        let nats = nats_url(test)?;
-        let schema = PgTestSchema::create(test).await?;
-        let prefix = format!("t{}", schema.name);
-        let logs = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-        let mut nodes = Vec::new();
-        for i in 0..count {
-            let env = vec![
-                ("TESSERA_STORE_URL".to_owned(), schema.url()),
-                ("TESSERA_NATS_URL".to_owned(), nats.clone()),
-                ("TESSERA_NATS_PREFIX".to_owned(), prefix.clone()),
-                ("TESSERA_NODE_ID".to_owned(), format!("node{i}")),
-                ("TESSERA_LEASE_TTL_S".to_owned(), ttl_s.to_string()),
-                // One vault key for the service: a node that takes a chat over opens the
-                // secrets another node sealed.
-                ("TESSERA_SECRET_KEY".to_owned(), "42".repeat(32)),
-                // The tenant budget is global in a cluster: 300 chats of one tenant (plus their
-                // resends after reconnects) would spend the default 1,200 a minute and wait for
-                // the next minute, which is not what these tests measure.
-                (
-                    "TESSERA_MESSAGES_PER_MINUTE_PER_TENANT".to_owned(),
-                    "1000000".to_owned(),
-                ),
-                (
-                    "RUST_LOG".to_owned(),
-                    "warn,tessera_cluster=info,tessera_server::cluster=info".to_owned(),
-                ),
-            ];
-            let options = ServerOptions {
-                env,
-                stderr_file: Some(logs.path().join(format!("node{i}.log"))),
-                ..Default::default()
-            };
-            nodes.push(Some(TestServer::start(options).await));
-        }
-        Some(Cluster {
-            schema,
-            nodes,
-            logs,
-        })
-    }
-
-    fn log(&self, i: usize) -> String {
-        std::fs::read_to_string(self.logs.path().join(format!("node{i}.log"))).unwrap_or_default()
-    }
-
-    fn node(&self, i: usize) -> &TestServer {
-        self.nodes[i]
-            .as_ref()
-            .unwrap_or_else(|| panic!("node {i} was stopped"))
-    }
-
-    fn bases(&self) -> Vec<String> {
-        self.nodes
-            .iter()
-            .map(|n| n.as_ref().map(|n| n.base.clone()).unwrap_or_default())
-            .collect()
-    }
-
-    async fn store(&self) -> PgStore {
-        PgStore::connect(&self.schema.url())
-            .await
-            .unwrap_or_else(|e| panic!("cannot open the test store: {e}"))
-    }
-}
 
 fn ws_url(base: &str, chat_id: &str, last_seq: u64) -> String {
     format!(
@@ -135,15 +34,6 @@ fn corr_of(call: &Value) -> String {
     call["data"]["corr"].as_str().unwrap_or_default().to_owned()
 }
 
-/// Waits (polling) until `done`; fails the test after `limit`.
-async fn wait_until(what: &str, limit: Duration, mut done: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !done().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 /// What one client saw of one chat, over every socket it opened.
 #[derive(Debug, Default)]
 struct ChatRun {
@@ -153,27 +43,6 @@ struct ChatRun {
     completed: bool,
     /// The last events' types (for the failure message).
     tail: Vec<String>,
-}
-
-/// Every stored event of `chat`, once the store holds at least `count` of them (`what`
-/// names the wait in its timeout message).
-async fn stored_events(
-    store: &PgStore,
-    chat: &str,
-    count: u64,
-    what: &str,
-) -> Vec<tessera_store::StoredEvent> {
-    wait_until(what, Duration::from_secs(10), async || {
-        store
-            .events_after(chat, 0, u32::MAX)
-            .await
-            .is_ok_and(|e| e.len() as u64 >= count)
-    })
-    .await;
-    store
-        .events_after(chat, 0, u32::MAX)
-        .await
-        .unwrap_or_default()
 }
 
 /// Drives a Generator chat to its end like a browser: says what the interview asks, answers

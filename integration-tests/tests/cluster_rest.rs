@@ -512,3 +512,71 @@ async fn with_the_owner_killed_rest_answers_a_retryable_error_then_takes_the_cha
         "taken over within 10 s of lease expiry ({took:?})"
     );
 }
+
+/// Lease TTL of the pause test: the pause (the 5 s forwarding timeout) stays well within the
+/// lease (renewed every 5 s), so the chat does not move while its owner is paused.
+const PAUSE_TTL_S: u64 = 15;
+
+#[tokio::test]
+async fn with_the_owner_paused_rest_answers_a_timeout_it_can_retry_and_then_works_again() {
+    let _turn = ONE_CLUSTER_AT_A_TIME.lock().await;
+    let Some(cluster) = Cluster::start_with_ttl("cluster_rest_pause", 2, PAUSE_TTL_S).await else {
+        return;
+    };
+    let (a, b) = (cluster.node(0), cluster.node(1));
+    let chat = a.create_chat("Generator", "alice").await;
+    let chat_path = format!("/api/v1/chats/{chat}");
+    chat_through(b, &chat, "alice", "the greeting", |c| {
+        c["status"] == "awaiting_user"
+    })
+    .await;
+    let pid = a
+        .pid()
+        .unwrap_or_else(|| panic!("node A has no pid"))
+        .to_string();
+    let signal = |name: &str| {
+        let status = std::process::Command::new("kill")
+            .args([name, &pid])
+            .status();
+        assert!(status.is_ok_and(|s| s.success()), "kill {name} {pid}");
+    };
+
+    // A paused owner still holds its NATS subscription: the request reaches it and gets no
+    // answer; B says so (the owner may have carried it out) instead of waiting.
+    signal("-STOP");
+    let asked_at = Instant::now();
+    let paused = post(
+        b,
+        &format!("{chat_path}/input"),
+        "alice",
+        json!({"content": "Automate my weekly social media posts"}),
+    )
+    .await;
+    let waited = asked_at.elapsed();
+    signal("-CONT");
+    eprintln!(
+        "owner paused: B answered {} after {:.2} s",
+        paused.status,
+        waited.as_secs_f64()
+    );
+    assert_eq!(paused.status, 503, "{}", paused.body);
+    assert_eq!(paused.body["code"], "owner_timeout");
+    assert!(paused.retry_after.is_some(), "503 with Retry-After");
+    assert!(
+        waited < Duration::from_secs(8),
+        "bounded by the forwarding timeout ({waited:?})"
+    );
+
+    // Awake again, A carried the input out when it got it (or refuses a second one): the
+    // client checks the chat, as the error told it to, and goes on.
+    let plan = pending_call(b, &chat, "alice", "ActionPlan").await;
+    let answered = post(
+        b,
+        &format!("{chat_path}/tool-responses"),
+        "alice",
+        ui_answer(&plan),
+    )
+    .await;
+    assert_eq!(answered.status, 202, "{}", answered.body);
+    pending_call(b, &chat, "alice", "AgentAPIKeyInput").await;
+}

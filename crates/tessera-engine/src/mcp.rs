@@ -58,6 +58,9 @@ struct Slot {
     state: SlotState,
     /// Consecutive failed starts and early deaths (the back-off exponent).
     failures: u32,
+    /// The server answered once: a failure to start it again is news (logged as a warning);
+    /// before that, the load's one warning said it (`McpCatalog::discover`).
+    ever_up: bool,
     tools: Option<Arc<[McpToolInfo]>>,
 }
 
@@ -99,6 +102,9 @@ impl McpHub {
                 tokio::time::sleep(delay).await;
             }
             let endpoint = McpEndpoint::resolve(&transport).map_err(|e| e.to_string())?;
+            if let McpEndpoint::Http { url, .. } = &endpoint {
+                listening(url).await?;
+            }
             match tokio::time::timeout(CONNECT_TIMEOUT, McpConnection::connect(&endpoint, &http))
                 .await
             {
@@ -138,6 +144,7 @@ impl McpHub {
         match result {
             Ok(conn) => {
                 tracing::info!(mcp_server = %slot.name, "MCP session up");
+                slot.ever_up = true;
                 // A restarted server may be a new version with other tools.
                 slot.tools = None;
                 for waiter in waiters {
@@ -151,7 +158,11 @@ impl McpHub {
             Err(error) => {
                 slot.failures = slot.failures.saturating_add(1);
                 let wait = Self::backoff(slot.failures);
-                tracing::warn!(mcp_server = %slot.name, failures = slot.failures, retry_in_ms = wait.as_millis() as u64, %error, "MCP server could not be started");
+                if slot.ever_up {
+                    tracing::warn!(mcp_server = %slot.name, failures = slot.failures, retry_in_ms = wait.as_millis() as u64, %error, "MCP server could not be started");
+                } else {
+                    tracing::debug!(mcp_server = %slot.name, failures = slot.failures, retry_in_ms = wait.as_millis() as u64, %error, "MCP server could not be started");
+                }
                 let message = format!("the MCP server \"{}\" is unavailable: {error}", slot.name);
                 for waiter in waiters {
                     let _ = waiter.send(Err(message.clone()));
@@ -200,6 +211,7 @@ impl McpHub {
                 error: String::new(),
             },
             failures: 0,
+            ever_up: false,
             tools: None,
         });
         if let SlotState::Up { conn, .. } = &slot.state
@@ -250,6 +262,47 @@ impl Actor for McpHub {
                 act.died(&key, ctx);
             }
         });
+    }
+}
+
+/// Variables that send this process's HTTP through a proxy (which the MCP client honours).
+const PROXY_VARIABLES: [&str; 6] = [
+    "HTTP_PROXY",
+    "http_proxy",
+    "HTTPS_PROXY",
+    "https_proxy",
+    "ALL_PROXY",
+    "all_proxy",
+];
+
+/// Whether something listens at `url`'s host and port. WHY: the MCP client's transport worker
+/// logs a refused connection as an ERROR before it reports it; asking first makes a server
+/// that is simply not there one clear line. With a proxy configured the server may be
+/// reachable only through it, so nothing is asked.
+async fn listening(url: &str) -> Result<(), String> {
+    if PROXY_VARIABLES
+        .iter()
+        .any(|v| std::env::var_os(v).is_some())
+    {
+        return Ok(());
+    }
+    let parsed = reqwest::Url::parse(url).map_err(|e| format!("bad MCP url {url:?}: {e}"))?;
+    let (Some(host), Some(port)) = (parsed.host_str(), parsed.port_or_known_default()) else {
+        return Err(format!("the MCP url {url:?} names no host and port"));
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    match tokio::time::timeout(
+        CONNECT_TIMEOUT,
+        tokio::net::TcpStream::connect((host, port)),
+    )
+    .await
+    {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(format!("nothing answers at {host}:{port} ({e})")),
+        Err(_) => Err(format!(
+            "no connection to {host}:{port} within {}s",
+            CONNECT_TIMEOUT.as_secs()
+        )),
     }
 }
 
@@ -392,7 +445,7 @@ impl McpCatalog {
                     .await
                     .unwrap_or_else(|_| Err("the MCP hub stopped".to_owned()));
                 if let Err(error) = &listed {
-                    tracing::warn!(mcp_server = %name, %error, "MCP server unreachable: its tools are not offered until the workflow is loaded again");
+                    tracing::warn!(mcp_server = %name, %error, "MCP server unreachable: its tools are not offered until the workflow is loaded again (SIGHUP)");
                 }
                 (server, listed)
             }

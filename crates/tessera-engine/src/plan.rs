@@ -272,7 +272,8 @@ fn plan_mcp_tools(
     for (server, grant) in workflow.mcp.grants_of(&agent.name) {
         let listed = mcp.and_then(|m| Some((m, m.listed.get(&server.transport)?)));
         let Some((catalog, Ok(tools))) = listed else {
-            tracing::warn!(workflow = %workflow.name, agent = %agent.name, mcp_server = %server.name, "MCP server not listed: its tools are not offered");
+            // The hub's discovery already warned once per server.
+            tracing::debug!(workflow = %workflow.name, agent = %agent.name, mcp_server = %server.name, "MCP server not listed: its tools are not offered");
             continue;
         };
         for name in &grant.tools {

@@ -34,3 +34,32 @@ async fn a_server_that_cannot_start_is_a_clear_error_each_time() {
         }
     }
 }
+
+#[actix_rt::test]
+async fn an_http_server_nobody_listens_for_is_one_clear_error() {
+    let hub = McpCatalog::start_hub().unwrap_or_else(|e| panic!("{e}"));
+    // A port that was free a moment ago: nothing listens there.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let absent = McpTransport::Http {
+        url: format!("http://127.0.0.1:{port}/mcp"),
+        headers: BTreeMap::new(),
+    };
+    let session = hub
+        .send(McpSession {
+            server: absent,
+            name: Arc::from("absent"),
+        })
+        .await
+        .unwrap_or_else(|e| panic!("hub: {e}"));
+    match session {
+        Err(message) => assert!(
+            message.contains("MCP server \"absent\" is unavailable")
+                && message.contains(&format!("nothing answers at 127.0.0.1:{port}")),
+            "{message}"
+        ),
+        Ok(_) => panic!("a closed port gave a session"),
+    }
+}

@@ -704,6 +704,7 @@ async fn chats_survive_a_node_killed_mid_turn() {
     // Where node 2's chats stood at the kill, by stored status, with their stored log length.
     let mut at_kill: BTreeMap<String, usize> = BTreeMap::new();
     let mut orphans = Vec::new();
+    let mut answered_at_kill: HashSet<SideEffect> = HashSet::new();
     for chat in &victims {
         let status = match store.load_chat(chat).await {
             Ok(Some(stored)) => stored.state.status,
@@ -715,6 +716,14 @@ async fn chats_survive_a_node_killed_mid_turn() {
                 .events_after(chat, 0, u32::MAX)
                 .await
                 .unwrap_or_default();
+            for event in events
+                .iter()
+                .filter(|e| e.event_type == "chat.tool_response")
+            {
+                let value: Value = serde_json::from_str(&event.json).unwrap_or(Value::Null);
+                let corr = value["data"]["corr"].as_str().unwrap_or_default();
+                answered_at_kill.insert((chat.clone(), corr.to_owned()));
+            }
             orphans.push((chat.clone(), events.len() as u64));
         }
     }
@@ -723,6 +732,17 @@ async fn chats_survive_a_node_killed_mid_turn() {
         .iter()
         .filter(|((chat, key), status)| {
             victims.contains(chat) && key.contains(":s") && status.as_str() == "started"
+        })
+        .count();
+    // Completed before the kill but not yet answered in the log: the new owner reuses the
+    // recorded result.
+    let echo_to_reuse = records_at_kill
+        .iter()
+        .filter(|(record, status)| {
+            victims.contains(&record.0)
+                && record.1.contains(":s")
+                && status.as_str() == "completed"
+                && !answered_at_kill.contains(*record)
         })
         .count();
     // Taken over = a new event of each of them in the store (written by its new owner).
@@ -794,7 +814,7 @@ async fn chats_survive_a_node_killed_mid_turn() {
     let reconnects: u32 = runs.iter().map(|r| r.reconnects).sum();
     let after_expiry = all_continued.saturating_sub(Duration::from_secs(BUSY_LEASE_TTL_S));
     eprintln!(
-        "{CHATS} chats on 3 nodes; node 2 killed with its {} chats by stored status {at_kill:?} ({echo_in_flight} backend tool calls in flight); all {} open ones continued on another node {:.2} s after the kill ({:.2} s after lease expiry); {reconnects} client reconnects; echo ran {} times, {} reported interrupted, {} UI answers stored",
+        "{CHATS} chats on 3 nodes; node 2 killed with its {} chats by stored status {at_kill:?} ({echo_in_flight} backend tool calls in flight, {echo_to_reuse} completed but not yet in the log); all {} open ones continued on another node {:.2} s after the kill ({:.2} s after lease expiry); {reconnects} client reconnects; echo ran {} times, {} reported interrupted, {} UI answers stored",
         victims.len(),
         orphans.len(),
         all_continued.as_secs_f64(),

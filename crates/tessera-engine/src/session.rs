@@ -838,6 +838,13 @@ impl Handler<FlushDone> for ChatSession {
             ctx.notify(Relinquish);
             return;
         }
+        if outcome == FlushOutcome::Dropped && self.held.is_some() {
+            // In a cluster the store is the chat: events it refused for good must never be
+            // shown, and the log behind them would differ from the store's. The chat leaves
+            // this node and is rebuilt from the store (the orphan scan).
+            ctx.notify(Relinquish);
+            return;
+        }
         let next = self.persist.as_mut().map(|p| p.flush_done(outcome));
         self.release_durable();
         match next {

@@ -183,6 +183,8 @@ struct FlakyStore {
     inner: SqliteStore,
     failures: AtomicUsize,
     claims: std::sync::atomic::AtomicU8,
+    /// Batch writes refused for good (a conflict) from now on.
+    refuse: std::sync::atomic::AtomicBool,
 }
 
 /// What a [`FlakyStore`] does with a tool claim.
@@ -202,6 +204,7 @@ impl FlakyStore {
             inner,
             failures: AtomicUsize::new(failures),
             claims: std::sync::atomic::AtomicU8::new(claims as u8),
+            refuse: std::sync::atomic::AtomicBool::new(false),
         }
     }
 }
@@ -215,6 +218,11 @@ impl ChatStore for FlakyStore {
         if fail {
             return Box::pin(std::future::ready(Err(StoreError::Transient(
                 "injected failure".into(),
+            ))));
+        }
+        if self.refuse.load(Ordering::SeqCst) {
+            return Box::pin(std::future::ready(Err(StoreError::Conflict(
+                "injected conflict".into(),
             ))));
         }
         self.inner.apply_batch(chat_id, batch)
@@ -887,5 +895,53 @@ async fn an_auto_tool_stopped_after_its_claim_is_reported_interrupted() {
     assert!(
         again.of("chat.tool_call").is_empty(),
         "the UI call is not announced"
+    );
+}
+
+/// In a cluster, events the store refused for good are never shown: the chat leaves the node
+/// (to be rebuilt from the store) instead of going on with a log the store does not have.
+#[actix::test]
+async fn a_fenced_chat_whose_write_is_refused_for_good_shows_nothing_more_and_stops() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let inner = match SqliteStore::open(&dir.path().join("t.db")).await {
+        Ok(s) => s,
+        Err(e) => panic!("open store: {e}"),
+    };
+    let store = Arc::new(FlakyStore::new(inner, 0, ClaimMode::Pass));
+    let hooks = EngineHooks {
+        store: Some(store.clone() as Arc<dyn ChatStore>),
+        ..EngineHooks::default()
+    };
+    let h = harness_with_hooks(EngineConfig::default(), hooks, default_plan_script);
+    let mut c = fenced_chat(&h).await;
+    c.until("chat.input_request").await;
+    let shown = c.seen.len();
+    store.refuse.store(true, Ordering::SeqCst);
+    // (The timeout only stops a broken engine from hanging the test.)
+    let input = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        c.chat.addr.send(say("next")),
+    )
+    .await;
+    assert!(
+        matches!(input, Ok(Ok(Err(_)) | Err(_))) && input.is_ok(),
+        "input whose events were refused is not acked: {input:?}"
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while c.chat.addr.connected() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the chat did not stop"
+        );
+        actix::clock::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    while let Ok(event) = c.rx.try_recv() {
+        c.seen.push(event);
+    }
+    assert_eq!(
+        c.seen.len(),
+        shown,
+        "nothing more was shown: {:?}",
+        c.types()
     );
 }

@@ -52,11 +52,13 @@ impl ChatSession {
         if let Some(persist) = &mut session.persist {
             persist.set_persisted_seq(restored_seq);
         }
+        let key = super::turn_key(&session.id.chat_id, &session.current_agent, session.turn);
+        // Only the current turn's request (the state and the event were stored together).
         let auto_tool = (session.status == ChatStatus::AwaitingTool && stored.pending.is_empty())
             .then(|| last_auto_tool_request(&stored.events))
-            .flatten();
+            .flatten()
+            .filter(|(turn_key, _)| *turn_key == key);
         let logged_tool_responses = if session.status == ChatStatus::Running {
-            let key = super::turn_key(&session.id.chat_id, &session.current_agent, session.turn);
             tool_responses_of_turn(&stored.events, &key)
         } else {
             Vec::new()

@@ -51,16 +51,16 @@ impl Cluster {
 
     /// `count` nodes whose leases last `ttl_s`; `None`: skipped.
     pub async fn start_with_ttl(test: &str, count: usize, ttl_s: u64) -> Option<Cluster> {
-        Self::start_with_env(test, count, ttl_s, Vec::new()).await
+        Self::start_with(test, count, ttl_s, ServerOptions::default()).await
     }
 
-    /// `count` nodes whose leases last `ttl_s`, with `extra_env` on top of the cluster's own
-    /// settings; `None`: skipped.
-    pub async fn start_with_env(
+    /// `count` nodes whose leases last `ttl_s`, with `extra` settings for every node
+    /// (environment on top of the cluster's own, workflows); `None`: skipped.
+    pub async fn start_with(
         test: &str,
         count: usize,
         ttl_s: u64,
-        extra_env: Vec<(String, String)>,
+        extra: ServerOptions,
     ) -> Option<Cluster> {
         let nats = nats_url(test)?;
         let schema = PgTestSchema::create(test).await?;
@@ -89,9 +89,10 @@ impl Cluster {
                     "warn,tessera_cluster=info,tessera_server::cluster=info".to_owned(),
                 ),
             ];
-            env.extend(extra_env.iter().cloned());
+            env.extend(extra.env.iter().cloned());
             let options = ServerOptions {
                 env,
+                workflows_dir: extra.workflows_dir.clone(),
                 stderr_file: Some(logs.path().join(format!("node{i}.log"))),
                 ..Default::default()
             };

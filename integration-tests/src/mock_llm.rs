@@ -20,8 +20,22 @@ pub struct MockLlm {
 impl MockLlm {
     /// Starts the mock (streaming, no added latency) and waits for its address.
     pub async fn start() -> MockLlm {
+        Self::start_with_latency(0).await
+    }
+
+    /// Starts the mock answering every request after `latency_ms` (a timer in the mock), so
+    /// that a test can catch chats in the middle of a model call.
+    pub async fn start_with_latency(latency_ms: u64) -> MockLlm {
+        let latency = latency_ms.to_string();
         let mut child = Command::new(loadgen_bin())
-            .args(["mock-llm", "--port", "0", "--latency-ms", "0", "--stream"])
+            .args([
+                "mock-llm",
+                "--port",
+                "0",
+                "--latency-ms",
+                &latency,
+                "--stream",
+            ])
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .kill_on_drop(true)

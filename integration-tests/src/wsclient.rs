@@ -64,6 +64,14 @@ impl WsClient {
         self.send_text(frame.to_string()).await;
     }
 
+    /// Sends a JSON frame; `false` when the socket is gone (e.g. its node was killed).
+    pub async fn try_send(&mut self, frame: Value) -> bool {
+        self.socket
+            .send(Message::text(frame.to_string()))
+            .await
+            .is_ok()
+    }
+
     /// Sends raw text.
     pub async fn send_text(&mut self, text: String) {
         if let Err(e) = self.socket.send(Message::text(text)).await {

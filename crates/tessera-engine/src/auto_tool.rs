@@ -207,11 +207,11 @@ impl Handler<InvokeAutoTool> for AutoToolHandler {
             }
             let Some(binding) = binding else {
                 tracing::warn!(chat_id = %msg.tool_ctx.chat_id, agent = %msg.tool_ctx.agent_name, "no auto-tool binding");
-                parts.dedup.do_send(CompleteKey(key));
+                parts.dedup.do_send(CompleteKey::new(key));
                 return AutoToolOutcome::NoBinding;
             };
             if let Err(errors) = binding.model.validate(&msg.structured_data) {
-                parts.dedup.do_send(CompleteKey(key));
+                parts.dedup.do_send(CompleteKey::new(key));
                 return AutoToolOutcome::Invalid(errors.join("; "));
             }
             tessera_telemetry::record_auto_tool(&msg.span, &binding.tool_name);
@@ -287,7 +287,9 @@ pub fn resume_ui_wait(
     parts: UiWaitParts,
 ) -> futures::future::BoxFuture<'static, AutoToolOutcome> {
     let Some(binding) = resolve_binding(workflow, &ctx.agent_name).map(Arc::new) else {
-        parts.dedup.do_send(CompleteKey(ToolKey::of_turn(&ctx)));
+        parts
+            .dedup
+            .do_send(CompleteKey::new(ToolKey::of_turn(&ctx)));
         return Box::pin(std::future::ready(AutoToolOutcome::NoBinding));
     };
     Box::pin(wait_for_ui(binding, ctx, call, false, parts))
@@ -402,7 +404,7 @@ fn finish(
         ended.result.clone(),
         ended.ended_ui_call,
     )));
-    parts.dedup.do_send(CompleteKey(ToolKey::of_turn(ctx)));
+    parts.dedup.do_send(CompleteKey::new(ToolKey::of_turn(ctx)));
     AutoToolOutcome::Completed {
         tool_name: binding.tool_name.clone(),
         result: ended.result,

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use actix::prelude::*;
 use futures::future::BoxFuture;
 use lru::LruCache;
+use serde_json::Value;
 
 /// What a tool invocation is claimed under: its chat, and the turn idempotency key (auto
 /// tools) or invocation key (agent tools) within it.
@@ -44,14 +45,16 @@ impl std::fmt::Display for ToolKey {
 }
 
 /// The answer to a claim.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum ClaimOutcome {
     /// The caller owns the key and must run the tool, then send [`CompleteKey`].
     Claimed,
     /// Another invocation holds the key and is still running.
     InFlight,
-    /// The key already ran to completion.
-    Completed,
+    /// The key already ran to completion; with the result its durable record holds (agent
+    /// tools record theirs), which a turn re-run after a crash reuses instead of running the
+    /// tool again.
+    Completed(Option<Value>),
     /// A durable record says the tool started but never completed (a crash): it must be
     /// reported as interrupted, never silently re-run.
     Interrupted,
@@ -59,8 +62,8 @@ pub enum ClaimOutcome {
 
 impl ClaimOutcome {
     /// True when the caller may run the tool.
-    pub fn is_claimed(self) -> bool {
-        self == Self::Claimed
+    pub fn is_claimed(&self) -> bool {
+        *self == Self::Claimed
     }
 }
 
@@ -76,9 +79,13 @@ pub trait DedupRecordStore: Send + Sync + 'static {
         key: &ToolKey,
         epoch: Option<i64>,
     ) -> BoxFuture<'static, Result<ClaimOutcome, String>>;
-    /// Marks the record completed.
-    fn complete(&self, key: &ToolKey, epoch: Option<i64>)
-    -> BoxFuture<'static, Result<(), String>>;
+    /// Marks the record completed, with the tool's `result` when it has one to keep.
+    fn complete(
+        &self,
+        key: &ToolKey,
+        result: Option<&Value>,
+        epoch: Option<i64>,
+    ) -> BoxFuture<'static, Result<(), String>>;
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,7 +102,19 @@ pub struct ClaimKey(pub ToolKey);
 /// The tool of `key` finished (whatever its result).
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct CompleteKey(pub ToolKey);
+pub struct CompleteKey {
+    pub key: ToolKey,
+    /// The result to record with the durable completion (an agent tool's), reused by a turn
+    /// re-run after a crash; `None` records nothing.
+    pub result: Option<Value>,
+}
+
+impl CompleteKey {
+    /// `key` finished; no result is recorded.
+    pub fn new(key: ToolKey) -> Self {
+        Self { key, result: None }
+    }
+}
 
 /// The lease epoch the durable records of `chat_id` are written under from now on (`None`:
 /// forget it, the chat left this node). A session sends it when it starts, before any of its
@@ -156,7 +175,7 @@ impl Handler<ClaimKey> for DedupCache {
         if let Some(state) = self.keys.get(&key) {
             let outcome = match state {
                 KeyState::InFlight => ClaimOutcome::InFlight,
-                KeyState::Completed => ClaimOutcome::Completed,
+                KeyState::Completed => ClaimOutcome::Completed(None),
             };
             tracing::warn!(key = %key, ?outcome, "duplicate tool invocation suppressed");
             return Box::pin(async move { outcome });
@@ -185,11 +204,12 @@ impl Handler<ClaimKey> for DedupCache {
 impl Handler<CompleteKey> for DedupCache {
     type Result = ();
 
-    fn handle(&mut self, CompleteKey(key): CompleteKey, _ctx: &mut Self::Context) {
+    fn handle(&mut self, CompleteKey { key, result }: CompleteKey, _ctx: &mut Self::Context) {
         // Only a key this cache claimed has a durable record to complete.
         let claimed_here = self.keys.peek(&key) == Some(&KeyState::InFlight);
         if let (true, Some(store)) = (claimed_here, &self.durable) {
-            let done = store.complete(&key, self.epochs.get(&key.chat_id).copied());
+            let epoch = self.epochs.get(&key.chat_id).copied();
+            let done = store.complete(&key, result.as_ref(), epoch);
             let log_key = key.clone();
             // A task of its own on the arbiter, not a future of this context: actix polls
             // every future of a context on each of its wake-ups, so with one pending
@@ -246,10 +266,10 @@ mod tests {
             cache.send(ClaimKey(key("c:t1"))).await.ok(),
             Some(ClaimOutcome::InFlight)
         );
-        cache.do_send(CompleteKey(key("c:t1")));
+        cache.do_send(CompleteKey::new(key("c:t1")));
         assert_eq!(
             cache.send(ClaimKey(key("c:t1"))).await.ok(),
-            Some(ClaimOutcome::Completed)
+            Some(ClaimOutcome::Completed(None))
         );
         assert_eq!(
             cache.send(ClaimKey(key("c:t2"))).await.ok(),

@@ -207,13 +207,27 @@ impl EventLog {
     }
 
     /// The texts of the events after seq `after`, in order, exactly as they were published.
+    #[cfg(test)]
     pub(crate) fn replay<'a>(
         &'a self,
         after: u64,
         chat_id: &'a ChatIdJson,
     ) -> impl Iterator<Item = Arc<str>> + 'a {
-        let from = usize::try_from(after).map_or(self.records.len(), |a| a.min(self.records.len()));
-        self.records[from..]
+        self.replay_until(after, self.last_seq(), chat_id)
+    }
+
+    /// [`EventLog::replay`] of the events after seq `after` up to seq `until` (in a cluster,
+    /// the last durable one).
+    pub(crate) fn replay_until<'a>(
+        &'a self,
+        after: u64,
+        until: u64,
+        chat_id: &'a ChatIdJson,
+    ) -> impl Iterator<Item = Arc<str>> + 'a {
+        let len = self.records.len();
+        let to = usize::try_from(until).map_or(len, |u| u.min(len));
+        let from = usize::try_from(after).map_or(to, |a| a.min(to));
+        self.records[from..to]
             .iter()
             .zip(after + 1..)
             .filter(|(record, _)| !record.is_empty())
@@ -368,6 +382,9 @@ mod tests {
                 assert_eq!(&*text, expected);
                 published.push(text);
             }
+            let until: Vec<Arc<str>> = log.replay_until(0, 2, &chat).collect();
+            assert_eq!(until, published[..2], "replay stops at `until`");
+            assert_eq!(log.replay_until(3, 2, &chat).count(), 0);
             log.push_stored("{\"restored\":true}");
             published.push(Arc::from("{\"restored\":true}"));
             assert_eq!(log.last_seq(), 4);

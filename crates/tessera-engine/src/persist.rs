@@ -257,7 +257,10 @@ impl DedupRecordStore for StoreDedup {
             match claim.await {
                 Ok(ToolClaim::Claimed) => Ok(ClaimOutcome::Claimed),
                 Ok(ToolClaim::AlreadyStarted) => Ok(ClaimOutcome::Interrupted),
-                Ok(ToolClaim::AlreadyCompleted(_)) => Ok(ClaimOutcome::Completed),
+                // `null` is what a completion without a result records.
+                Ok(ToolClaim::AlreadyCompleted(result)) => {
+                    Ok(ClaimOutcome::Completed(result.filter(|r| !r.is_null())))
+                }
                 Err(e) => Err(e.to_string()),
             }
         })
@@ -266,9 +269,16 @@ impl DedupRecordStore for StoreDedup {
     fn complete(
         &self,
         key: &ToolKey,
+        result: Option<&Value>,
         epoch: Option<i64>,
     ) -> BoxFuture<'static, Result<(), String>> {
-        let done = self.0.complete_tool(&key.chat_id, &key.invocation, epoch);
+        let done = match result {
+            Some(result) => {
+                self.0
+                    .complete_tool_recording(&key.chat_id, &key.invocation, result, epoch)
+            }
+            None => self.0.complete_tool(&key.chat_id, &key.invocation, epoch),
+        };
         Box::pin(async move { done.await.map_err(|e| e.to_string()) })
     }
 }

@@ -48,6 +48,9 @@ pub struct RunnerParts {
     pub workflow_name: Arc<str>,
     /// The `invoke_workflow` span this turn's `invoke_agent` span goes under.
     pub workflow_span: tracing::Span,
+    /// A turn re-run after a restart: invocation keys whose `chat.tool_response` the chat's
+    /// log holds already (a reused result is not announced twice). Empty otherwise.
+    pub logged_tool_responses: Vec<String>,
 }
 
 /// Runs one agent turn.
@@ -186,6 +189,10 @@ impl AgentRunner {
         let dedup = self.parts.dedup.clone();
         let mut tool_ctx = self.parts.tool_ctx.clone();
         let workflow = self.parts.workflow_name.clone();
+        let logged = self
+            .parts
+            .logged_tool_responses
+            .contains(&call.invocation_key);
         tool_ctx.turn_idempotency_key = Arc::from(call.invocation_key.as_str());
         let key = ToolKey::of_turn(&tool_ctx);
         let span = tessera_telemetry::tool_span(
@@ -218,7 +225,24 @@ impl AgentRunner {
                         result: Ok(tessera_tools::interrupted_result()),
                     };
                 }
-                ClaimOutcome::InFlight | ClaimOutcome::Completed => {
+                // Ran to completion before a crash or a takeover, and its result was recorded:
+                // the re-run turn gets the same result, the tool does not run again.
+                ClaimOutcome::Completed(Some(recorded)) => {
+                    if !logged {
+                        publish.do_send(Publish(tool_call_event(&info, &call.args)));
+                        publish.do_send(Publish(tool_response_event(
+                            &info,
+                            true,
+                            recorded.clone(),
+                            None,
+                        )));
+                    }
+                    return ToolResult {
+                        call_id: call.call_id,
+                        result: Ok(recorded),
+                    };
+                }
+                ClaimOutcome::InFlight | ClaimOutcome::Completed(None) => {
                     let result = Err(ToolError::Failed(format!(
                         "this tool call already ran ({claimed:?}); it is not run twice"
                     )));
@@ -246,7 +270,10 @@ impl AgentRunner {
                     Ok(result) => result,
                     Err(_) => Err(ToolError::Timeout(tool.timeout)),
                 };
-            dedup.do_send(CompleteKey(key));
+            dedup.do_send(CompleteKey {
+                key,
+                result: result.as_ref().ok().cloned(),
+            });
             if capturing && let Ok(value) = &result {
                 capture(&traced, "gen_ai.tool.call.result", value, secrets.as_ref());
             }

@@ -6,13 +6,14 @@
 
 mod restore;
 mod routing;
+mod visibility;
 
 use std::sync::Arc;
 
 use actix::prelude::*;
 use serde_json::{Map, Value};
 use tessera_llm::{Message, Role};
-use tessera_protocol::{ErrorCode, PendingUiCall, ServerEvent};
+use tessera_protocol::{ErrorCode, PendingUiCall, ServerEvent, ToolCallEvent};
 use tessera_tools::ToolContext;
 
 use crate::auto_tool::{AutoToolOutcome, InvokeAutoTool};
@@ -31,6 +32,7 @@ pub use crate::status::{ChatIdentity, ChatStatus};
 use crate::turn::{TurnFailure, TurnLimits, TurnOutput};
 use crate::{EngineConfig, EngineError, plan::CompiledWorkflow};
 use routing::Route;
+use visibility::{HeldEvent, HeldEvents};
 
 /// An event, serialized once, on its way to a subscriber.
 #[derive(Message, Clone)]
@@ -180,11 +182,17 @@ pub struct ChatSession {
     self_addr: Option<Addr<ChatSession>>,
     /// Set for a chat rebuilt from the store: `started` resumes instead of starting.
     restored: Option<restore::RestoredWork>,
+    /// For the re-run of a turn interrupted by a restart: invocation keys whose
+    /// `chat.tool_response` is in the log already (taken by the next `start_turn`).
+    logged_tool_responses: Vec<String>,
     /// `invoke_workflow`: open from a user input (or resumed run) until the chat waits for
     /// the user again or ends; disabled when traces are not exported.
     workflow_span: tracing::Span,
     /// The lease epoch every durable write carries in a cluster (`None` on a single node).
     epoch: Option<i64>,
+    /// In a cluster (with a store), events wait here until they are durable: clients never
+    /// see an event the next owner could not replay (see `session/visibility.rs`).
+    held: Option<HeldEvents>,
     /// Last event, subscription change or read: an open chat idle for the engine's
     /// `idle_evict` leaves memory (see [`IdleCheck`]).
     last_active: std::time::Instant,
@@ -235,8 +243,10 @@ impl ChatSession {
             flush_requested: false,
             self_addr: None,
             restored: None,
+            logged_tool_responses: Vec::new(),
             workflow_span: tracing::Span::none(),
             epoch: None,
+            held: None,
             last_active: std::time::Instant::now(),
             chat_id_json: ChatIdJson::new(&id.chat_id),
             id,
@@ -251,12 +261,22 @@ impl ChatSession {
         self.epoch = epoch;
         if let Some(persist) = &mut self.persist {
             persist.set_epoch(epoch);
+            let durable = persist.persisted_seq();
+            self.held = epoch.map(|_| HeldEvents::after(durable));
         }
         self
     }
 
     fn last_seq(&self) -> u64 {
         self.log.last_seq()
+    }
+
+    /// The last seq clients may see: the last logged one, or in a cluster the last durable one.
+    fn visible_seq(&self) -> u64 {
+        let last = self.last_seq();
+        self.held
+            .as_ref()
+            .map_or(last, |held| held.visible_seq(last))
     }
 
     /// Assigns the next seq, logs the event, and fans it out.
@@ -270,15 +290,79 @@ impl ChatSession {
         if self.persist.is_some() {
             self.persist_event(seq, &event, &text);
         }
+        if let Some(held) = &mut self.held {
+            let typed = (!self.watchers.is_empty()).then(|| event.clone());
+            let (mut ui_call, mut ends_ui_call) = (None, None);
+            match &event {
+                ServerEvent::ToolCall(ToolCallEvent::AwaitingUi(call)) => {
+                    ui_call = Some(Box::from(call.corr.as_str()));
+                }
+                ServerEvent::ToolResponse(response) => {
+                    ends_ui_call = response.ended_ui_call.as_deref();
+                }
+                _ => {}
+            }
+            held.hold(
+                HeldEvent {
+                    seq,
+                    text,
+                    typed,
+                    ui_call,
+                },
+                ends_ui_call,
+            );
+            return;
+        }
+        self.fan_out(seq, &text, Some(&event));
+    }
+
+    /// Sends a logged event to every subscriber and (when typed) every watcher.
+    fn fan_out(&mut self, seq: u64, text: &Arc<str>, event: Option<&ServerEvent>) {
         self.subscribers.retain(|s| s.recipient.connected());
         for subscriber in &self.subscribers {
             subscriber.recipient.do_send(Deliver(text.clone()));
         }
-        if !self.watchers.is_empty() {
+        if let Some(event) = event
+            && !self.watchers.is_empty()
+        {
             self.watchers.retain(|(_, w)| w.connected());
             for (_, watcher) in &self.watchers {
                 watcher.do_send(Observed(event.clone(), seq));
             }
+        }
+    }
+
+    /// The UI calls clients may be told are pending: in a cluster, only those whose
+    /// announcement is durable (an answer to a call the next owner never saw would be lost).
+    fn visible_ui_calls(&self, mut pending: Vec<PendingUiCall>) -> Vec<PendingUiCall> {
+        if let Some(held) = &self.held {
+            pending.retain(|call| !held.hides_ui_call(&call.corr));
+        }
+        pending
+    }
+
+    /// Resolves once the event with `seq` is durable: at once on a single node; in a cluster
+    /// after its flush (an error if the chat stops first).
+    fn when_durable(
+        &mut self,
+        seq: u64,
+    ) -> futures::future::BoxFuture<'static, Result<(), EngineError>> {
+        match &mut self.held {
+            None => Box::pin(std::future::ready(Ok(()))),
+            Some(held) => {
+                let durable = held.when_durable(seq);
+                Box::pin(async move { durable.await.map_err(|_| EngineError::Unavailable) })
+            }
+        }
+    }
+
+    /// Fans out the held events the store now holds (a cluster's chat, after a flush).
+    fn release_durable(&mut self) {
+        let (Some(held), Some(persist)) = (&mut self.held, &self.persist) else {
+            return;
+        };
+        for event in held.take_durable(persist.persisted_seq()) {
+            self.fan_out(event.seq, &event.text, event.typed.as_ref());
         }
     }
 
@@ -384,6 +468,7 @@ impl ChatSession {
             turn: self.turn,
             workflow_name: Arc::clone(&self.wf.name),
             workflow_span: self.workflow_span.clone(),
+            logged_tool_responses: std::mem::take(&mut self.logged_tool_responses),
         };
         tracing::debug!(chat_id = %self.id.chat_id, tenant = %self.id.tenant, turn = self.turn, agent = %agent, "turn started");
         let runner = AgentRunner::new(plan, &self.history, &self.context, limits, parts).start();
@@ -753,7 +838,15 @@ impl Handler<FlushDone> for ChatSession {
             ctx.notify(Relinquish);
             return;
         }
+        if outcome == FlushOutcome::Dropped && self.held.is_some() {
+            // In a cluster the store is the chat: events it refused for good must never be
+            // shown, and the log behind them would differ from the store's. The chat leaves
+            // this node and is rebuilt from the store (the orphan scan).
+            ctx.notify(Relinquish);
+            return;
+        }
         let next = self.persist.as_mut().map(|p| p.flush_done(outcome));
+        self.release_durable();
         match next {
             Some(NextFlush::Now) => self.request_flush(),
             Some(NextFlush::After(delay)) => {
@@ -922,7 +1015,7 @@ impl Handler<Subscribe> for ChatSession {
             chat_id: self.id.chat_id.clone(),
         });
         Box::pin(pending.into_actor(self).map(move |pending, act, _ctx| {
-            let pending = pending.unwrap_or_default();
+            let pending = act.visible_ui_calls(pending.unwrap_or_default());
             let recipient = msg.recipient;
             act.send_direct(
                 &recipient,
@@ -930,15 +1023,17 @@ impl Handler<Subscribe> for ChatSession {
                     workflow: act.wf.workflow.name.clone(),
                     status: act.status.as_str().to_owned(),
                     current_agent: act.current_agent.to_string(),
-                    last_seq: act.last_seq(),
+                    last_seq: act.visible_seq(),
                     pending_ui_calls: pending.clone(),
                     model: act.wf.model.label().to_owned(),
                     demo: act.wf.model.is_demo(),
                 },
             );
-            let from = msg.after_seq.min(act.last_seq());
+            // In a cluster, up to the last durable event: the held ones follow live.
+            let visible = act.visible_seq();
+            let from = msg.after_seq.min(visible);
             let mut replayed = 0;
-            for text in act.log.replay(from, &act.chat_id_json) {
+            for text in act.log.replay_until(from, visible, &act.chat_id_json) {
                 recipient.do_send(Deliver(text));
                 replayed += 1;
             }
@@ -946,7 +1041,7 @@ impl Handler<Subscribe> for ChatSession {
                 &recipient,
                 &ServerEvent::ResumeBoundary {
                     from_seq: from,
-                    last_seq: act.last_seq(),
+                    last_seq: visible,
                     replayed,
                     pending_ui_calls: pending,
                 },
@@ -986,9 +1081,21 @@ impl Handler<Unsubscribe> for ChatSession {
 }
 
 impl Handler<UserInput> for ChatSession {
-    type Result = Result<(), EngineError>;
+    /// Accepted input is acknowledged once the user's message is durable (see
+    /// [`ChatSession::when_durable`]).
+    type Result = ResponseFuture<Result<(), EngineError>>;
 
     fn handle(&mut self, msg: UserInput, ctx: &mut Self::Context) -> Self::Result {
+        match self.take_input(msg, ctx) {
+            Ok(seq) => self.when_durable(seq),
+            Err(refused) => Box::pin(std::future::ready(Err(refused))),
+        }
+    }
+}
+
+impl ChatSession {
+    /// Logs the user's message and starts the agent's turn; returns the message's seq.
+    fn take_input(&mut self, msg: UserInput, ctx: &mut Context<Self>) -> Result<u64, EngineError> {
         if self.status != ChatStatus::AwaitingUser {
             return Err(self.refuse_input());
         }
@@ -1000,21 +1107,22 @@ impl Handler<UserInput> for ChatSession {
             content: msg.content.clone(),
             ui_hidden: false,
         });
+        let seq = self.last_seq();
         self.reserve_messages(1);
         self.push_message(Message::text(Role::User, msg.content), id, false);
         self.consecutive = 1;
         let agent = self.current_agent.clone();
         self.start_turn(agent, ctx);
-        Ok(())
+        Ok(seq)
     }
 }
 
 impl Handler<TracedInput> for ChatSession {
-    type Result = Result<(), EngineError>;
+    type Result = ResponseFuture<Result<(), EngineError>>;
 
     fn handle(&mut self, msg: TracedInput, ctx: &mut Self::Context) -> Self::Result {
         if self.status != ChatStatus::AwaitingUser {
-            return Err(self.refuse_input());
+            return Box::pin(std::future::ready(Err(self.refuse_input())));
         }
         self.workflow_span =
             tessera_telemetry::workflow_span(&self.wf.name, &self.id.chat_id, Some(&msg.parent));
@@ -1023,9 +1131,16 @@ impl Handler<TracedInput> for ChatSession {
 }
 
 impl Handler<ToolAnswer> for ChatSession {
+    /// In a cluster, an accepted answer is acknowledged once the `chat.tool_response` that
+    /// ends its call is durable: an acknowledged answer is never lost to a failover.
     type Result = ResponseFuture<Result<(), EngineError>>;
 
     fn handle(&mut self, msg: ToolAnswer, _ctx: &mut Self::Context) -> Self::Result {
+        // Asked before resolving: the call's end may be logged before the reply comes back.
+        let durable = self
+            .held
+            .as_mut()
+            .map(|held| held.when_ui_answer_durable(&msg.corr));
         let resolve = self.shard.correlator.send(ResolveUiCall {
             chat_id: self.id.chat_id.clone(),
             corr: msg.corr,
@@ -1033,7 +1148,10 @@ impl Handler<ToolAnswer> for ChatSession {
         });
         Box::pin(async move {
             match resolve.await {
-                Ok(Ok(())) => Ok(()),
+                Ok(Ok(())) => match durable {
+                    Some(durable) => durable.await.map_err(|_| EngineError::Unavailable),
+                    None => Ok(()),
+                },
                 Ok(Err(CorrelationError::InvalidResponse(why))) => {
                     Err(EngineError::InvalidToolResponse(why))
                 }
@@ -1134,7 +1252,7 @@ impl Handler<TurnFinished> for ChatSession {
                     // Register the turn so no replay of it runs its tool (no loop).
                     let turn = turn_key(&self.id.chat_id, &self.current_agent, self.turn);
                     let key = ToolKey::new(self.id.chat_id.clone(), turn);
-                    self.shard.dedup.do_send(CompleteKey(key));
+                    self.shard.dedup.do_send(CompleteKey::new(key));
                 }
                 match code {
                     Some(code) => self.publish(ServerEvent::error(code, failure.to_string(), true)),
@@ -1189,10 +1307,10 @@ impl Handler<GetSnapshot> for ChatSession {
                 status: act.status.clone(),
                 current_agent: act.current_agent.clone(),
                 turn: act.turn,
-                last_seq: act.last_seq(),
+                last_seq: act.visible_seq(),
                 persisted_seq: act.persist.as_ref().map(WriteBehind::persisted_seq),
                 visible_context: visible,
-                pending_ui_calls: pending.unwrap_or_default(),
+                pending_ui_calls: act.visible_ui_calls(pending.unwrap_or_default()),
                 transcript,
             }
         }))

@@ -177,10 +177,36 @@ async fn a_pending_ui_call_survives_a_restart_and_is_answered_once() {
 }
 
 /// The real SQLite store, except that its first `failures` batch writes fail the way a failed
-/// commit does (a transient error: disk full, I/O error, lock timeout).
+/// commit does (a transient error: disk full, I/O error, lock timeout), and tool claims can be
+/// made to hang (see [`ClaimMode`]) like a process stopping right there.
 struct FlakyStore {
     inner: SqliteStore,
     failures: AtomicUsize,
+    claims: std::sync::atomic::AtomicU8,
+    /// Batch writes refused for good (a conflict) from now on.
+    refuse: std::sync::atomic::AtomicBool,
+}
+
+/// What a [`FlakyStore`] does with a tool claim.
+#[repr(u8)]
+enum ClaimMode {
+    /// Claims it.
+    Pass = 0,
+    /// Never answers, and claims nothing: the process stopped before its claim.
+    HangUnclaimed = 1,
+    /// Claims it in the store, then never answers: the process stopped after its claim.
+    HangClaimed = 2,
+}
+
+impl FlakyStore {
+    fn new(inner: SqliteStore, failures: usize, claims: ClaimMode) -> Self {
+        Self {
+            inner,
+            failures: AtomicUsize::new(failures),
+            claims: std::sync::atomic::AtomicU8::new(claims as u8),
+            refuse: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
 }
 
 impl ChatStore for FlakyStore {
@@ -192,6 +218,11 @@ impl ChatStore for FlakyStore {
         if fail {
             return Box::pin(std::future::ready(Err(StoreError::Transient(
                 "injected failure".into(),
+            ))));
+        }
+        if self.refuse.load(Ordering::SeqCst) {
+            return Box::pin(std::future::ready(Err(StoreError::Conflict(
+                "injected conflict".into(),
             ))));
         }
         self.inner.apply_batch(chat_id, batch)
@@ -224,10 +255,31 @@ impl ChatStore for FlakyStore {
         self.inner.pending_ui(chat_id)
     }
     fn claim_tool(&self, chat_id: &str, key: &str, epoch: Option<i64>) -> StoreFuture<ToolClaim> {
-        self.inner.claim_tool(chat_id, key, epoch)
+        let mode = self.claims.load(Ordering::SeqCst);
+        if mode == ClaimMode::HangUnclaimed as u8 {
+            return Box::pin(futures::future::pending());
+        }
+        let claim = self.inner.claim_tool(chat_id, key, epoch);
+        match mode {
+            2 => Box::pin(async move {
+                let _ = claim.await;
+                futures::future::pending().await
+            }),
+            _ => claim,
+        }
     }
     fn complete_tool(&self, chat_id: &str, key: &str, epoch: Option<i64>) -> StoreFuture<()> {
         self.inner.complete_tool(chat_id, key, epoch)
+    }
+    fn complete_tool_recording(
+        &self,
+        chat_id: &str,
+        key: &str,
+        result: &serde_json::Value,
+        epoch: Option<i64>,
+    ) -> StoreFuture<()> {
+        self.inner
+            .complete_tool_recording(chat_id, key, result, epoch)
     }
     fn put_secrets(&self, chat_id: &str, sealed: Vec<u8>) -> StoreFuture<()> {
         self.inner.put_secrets(chat_id, sealed)
@@ -256,10 +308,7 @@ async fn failed_flushes_are_retried_and_lose_nothing() {
         Ok(s) => s,
         Err(e) => panic!("open store: {e}"),
     };
-    let store = Arc::new(FlakyStore {
-        inner,
-        failures: AtomicUsize::new(3),
-    });
+    let store = Arc::new(FlakyStore::new(inner, 3, ClaimMode::Pass));
     let hooks = EngineHooks {
         store: Some(store.clone() as Arc<dyn ChatStore>),
         ..EngineHooks::default()
@@ -521,7 +570,7 @@ fn batch_script(req: &tessera_llm::ChatRequest) -> Reply {
 }
 
 #[actix::test]
-async fn a_crash_mid_batch_neither_reruns_the_finished_call_nor_the_started_one() {
+async fn a_crash_mid_batch_reuses_the_finished_call_and_reports_the_started_one() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let store = store_at(dir.path()).await;
     let first_runs = Arc::new(AtomicUsize::new(0));
@@ -581,9 +630,11 @@ async fn a_crash_mid_batch_neither_reruns_the_finished_call_nor_the_started_one(
     let content = answer["data"]["content"].as_str().unwrap_or_default();
     let fed: Vec<&str> = content.lines().collect();
     assert_eq!(fed.len(), 2, "{content}");
-    assert!(
-        fed[0].contains("already ran"),
-        "a is not run again: {content}"
+    let reused: serde_json::Value = serde_json::from_str(fed[0]).unwrap_or_default();
+    assert_eq!(
+        reused,
+        json!({"status": "success", "echoed": "a"}),
+        "a is not run again: its recorded result is reused: {content}"
     );
     assert!(
         fed[1].contains("interrupted"),
@@ -594,4 +645,307 @@ async fn a_crash_mid_batch_neither_reruns_the_finished_call_nor_the_started_one(
         0,
         "the restarted engine ran neither call"
     );
+}
+
+/// A fenced chat (a cluster's: it has a lease epoch) with an engine over `store`.
+async fn fenced_chat(h: &Harness) -> Client {
+    let chat = h
+        .engine
+        .start_fenced_chat(
+            NewChat {
+                tenant: "t".into(),
+                user: "u".into(),
+                workflow: "EngineTest".into(),
+                context: Map::new(),
+                chat_id: None,
+            },
+            Some(1),
+        )
+        .await;
+    match chat {
+        Ok(chat) => subscribe(chat, 0).await,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// The seqs the store holds for `chat_id`.
+async fn stored_seqs(store: &FlakyStore, chat_id: &str) -> Vec<u64> {
+    store
+        .inner
+        .events_after(chat_id, 0, u32::MAX)
+        .await
+        .unwrap_or_default()
+        .iter()
+        .map(|e| e.seq)
+        .collect()
+}
+
+/// In a cluster a client only ever sees what the store holds: events are delivered once
+/// durable (flushes that fail are retried first), and input and UI answers are acknowledged
+/// once the events they caused are durable. (SQLite checks no epoch; the session's behaviour
+/// is the same on either store.)
+#[actix::test]
+async fn a_fenced_chat_shows_and_acknowledges_only_durable_events() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let inner = match SqliteStore::open(&dir.path().join("t.db")).await {
+        Ok(s) => s,
+        Err(e) => panic!("open store: {e}"),
+    };
+    let store = Arc::new(FlakyStore::new(inner, 0, ClaimMode::Pass));
+    let hooks = EngineHooks {
+        store: Some(store.clone() as Arc<dyn ChatStore>),
+        ..EngineHooks::default()
+    };
+    let h = harness_with_hooks(EngineConfig::default(), hooks, default_plan_script);
+    let mut c = fenced_chat(&h).await;
+    let chat_id = c.chat.identity.chat_id.to_string();
+    c.until("chat.input_request").await;
+
+    // The flushes of the input's events fail three times first.
+    store.failures.store(3, Ordering::SeqCst);
+    assert_eq!(
+        c.chat.addr.send(say("next")).await.ok(),
+        Some(Ok(())),
+        "input accepted"
+    );
+    assert_eq!(
+        store.failures.load(Ordering::SeqCst),
+        0,
+        "the ack came after the failed flushes"
+    );
+    let user_text = stored_seqs(&store, &chat_id).await.len();
+    assert!(user_text >= 2, "the user's message is stored when acked");
+
+    let ui = loop {
+        let call = c.until("chat.tool_call").await;
+        if call["data"]["awaiting_response"] == true {
+            break call;
+        }
+    };
+    let corr = ui["data"]["corr"].as_str().unwrap_or_default().to_owned();
+    let pending = store.inner.pending_ui(&chat_id).await.unwrap_or_default();
+    assert_eq!(
+        pending.first().map(|p| p.corr.as_str()),
+        Some(corr.as_str()),
+        "a UI call is shown once its pending record is stored"
+    );
+    store.failures.store(2, Ordering::SeqCst);
+    let answer = ToolAnswer {
+        corr,
+        response: json!({"status": "success", "data": {}}),
+    };
+    assert_eq!(c.chat.addr.send(answer).await.ok(), Some(Ok(())));
+    let stored = store
+        .inner
+        .events_after(&chat_id, 0, u32::MAX)
+        .await
+        .unwrap_or_default();
+    assert!(
+        stored.iter().any(|e| e.event_type == "chat.tool_response"),
+        "the answer's tool response is stored when the answer is acked"
+    );
+    c.until("chat.run_complete").await;
+
+    // Everything the client got was in the store by then, under the same seq, and the store
+    // holds no event the client did not get (the chat is over).
+    let seen: Vec<(u64, serde_json::Value)> = c
+        .seen
+        .iter()
+        .filter_map(|e| e["seq"].as_u64().filter(|s| *s > 0).map(|s| (s, e.clone())))
+        .collect();
+    let stored = store
+        .inner
+        .events_after(&chat_id, 0, u32::MAX)
+        .await
+        .unwrap_or_default();
+    assert_eq!(seen.len(), stored.len());
+    for ((seq, event), stored) in seen.iter().zip(&stored) {
+        assert_eq!(*seq, stored.seq);
+        let stored: serde_json::Value = serde_json::from_str(&stored.json).unwrap_or_default();
+        assert_eq!(event, &stored, "seq {seq}");
+    }
+}
+
+/// Drives a chat of `h` to its planner's structured output, whose auto tool's claim hangs (see
+/// [`ClaimMode`]); returns the chat id once the store holds the output and the chat's state
+/// says it waits on the tool: the moment the process "dies".
+async fn stop_before_the_ui_call(h: &Harness, store: &FlakyStore) -> String {
+    let mut c = new_chat(h).await;
+    c.until("chat.input_request").await;
+    assert!(c.chat.addr.send(say("next")).await.is_ok());
+    c.until("chat.structured_output_ready").await;
+    let chat_id = c.chat.identity.chat_id.to_string();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let state = store.inner.load_chat(&chat_id).await.ok().flatten();
+        let events = stored_seqs(store, &chat_id).await;
+        let seen = c.seen.iter().filter_map(|e| e["seq"].as_u64()).max();
+        if state.is_some_and(|s| s.state.status == "awaiting_tool")
+            && Some(events.len() as u64) == seen
+        {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "never stored");
+        actix::clock::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(
+        c.of("chat.tool_call").is_empty(),
+        "the UI call was never announced"
+    );
+    assert!(
+        store
+            .inner
+            .pending_ui(&chat_id)
+            .await
+            .unwrap_or_default()
+            .is_empty()
+    );
+    chat_id
+}
+
+/// A "restart" over the same store (claims pass now): the new engine and the chat rebuilt,
+/// subscribed.
+async fn restart_with(store: &Arc<FlakyStore>, chat_id: &str) -> (Harness, Client) {
+    store.claims.store(ClaimMode::Pass as u8, Ordering::SeqCst);
+    let hooks = EngineHooks {
+        store: Some(store.clone() as Arc<dyn ChatStore>),
+        ..EngineHooks::default()
+    };
+    // Read before the restart: the restored chat writes on its own at once.
+    let seen = stored_seqs(store, chat_id).await.len() as u64;
+    let second = harness_with_hooks(EngineConfig::default(), hooks, default_plan_script);
+    let restored = second.engine.rehydrate().await.unwrap_or_default();
+    let chat = restored
+        .into_iter()
+        .find(|h| *h.identity.chat_id == *chat_id)
+        .unwrap_or_else(|| panic!("chat not rehydrated"));
+    let client = subscribe(chat, seen).await;
+    (second, client)
+}
+
+/// A process stopped after an auto tool's structured output but before its claim: the
+/// restored chat invokes the tool again (nothing had started), and the UI call is announced
+/// and answered once.
+#[actix::test]
+async fn an_auto_tool_stopped_before_its_claim_runs_after_the_restart() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let inner = match SqliteStore::open(&dir.path().join("t.db")).await {
+        Ok(s) => s,
+        Err(e) => panic!("open store: {e}"),
+    };
+    let store = Arc::new(FlakyStore::new(inner, 0, ClaimMode::HangUnclaimed));
+    let hooks = EngineHooks {
+        store: Some(store.clone() as Arc<dyn ChatStore>),
+        ..EngineHooks::default()
+    };
+    let first = harness_with_hooks(EngineConfig::default(), hooks, default_plan_script);
+    let chat_id = stop_before_the_ui_call(&first, &store).await;
+
+    let (_second, mut again) = restart_with(&store, &chat_id).await;
+    let ui = loop {
+        let call = again.until("chat.tool_call").await;
+        if call["data"]["awaiting_response"] == true {
+            break call;
+        }
+    };
+    let corr = ui["data"]["corr"].as_str().unwrap_or_default().to_owned();
+    let answer = ToolAnswer {
+        corr: corr.clone(),
+        response: json!({"status": "success", "data": {}}),
+    };
+    assert_eq!(again.chat.addr.send(answer).await.ok(), Some(Ok(())));
+    let done = again.until("chat.tool_response").await;
+    assert_eq!(done["data"]["success"], true);
+    again.until("chat.run_complete").await;
+    assert_eq!(again.of("chat.tool_response").len(), 1, "answered once");
+    assert!(again.of("chat.error").is_empty(), "{:?}", again.types());
+}
+
+/// A process stopped after an auto tool's claim but before its UI call reached the store: the
+/// restored chat reports the tool interrupted and never runs it again.
+#[actix::test]
+async fn an_auto_tool_stopped_after_its_claim_is_reported_interrupted() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let inner = match SqliteStore::open(&dir.path().join("t.db")).await {
+        Ok(s) => s,
+        Err(e) => panic!("open store: {e}"),
+    };
+    let store = Arc::new(FlakyStore::new(inner, 0, ClaimMode::HangClaimed));
+    let hooks = EngineHooks {
+        store: Some(store.clone() as Arc<dyn ChatStore>),
+        ..EngineHooks::default()
+    };
+    let first = harness_with_hooks(EngineConfig::default(), hooks, default_plan_script);
+    let chat_id = stop_before_the_ui_call(&first, &store).await;
+    let turn_key = format!("turn_{chat_id}_PlannerAgent_2");
+    // The claim reached the store (asked through the inner store: it is there already).
+    assert_eq!(
+        store.inner.claim_tool(&chat_id, &turn_key, None).await.ok(),
+        Some(ToolClaim::AlreadyStarted)
+    );
+
+    let (_second, mut again) = restart_with(&store, &chat_id).await;
+    let error = again.until("chat.error").await;
+    assert!(
+        error["data"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("not re-run")),
+        "{error}"
+    );
+    again.until("chat.input_request").await;
+    assert!(
+        again.of("chat.tool_call").is_empty(),
+        "the UI call is not announced"
+    );
+}
+
+/// In a cluster, events the store refused for good are never shown: the chat leaves the node
+/// (to be rebuilt from the store) instead of going on with a log the store does not have.
+#[actix::test]
+async fn a_fenced_chat_whose_write_is_refused_for_good_shows_nothing_more_and_stops() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let inner = match SqliteStore::open(&dir.path().join("t.db")).await {
+        Ok(s) => s,
+        Err(e) => panic!("open store: {e}"),
+    };
+    let store = Arc::new(FlakyStore::new(inner, 0, ClaimMode::Pass));
+    let hooks = EngineHooks {
+        store: Some(store.clone() as Arc<dyn ChatStore>),
+        ..EngineHooks::default()
+    };
+    let h = harness_with_hooks(EngineConfig::default(), hooks, default_plan_script);
+    let mut c = fenced_chat(&h).await;
+    c.until("chat.input_request").await;
+    // Logged events only (seq > 0; `chat.session` and `chat.resume_boundary` are per
+    // connection).
+    let logged = |c: &Client| {
+        c.seen
+            .iter()
+            .filter(|e| e["seq"].as_u64().unwrap_or(0) > 0)
+            .count()
+    };
+    let shown = logged(&c);
+    store.refuse.store(true, Ordering::SeqCst);
+    // (The timeout only stops a broken engine from hanging the test.)
+    let input = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        c.chat.addr.send(say("next")),
+    )
+    .await;
+    assert!(
+        matches!(input, Ok(Ok(Err(_)) | Err(_))) && input.is_ok(),
+        "input whose events were refused is not acked: {input:?}"
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while c.chat.addr.connected() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the chat did not stop"
+        );
+        actix::clock::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    while let Ok(event) = c.rx.try_recv() {
+        c.seen.push(event);
+    }
+    assert_eq!(logged(&c), shown, "nothing more was shown: {:?}", c.types());
 }

@@ -291,6 +291,16 @@ impl ChatStore for PgStore {
         self.complete_tool_with_result(chat_id, invocation_key, &Value::Null, epoch)
     }
 
+    fn complete_tool_recording(
+        &self,
+        chat_id: &str,
+        invocation_key: &str,
+        result: &Value,
+        epoch: Option<i64>,
+    ) -> StoreFuture<()> {
+        self.complete_tool_with_result(chat_id, invocation_key, result, epoch)
+    }
+
     fn put_secrets(&self, chat_id: &str, sealed: Vec<u8>) -> StoreFuture<()> {
         self.write_unit(Write::PutSecrets {
             chat_id: chat_id.to_owned(),
@@ -371,8 +381,8 @@ impl PgStore {
         })
     }
 
-    /// Record the result of a claimed invocation (the engine records none: see
-    /// [`ChatStore::complete_tool`]). Not claimed, or already completed:
+    /// Record the result of a claimed invocation (the engine records agent tools' results: see
+    /// [`ChatStore::complete_tool_recording`]). Not claimed, or already completed:
     /// [`StoreError::Conflict`]; a stale `epoch`: [`StoreError::Fenced`].
     pub fn complete_tool_with_result(
         &self,

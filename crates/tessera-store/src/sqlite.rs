@@ -222,6 +222,17 @@ impl ChatStore for SqliteStore {
     }
 
     /// `epoch` is ignored, as for [`ChatStore::complete_tool`].
+    fn complete_tool_recording(
+        &self,
+        chat_id: &str,
+        invocation_key: &str,
+        result: &Value,
+        _epoch: Option<i64>,
+    ) -> StoreFuture<()> {
+        self.complete_tool_with_result(chat_id, invocation_key, result)
+    }
+
+    /// `epoch` is ignored, as for [`ChatStore::complete_tool`].
     fn claim_tool(
         &self,
         chat_id: &str,
@@ -346,8 +357,8 @@ impl SqliteStore {
         )
     }
 
-    /// Record the result of a claimed invocation (the engine records none: see
-    /// [`ChatStore::complete_tool`]). Not claimed, or already completed: [`StoreError::Conflict`].
+    /// Record the result of a claimed invocation (the engine records agent tools' results: see
+    /// [`ChatStore::complete_tool_recording`]). Not claimed, or already completed: [`StoreError::Conflict`].
     pub fn complete_tool_with_result(
         &self,
         chat_id: &str,

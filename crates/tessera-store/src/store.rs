@@ -93,6 +93,20 @@ pub trait ChatStore: Send + Sync + 'static {
         epoch: Option<i64>,
     ) -> StoreFuture<()>;
 
+    /// [`ChatStore::complete_tool`] that also records the tool's `result`, which a later claim
+    /// of the same key returns ([`ToolClaim::AlreadyCompleted`]): a turn re-run after a crash
+    /// or a takeover reuses it instead of running the tool again. The default records none.
+    fn complete_tool_recording(
+        &self,
+        chat_id: &str,
+        invocation_key: &str,
+        result: &serde_json::Value,
+        epoch: Option<i64>,
+    ) -> StoreFuture<()> {
+        let _ = result;
+        self.complete_tool(chat_id, invocation_key, epoch)
+    }
+
     /// Keep the chat's sealed (already encrypted) secret vault, replacing any previous one.
     fn put_secrets(&self, chat_id: &str, sealed: Vec<u8>) -> StoreFuture<()>;
 

@@ -780,6 +780,36 @@ async fn claim_then_complete(db: TestDb) {
     ));
 }
 
+/// Through the trait (what the engine calls): a completion records the tool's result, and a
+/// later claim of the key returns it (a turn re-run after a crash reuses it).
+async fn a_completion_through_the_trait_records_the_result(db: TestDb) {
+    let store = open(&db).await;
+    let shared = store.shared();
+    shared
+        .create_chat(record("c1", "acme", "u1", 1))
+        .await
+        .unwrap();
+    assert_eq!(
+        shared.claim_tool("c1", "t1:s1:0", None).await.unwrap(),
+        ToolClaim::Claimed
+    );
+    let result = json!({"status": "success", "echoed": "hi"});
+    shared
+        .complete_tool_recording("c1", "t1:s1:0", &result, None)
+        .await
+        .unwrap();
+    assert_eq!(
+        shared.claim_tool("c1", "t1:s1:0", None).await.unwrap(),
+        ToolClaim::AlreadyCompleted(Some(result))
+    );
+    assert!(matches!(
+        shared
+            .complete_tool_recording("c1", "t1:s1:0", &json!("again"), None)
+            .await,
+        Err(StoreError::Conflict(_))
+    ));
+}
+
 async fn concurrent_claims_from_two_stores_have_one_winner(db: TestDb) {
     let a = open(&db).await;
     let b = open(&db).await;
@@ -1370,6 +1400,7 @@ conformance!(
     a_failing_write_rolls_back_only_itself,
     writes_after_close_fail_cleanly,
     claim_then_complete,
+    a_completion_through_the_trait_records_the_result,
     concurrent_claims_from_two_stores_have_one_winner,
     a_claim_left_started_survives_a_restart_as_interrupted,
     tasks_are_isolated_by_tenant_and_user,

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use actix::prelude::*;
-use serde_json::Map;
+use serde_json::{Map, Value};
 use tessera_protocol::{ErrorCode, ServerEvent};
 
 use super::{ChatSession, ChatStatus};
@@ -19,6 +19,12 @@ use crate::shard::Shard;
 #[derive(Debug, Clone)]
 pub(super) struct RestoredWork {
     pending: Vec<ResumableUiCall>,
+    /// The last `chat.structured_output_ready` of the log that asked for an auto tool: its
+    /// turn key and data, for an auto tool whose UI call never reached the store.
+    auto_tool: Option<(String, Value)>,
+    /// For an interrupted turn: the invocation keys whose `chat.tool_response` the log already
+    /// holds (the re-run reuses their recorded results without announcing them again).
+    logged_tool_responses: Vec<String>,
 }
 
 impl ChatSession {
@@ -46,8 +52,21 @@ impl ChatSession {
         if let Some(persist) = &mut session.persist {
             persist.set_persisted_seq(restored_seq);
         }
+        let key = super::turn_key(&session.id.chat_id, &session.current_agent, session.turn);
+        // Only the current turn's request (the state and the event were stored together).
+        let auto_tool = (session.status == ChatStatus::AwaitingTool && stored.pending.is_empty())
+            .then(|| last_auto_tool_request(&stored.events))
+            .flatten()
+            .filter(|(turn_key, _)| *turn_key == key);
+        let logged_tool_responses = if session.status == ChatStatus::Running {
+            tool_responses_of_turn(&stored.events, &key)
+        } else {
+            Vec::new()
+        };
         session.restored = Some(RestoredWork {
             pending: stored.pending,
+            auto_tool,
+            logged_tool_responses,
         });
         session
     }
@@ -80,13 +99,7 @@ impl ChatSession {
                     call,
                 }) = work.pending.into_iter().next()
                 else {
-                    // The tool was claimed but its UI call never reached the store.
-                    self.publish(ServerEvent::error(
-                        ErrorCode::ToolError,
-                        "the server restarted while a tool was starting; it was not re-run",
-                        true,
-                    ));
-                    self.await_user();
+                    self.resume_unannounced_auto_tool(work.auto_tool, ctx);
                     return;
                 };
                 let agent = self.current_agent.clone();
@@ -108,7 +121,9 @@ impl ChatSession {
             }
             ChatStatus::Running => {
                 // Re-run the interrupted turn under the same turn key: tools it had claimed
-                // are found in the durable records and reported, never re-run.
+                // are found in the durable records and reported (left `started`) or reused
+                // (completed), never re-run.
+                self.logged_tool_responses = work.logged_tool_responses;
                 let agent = self.current_agent.clone();
                 self.turn = self.turn.saturating_sub(1);
                 self.start_turn(agent, ctx);
@@ -117,4 +132,57 @@ impl ChatSession {
             ChatStatus::AwaitingUser => {}
         }
     }
+
+    /// The chat stopped between its agent's structured output and the durable announcement
+    /// of the UI call (no client can have seen or answered it). The auto tool is invoked
+    /// again under the same turn key, and its claim decides: never claimed → it runs now;
+    /// claimed and left `started` → reported as interrupted, never silently re-run.
+    fn resume_unannounced_auto_tool(
+        &mut self,
+        request: Option<(String, Value)>,
+        ctx: &mut Context<Self>,
+    ) {
+        let Some((turn_key, data)) = request else {
+            self.publish(ServerEvent::error(
+                ErrorCode::ToolError,
+                "the server restarted while a tool was starting; it was not re-run",
+                true,
+            ));
+            self.await_user();
+            return;
+        };
+        let agent = self.current_agent.clone();
+        let mut tool_ctx = self.tool_ctx(&agent);
+        tool_ctx.turn_idempotency_key = Arc::from(turn_key.as_str());
+        self.invoke_auto_tool(tool_ctx, data, ctx);
+    }
+}
+
+/// The invocation keys of turn `turn_key`'s agent tools whose `chat.tool_response` is in
+/// `events` (the stored envelopes).
+fn tool_responses_of_turn(events: &[String], turn_key: &str) -> Vec<String> {
+    let prefix = format!("{turn_key}:");
+    events
+        .iter()
+        .filter(|e| e.contains("\"chat.tool_response\"") && e.contains(&prefix))
+        .filter_map(|e| serde_json::from_str::<Value>(e).ok())
+        .filter_map(|e| e["data"]["corr"].as_str().map(str::to_owned))
+        .filter(|corr| corr.starts_with(&prefix))
+        .collect()
+}
+
+/// The turn key and data of the log's last `chat.structured_output_ready` that asked for an
+/// auto tool (`events`: the stored envelopes in seq order).
+fn last_auto_tool_request(events: &[String]) -> Option<(String, Value)> {
+    let text = events
+        .iter()
+        .rev()
+        .find(|e| e.contains("\"chat.structured_output_ready\""))?;
+    let mut event: Value = serde_json::from_str(text).ok()?;
+    let data = event.get_mut("data")?;
+    if data["auto_tool_mode"] != Value::Bool(true) {
+        return None;
+    }
+    let turn_key = data["turn_idempotency_key"].as_str()?.to_owned();
+    Some((turn_key, data["structured_data"].take()))
 }

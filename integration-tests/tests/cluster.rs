@@ -318,7 +318,8 @@ struct ToolTally {
 }
 
 /// Every tool ran exactly once: each `echo` invocation's side effect at most once; a
-/// completed one exactly once, with exactly one successful `chat.tool_response` in the log;
+/// completed one exactly once, with exactly one successful `chat.tool_response` in the log
+/// and every call announced once;
 /// one left `started` (interrupted by the kill) never answered in the log; no side effect
 /// without a durable claim; each UI call's answer stored once.
 fn assert_each_tool_ran_once(
@@ -348,6 +349,20 @@ fn assert_each_tool_ran_once(
         assert_eq!(
             *count, 1,
             "chat {chat}: {tool} {corr} answered {count} times in the log"
+        );
+    }
+    // A call is announced once too: a turn re-run after the kill does not announce again a
+    // call whose `chat.tool_call` the log already holds.
+    let mut calls: BTreeMap<String, u32> = BTreeMap::new();
+    for event in stored.iter().filter(|e| e.event_type == "chat.tool_call") {
+        let value: Value = serde_json::from_str(&event.json).unwrap_or(Value::Null);
+        let corr = value["data"]["corr"].as_str().unwrap_or("?").to_owned();
+        *calls.entry(corr).or_default() += 1;
+    }
+    for (corr, count) in &calls {
+        assert_eq!(
+            *count, 1,
+            "chat {chat}: call {corr} announced {count} times in the log"
         );
     }
     let mut tally = ToolTally::default();

@@ -48,9 +48,19 @@ pub struct RunnerParts {
     pub workflow_name: Arc<str>,
     /// The `invoke_workflow` span this turn's `invoke_agent` span goes under.
     pub workflow_span: tracing::Span,
-    /// A turn re-run after a restart: invocation keys whose `chat.tool_response` the chat's
-    /// log holds already (a reused result is not announced twice). Empty otherwise.
-    pub logged_tool_responses: Vec<String>,
+    /// A turn re-run after a restart: the tool events of the turn the chat's log holds
+    /// already (a reused result is not announced twice). Empty otherwise.
+    pub logged_tools: LoggedToolEvents,
+}
+
+/// The agent-tool events of one turn that a chat's stored log holds, by invocation key: a
+/// turn re-run after a restart or takeover announces only what clients have not seen.
+#[derive(Debug, Clone, Default)]
+pub struct LoggedToolEvents {
+    /// Keys whose `chat.tool_call` is logged.
+    pub calls: Vec<String>,
+    /// Keys whose `chat.tool_response` is logged.
+    pub responses: Vec<String>,
 }
 
 /// Runs one agent turn.
@@ -189,9 +199,11 @@ impl AgentRunner {
         let dedup = self.parts.dedup.clone();
         let mut tool_ctx = self.parts.tool_ctx.clone();
         let workflow = self.parts.workflow_name.clone();
-        let logged = self
+        let call_logged = self.parts.logged_tools.calls.contains(&call.invocation_key);
+        let response_logged = self
             .parts
-            .logged_tool_responses
+            .logged_tools
+            .responses
             .contains(&call.invocation_key);
         tool_ctx.turn_idempotency_key = Arc::from(call.invocation_key.as_str());
         let key = ToolKey::of_turn(&tool_ctx);
@@ -228,8 +240,10 @@ impl AgentRunner {
                 // Ran to completion before a crash or a takeover, and its result was recorded:
                 // the re-run turn gets the same result, the tool does not run again.
                 ClaimOutcome::Completed(Some(recorded)) => {
-                    if !logged {
+                    if !call_logged {
                         publish.do_send(Publish(tool_call_event(&info, &call.args)));
+                    }
+                    if !response_logged {
                         publish.do_send(Publish(tool_response_event(
                             &info,
                             true,

@@ -25,7 +25,9 @@ use crate::dedup::{CompleteKey, ToolKey};
 use crate::envelope::{ChatIdJson, EventLog, envelope_json};
 pub use crate::events::Publish;
 use crate::persist::{FlushOutcome, NextFlush, StateRow, TranscriptRow, WriteBehind};
-use crate::runner::{AgentRunner, CancelTurn, RunnerParts, TurnFinished, message_id};
+use crate::runner::{
+    AgentRunner, CancelTurn, LoggedToolEvents, RunnerParts, TurnFinished, message_id,
+};
 use crate::secrets::SecretVault;
 use crate::shard::Shard;
 pub use crate::status::{ChatIdentity, ChatStatus};
@@ -182,9 +184,9 @@ pub struct ChatSession {
     self_addr: Option<Addr<ChatSession>>,
     /// Set for a chat rebuilt from the store: `started` resumes instead of starting.
     restored: Option<restore::RestoredWork>,
-    /// For the re-run of a turn interrupted by a restart: invocation keys whose
-    /// `chat.tool_response` is in the log already (taken by the next `start_turn`).
-    logged_tool_responses: Vec<String>,
+    /// For the re-run of a turn interrupted by a restart: the turn's tool events the log
+    /// holds already (taken by the next `start_turn`).
+    logged_tools: LoggedToolEvents,
     /// `invoke_workflow`: open from a user input (or resumed run) until the chat waits for
     /// the user again or ends; disabled when traces are not exported.
     workflow_span: tracing::Span,
@@ -243,7 +245,7 @@ impl ChatSession {
             flush_requested: false,
             self_addr: None,
             restored: None,
-            logged_tool_responses: Vec::new(),
+            logged_tools: LoggedToolEvents::default(),
             workflow_span: tracing::Span::none(),
             epoch: None,
             held: None,
@@ -468,7 +470,7 @@ impl ChatSession {
             turn: self.turn,
             workflow_name: Arc::clone(&self.wf.name),
             workflow_span: self.workflow_span.clone(),
-            logged_tool_responses: std::mem::take(&mut self.logged_tool_responses),
+            logged_tools: std::mem::take(&mut self.logged_tools),
         };
         tracing::debug!(chat_id = %self.id.chat_id, tenant = %self.id.tenant, turn = self.turn, agent = %agent, "turn started");
         let runner = AgentRunner::new(plan, &self.history, &self.context, limits, parts).start();

@@ -13,6 +13,7 @@ use crate::auto_tool::{UiWaitParts, resume_ui_wait};
 use crate::dedup::{AdoptKey, ToolKey};
 use crate::persist::{RestoredChat, ResumableUiCall};
 use crate::plan::CompiledWorkflow;
+use crate::runner::LoggedToolEvents;
 use crate::shard::Shard;
 
 /// What a chat rebuilt after a restart must pick up again.
@@ -22,9 +23,9 @@ pub(super) struct RestoredWork {
     /// The last `chat.structured_output_ready` of the log that asked for an auto tool: its
     /// turn key and data, for an auto tool whose UI call never reached the store.
     auto_tool: Option<(String, Value)>,
-    /// For an interrupted turn: the invocation keys whose `chat.tool_response` the log already
-    /// holds (the re-run reuses their recorded results without announcing them again).
-    logged_tool_responses: Vec<String>,
+    /// For an interrupted turn: its tool events the log already holds (the re-run reuses
+    /// recorded results without announcing them again).
+    logged_tools: LoggedToolEvents,
 }
 
 impl ChatSession {
@@ -58,15 +59,18 @@ impl ChatSession {
             .then(|| last_auto_tool_request(&stored.events))
             .flatten()
             .filter(|(turn_key, _)| *turn_key == key);
-        let logged_tool_responses = if session.status == ChatStatus::Running {
-            tool_responses_of_turn(&stored.events, &key)
+        let logged_tools = if session.status == ChatStatus::Running {
+            LoggedToolEvents {
+                calls: tool_events_of_turn(&stored.events, &key, "chat.tool_call"),
+                responses: tool_events_of_turn(&stored.events, &key, "chat.tool_response"),
+            }
         } else {
-            Vec::new()
+            LoggedToolEvents::default()
         };
         session.restored = Some(RestoredWork {
             pending: stored.pending,
             auto_tool,
-            logged_tool_responses,
+            logged_tools,
         });
         session
     }
@@ -123,7 +127,7 @@ impl ChatSession {
                 // Re-run the interrupted turn under the same turn key: tools it had claimed
                 // are found in the durable records and reported (left `started`) or reused
                 // (completed), never re-run.
-                self.logged_tool_responses = work.logged_tool_responses;
+                self.logged_tools = work.logged_tools;
                 let agent = self.current_agent.clone();
                 self.turn = self.turn.saturating_sub(1);
                 self.start_turn(agent, ctx);
@@ -158,14 +162,16 @@ impl ChatSession {
     }
 }
 
-/// The invocation keys of turn `turn_key`'s agent tools whose `chat.tool_response` is in
+/// The invocation keys of turn `turn_key`'s agent tools with an event of type `kind` in
 /// `events` (the stored envelopes).
-fn tool_responses_of_turn(events: &[String], turn_key: &str) -> Vec<String> {
+fn tool_events_of_turn(events: &[String], turn_key: &str, kind: &str) -> Vec<String> {
     let prefix = format!("{turn_key}:");
     events
         .iter()
-        .filter(|e| e.contains("\"chat.tool_response\"") && e.contains(&prefix))
+        // A cheap text check first; the parsed type and corr decide.
+        .filter(|e| e.contains(kind) && e.contains(&prefix))
         .filter_map(|e| serde_json::from_str::<Value>(e).ok())
+        .filter(|e| e["type"] == kind)
         .filter_map(|e| e["data"]["corr"].as_str().map(str::to_owned))
         .filter(|corr| corr.starts_with(&prefix))
         .collect()
@@ -185,4 +191,56 @@ fn last_auto_tool_request(events: &[String]) -> Option<(String, Value)> {
     }
     let turn_key = data["turn_idempotency_key"].as_str()?.to_owned();
     Some((turn_key, data["structured_data"].take()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tool_events_of_turn;
+
+    fn envelope(seq: u64, kind: &str, data: serde_json::Value) -> String {
+        serde_json::json!({"type": kind, "seq": seq, "chat_id": "c", "data": data}).to_string()
+    }
+
+    /// A turn re-run after a takeover announces only what its log lacks: the keys come from
+    /// events of the asked type and turn, never from text that merely mentions them.
+    #[test]
+    fn the_logged_tool_events_of_a_turn_are_found_by_type_and_turn() {
+        let turn = "turn_c_A_3";
+        let events = vec![
+            envelope(
+                1,
+                "chat.tool_call",
+                serde_json::json!({"corr": "turn_c_A_3:s1:0"}),
+            ),
+            envelope(
+                2,
+                "chat.tool_call",
+                serde_json::json!({"corr": "turn_c_A_3:s1:1"}),
+            ),
+            envelope(
+                3,
+                "chat.tool_response",
+                serde_json::json!({"corr": "turn_c_A_3:s1:0",
+                "content": "\"chat.tool_call\" turn_c_A_3:s1:9"}),
+            ),
+            envelope(
+                4,
+                "chat.tool_call",
+                serde_json::json!({"corr": "turn_c_A_2:s1:0"}),
+            ),
+            envelope(
+                5,
+                "chat.text",
+                serde_json::json!({"content": "\"chat.tool_call\" turn_c_A_3:"}),
+            ),
+        ];
+        assert_eq!(
+            tool_events_of_turn(&events, turn, "chat.tool_call"),
+            ["turn_c_A_3:s1:0", "turn_c_A_3:s1:1"]
+        );
+        assert_eq!(
+            tool_events_of_turn(&events, turn, "chat.tool_response"),
+            ["turn_c_A_3:s1:0"]
+        );
+    }
 }

@@ -46,6 +46,9 @@ pub struct WriteBehind {
     /// The chat's lease epoch when a cluster owns chats by lease; every flush carries it so
     /// the store refuses it once another node took the chat over. `None` on a single node.
     epoch: Option<i64>,
+    /// The state last handed to a flush: a flush whose state is unchanged leaves the chat's
+    /// row alone (rewriting it dirtied a page of the `chats` table in every group commit).
+    sent_state: Option<ChatState>,
 }
 
 impl WriteBehind {
@@ -61,6 +64,7 @@ impl WriteBehind {
             in_flight_seq: 0,
             persisted_seq: 0,
             epoch: None,
+            sent_state: None,
         }
     }
 
@@ -128,11 +132,15 @@ impl WriteBehind {
     }
 
     /// Sends the chat's current state with the queued writes (nothing is sent when nothing
-    /// else is queued: the state changes only with events).
+    /// else is queued: the state changes only with events), unless it is the state already
+    /// sent (`updated_at_ms` is thus the time of the last change).
     pub fn queue_state(&mut self, row: StateRow<'_>) {
-        if self.has_queued() {
-            self.queued.state = Some(row.into());
+        if !self.has_queued() || self.sent_state.as_ref().is_some_and(|s| row.matches(s)) {
+            return;
         }
+        let state = ChatState::from(row);
+        self.sent_state = Some(state.clone());
+        self.queued.state = Some(state);
     }
 
     /// Takes the queued writes and returns the future that performs them, unless a flush is
@@ -189,7 +197,8 @@ impl WriteBehind {
                 self.retry_delay = (delay * 2).min(MAX_RETRY_DELAY);
                 return NextFlush::After(delay);
             }
-            FlushOutcome::Dropped | FlushOutcome::Fenced => {}
+            // The dropped batch may have held the latest state: send it again with the next.
+            FlushOutcome::Dropped | FlushOutcome::Fenced => self.sent_state = None,
         }
         if self.queued.is_empty() {
             NextFlush::Idle
@@ -340,6 +349,17 @@ pub struct StateRow<'a> {
     pub turn: u32,
     pub consecutive: u32,
     pub context: &'a Map<String, Value>,
+}
+
+impl StateRow<'_> {
+    /// True when `state` holds this row's values (its time aside).
+    fn matches(&self, state: &ChatState) -> bool {
+        self.turn == state.turn
+            && self.consecutive == state.consecutive
+            && self.status.as_str() == state.status
+            && self.current_agent == state.current_agent
+            && *self.context == state.context
+    }
 }
 
 impl From<StateRow<'_>> for ChatState {
@@ -582,6 +602,48 @@ mod tests {
         assert_eq!(record.timeout_at_ms, Some(2_500));
         let back = ResumableUiCall::try_from(record);
         assert!(matches!(back, Ok(ref r) if r.call == call && r.turn_key == "turn_c_Planner_4"));
+    }
+
+    /// The `chats` row is rewritten only when the state changed: an unchanged state stays out
+    /// of the batch, a changed one (here the status) goes in.
+    #[actix_rt::test]
+    async fn a_flush_carries_the_state_only_when_it_changed() {
+        let store = tessera_store::SqliteStore::in_memory().await;
+        let store: Arc<dyn ChatStore> = Arc::new(store.expect("scratch store"));
+        let mut queue = WriteBehind::new(store, Arc::from("chat_1"));
+        let context = Map::new();
+        let event = ServerEvent::RunStart {
+            agent: "A".into(),
+            turn: 1,
+        };
+        let mut flush_with = |seq: u64, status: &ChatStatus| {
+            queue.queue_event(seq, &event, "{}", String::new);
+            queue.queue_state(StateRow {
+                status,
+                current_agent: "A",
+                turn: 1,
+                consecutive: 0,
+                context: &context,
+            });
+            let started = queue.start_flush().is_some();
+            let state = queue
+                .in_flight
+                .as_ref()
+                .and_then(|batch| batch.state.as_ref())
+                .map(|state| state.status.clone());
+            queue.flush_done(FlushOutcome::Written);
+            assert!(started);
+            state
+        };
+        assert_eq!(
+            flush_with(1, &ChatStatus::Running).as_deref(),
+            Some("running")
+        );
+        assert_eq!(flush_with(2, &ChatStatus::Running), None);
+        assert_eq!(
+            flush_with(3, &ChatStatus::AwaitingUser).as_deref(),
+            Some("awaiting_user")
+        );
     }
 
     #[test]

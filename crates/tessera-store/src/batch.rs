@@ -129,6 +129,12 @@ pub(crate) fn apply(
         if changed == 0 {
             return Err(StoreError::NotFound(chat_id.to_owned()));
         }
+        // Apart from `status`: the open-chat indexes key on `is_open`, and setting it on every
+        // state change would rewrite their entries each time (migration 7).
+        if state.status == crate::STATUS_COMPLETED {
+            conn.prepare_cached("UPDATE chats SET is_open = 0 WHERE chat_id = ? AND is_open = 1")?
+                .execute([chat_id])?;
+        }
     }
     Ok(())
 }

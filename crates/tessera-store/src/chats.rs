@@ -82,14 +82,13 @@ pub(crate) async fn list(
     rows.iter().map(crate::rows::chat).collect()
 }
 
-/// Every chat not completed, oldest first.
+/// Every chat not completed (`is_open`, cleared when a chat completes), oldest first.
 pub(crate) async fn list_open(pool: SqlitePool) -> Result<Vec<StoredChat>, StoreError> {
     let rows = sqlx::query(
         "SELECT chat_id, tenant, user_id, workflow, workflow_version, created_at_ms, status, current_agent, \
          turn, consecutive, context, updated_at_ms FROM chats \
-         WHERE status <> ? ORDER BY created_at_ms, rowid",
+         WHERE is_open = 1 ORDER BY created_at_ms, rowid",
     )
-    .bind(STATUS_COMPLETED)
     .fetch_all(&pool)
     .await?;
     rows.iter().map(crate::rows::chat).collect()
@@ -118,9 +117,8 @@ pub(crate) async fn completed_before(
 /// How many of `tenant`'s chats have not completed (index `chats_open_by_tenant`).
 pub(crate) async fn count_open(pool: SqlitePool, tenant: String) -> Result<u64, StoreError> {
     let count: i64 =
-        sqlx::query_scalar("SELECT COUNT(*) FROM chats WHERE tenant = ? AND status <> ?")
+        sqlx::query_scalar("SELECT COUNT(*) FROM chats WHERE tenant = ? AND is_open = 1")
             .bind(&tenant)
-            .bind(STATUS_COMPLETED)
             .fetch_one(&pool)
             .await?;
     Ok(u64::try_from(count).unwrap_or(0))

@@ -40,6 +40,45 @@ async fn in_memory_store_works() {
     assert!(other.load_chat("c1").await.unwrap().is_none());
 }
 
+/// The writer runs a group of jobs without savepoints first and, when one fails, runs the
+/// group again with a savepoint per job: whatever the failing batch wrote before its conflict
+/// is gone, and the writes queued with it are stored.
+#[tokio::test]
+async fn a_failing_write_rolls_back_only_itself_and_the_writes_queued_with_it_are_stored() {
+    let store = SqliteStore::in_memory().await.unwrap();
+    for chat in ["a", "b", "c"] {
+        store
+            .create_chat(record(chat, "acme", "u", 1))
+            .await
+            .unwrap();
+    }
+    store.append_events("b", vec![event(1)]).await.unwrap();
+    let batch = |messages, events| {
+        Arc::new(ChatWriteBatch {
+            messages,
+            events,
+            ..ChatWriteBatch::default()
+        })
+    };
+    // Each call queues its job when called: the three are queued back to back.
+    let before = store.apply_batch("a", batch(vec![message(0)], vec![event(1)]));
+    // Its message and event 2 are written before event 1 conflicts.
+    let failing = store.apply_batch("b", batch(vec![message(0)], vec![event(2), event(1)]));
+    let after = store.apply_batch("c", batch(vec![message(0)], vec![event(1)]));
+    let (before, failing, after) = futures::join!(before, failing, after);
+    assert!(before.is_ok() && after.is_ok(), "{before:?} {after:?}");
+    assert!(
+        matches!(failing, Err(StoreError::Conflict(_))),
+        "{failing:?}"
+    );
+    assert_eq!(store.last_seq("b").await.unwrap(), 1);
+    assert!(store.all_messages("b").await.unwrap().is_empty());
+    for chat in ["a", "c"] {
+        assert_eq!(store.last_seq(chat).await.unwrap(), 1);
+        assert_eq!(store.all_messages(chat).await.unwrap().len(), 1);
+    }
+}
+
 #[tokio::test]
 async fn the_wal_stays_bounded_under_steady_writes() {
     let (_db, path) = temp_db();

@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# Benchmark recipe for README "Performance" (not a test): one `tessera serve` on a fresh SQLite
+# data dir, the mock LLM and `tessera-loadgen run` on this machine, then one JSON line with
+# turns/s, server CPU per turn, bytes the server wrote per turn, bytes the database keeps per
+# turn (its size after a final checkpoint) and the UI round trip.
+#
+#   scripts/bench-sqlite.sh                          # 1,000 chats x 10 turns, latency 0
+#   CHATS=100 TURNS=10 scripts/bench-sqlite.sh
+#   LATENCY_MS=100 scripts/bench-sqlite.sh
+#   RUN_ARGS="--ui --think-ms 2000" scripts/bench-sqlite.sh
+#   PROFILE=20 scripts/bench-sqlite.sh               # also `perf record` the server for 20 s
+#   WAL_PAGES=1 scripts/bench-sqlite.sh              # which tables/indexes each commit rewrites
+#
+# WAL_PAGES holds a read transaction open during the run, so checkpoints cannot restart the
+# WAL and it keeps every page the run wrote; scripts/wal-pages.py then counts the WAL's
+# frames by table and index (the CPU figures of such a run are not comparable).
+#
+# Needs a release build (`cargo build --release -p tessera-loadgen -p tessera-server`; not
+# built here, so that a measurement never waits on a build) and `jq`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+CHATS=${CHATS:-1000}
+TURNS=${TURNS:-10}
+LATENCY_MS=${LATENCY_MS:-0}
+RUN_ARGS=${RUN_ARGS:-}
+PROFILE=${PROFILE:-}
+WAL_PAGES=${WAL_PAGES:-}
+WORK=${WORK:-$(mktemp -d /tmp/tessera-bench-sqlite.XXXXXX)}
+LOADGEN=${LOADGEN:-target/release/tessera-loadgen}
+TESSERA=${TESSERA:-target/release/tessera}
+
+command -v jq >/dev/null || { echo "needs jq" >&2; exit 1; }
+
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do
+    kill "$pid" 2>/dev/null || true
+  done
+  wait 2>/dev/null || true
+}
+trap cleanup EXIT
+
+# The address a child prints on its first "listening on http://ADDR" line.
+wait_listening() {
+  local log=$1 deadline=$((SECONDS + 60))
+  while ((SECONDS < deadline)); do
+    if grep -qoE 'listening on http://[0-9.:]+' "$log" 2>/dev/null; then
+      grep -oE 'listening on http://[0-9.:]+' "$log" | head -1 | sed 's#listening on http://##'
+      return 0
+    fi
+    sleep 0.2
+  done
+  echo "nothing listening after 60 s; see $log" >&2
+  exit 1
+}
+
+"$LOADGEN" mock-llm --port 0 --latency-ms "$LATENCY_MS" >"$WORK/mock.log" 2>&1 &
+pids+=($!)
+MOCK=$(wait_listening "$WORK/mock.log")
+
+OPENAI_BASE_URL="http://$MOCK/v1" OPENAI_API_KEY=test \
+  TESSERA_MESSAGES_PER_MINUTE=100000000 TESSERA_MESSAGES_PER_MINUTE_PER_TENANT=1000000000 \
+  TESSERA_MAX_OPEN_CHATS_PER_TENANT=0 TESSERA_IDLE_TIMEOUT_S=600 RUST_LOG=warn \
+  TESSERA_DATA_DIR="$WORK/data" "$TESSERA" serve --bind 127.0.0.1:0 >"$WORK/server.log" 2>&1 &
+SERVER_PID=$!
+pids+=("$SERVER_PID")
+SERVER=$(wait_listening "$WORK/server.log")
+
+if [ -n "$WAL_PAGES" ]; then
+  python3 -c 'import sqlite3, sys, time
+db = sqlite3.connect(sys.argv[1], isolation_level=None)
+db.execute("BEGIN")
+db.execute("SELECT count(*) FROM chats").fetchall()
+time.sleep(3600)' "$WORK/data/tessera.db" &
+  pids+=($!)
+fi
+
+if [ -n "$PROFILE" ]; then
+  # Starts sampling a few seconds in, once the chats have connected and turns are running.
+  perf_pid=""
+  (sleep 5 && perf record -e cpu-clock -F 999 -g -p "$SERVER_PID" -o "$WORK/perf.data" \
+    -- sleep "$PROFILE" >"$WORK/perf.log" 2>&1) &
+  perf_pid=$!
+fi
+
+# shellcheck disable=SC2086 # RUN_ARGS is a list of flags
+"$LOADGEN" run --url "http://$SERVER" --chats "$CHATS" --turns "$TURNS" \
+  --server-pid "$SERVER_PID" --json "$WORK/run.json" $RUN_ARGS 2>"$WORK/run.log" || {
+  echo "load run failed; see $WORK/run.log" >&2
+  exit 1
+}
+
+# What the database keeps: its size once the WAL is checkpointed away (server stopped first).
+kill "$SERVER_PID"
+wait "$SERVER_PID" 2>/dev/null || true
+if [ -n "$WAL_PAGES" ]; then
+  cp "$WORK/data/tessera.db-wal" "$WORK/run.wal"
+  kill "${pids[-1]}"
+  python3 scripts/wal-pages.py "$WORK/data/tessera.db" "$WORK/run.wal" >&2
+fi
+db=$(find "$WORK/data" -name '*.sqlite3' -o -name '*.db' | head -1)
+kept_kib=null
+if [ -n "$db" ] && command -v sqlite3 >/dev/null; then
+  sqlite3 "$db" 'PRAGMA wal_checkpoint(TRUNCATE);' >/dev/null
+  turns_done=$(jq '.turns_completed' "$WORK/run.json")
+  kept_kib=$(stat -c %s "$db" | awk -v t="$turns_done" '{printf "%.2f", $1 / 1024 / t}')
+fi
+
+jq -c --argjson kept "$kept_kib" --arg work "$WORK" '{
+  chats, turns_per_chat, turns_per_s, errors, protocol_violations,
+  cpu_ms_per_turn: .server_usage.cpu_ms_per_turn,
+  write_KiB_per_turn: .server_usage.write_KiB_per_turn,
+  kept_KiB_per_turn: $kept,
+  turn_p50_ms: .turn_latency.p50_ms, turn_p99_ms: .turn_latency.p99_ms,
+  ui_p50_ms: .ui_round_trip.p50_ms, ui_p99_ms: .ui_round_trip.p99_ms,
+  threads: .server_usage.cpu_percent_by_thread, work: $work}' "$WORK/run.json"
+if [ -n "$PROFILE" ]; then
+  wait "$perf_pid" || true
+  echo "profile: perf report -i $WORK/perf.data --sort comm,dso,sym --no-children" >&2
+fi

@@ -79,6 +79,49 @@ pub fn process_cpu_seconds() -> f64 {
     tv(usage.ru_utime) + tv(usage.ru_stime)
 }
 
+/// CPU time and disk writes so far, summed over processes other than the server (the
+/// database's): a process that exits between two readings is missing from the difference.
+pub struct PeerUsage {
+    cpu_s: f64,
+    write_bytes: u64,
+    pids: usize,
+}
+
+impl PeerUsage {
+    /// The usage of `pids` now (those whose `/proc` entry can be read).
+    pub fn read(pids: &[u32]) -> Self {
+        let mut usage = Self {
+            cpu_s: 0.0,
+            write_bytes: 0,
+            pids: 0,
+        };
+        for pid in pids {
+            if let Some(one) = ServerUsage::read(&pid.to_string()) {
+                usage.cpu_s += one.cpu_s;
+                usage.write_bytes += one.write_bytes.unwrap_or(0);
+                usage.pids += 1;
+            }
+        }
+        usage
+    }
+
+    /// What was used between `start` and `self`, per turn; `null` without peers.
+    pub fn since(&self, start: &PeerUsage, turns: u64) -> Value {
+        if self.pids == 0 {
+            return Value::Null;
+        }
+        let turns = turns.max(1) as f64;
+        let cpu = self.cpu_s - start.cpu_s;
+        let written = self.write_bytes.saturating_sub(start.write_bytes) as f64;
+        json!({
+            "processes": self.pids,
+            "cpu_s": (cpu * 1000.0).round() / 1000.0,
+            "cpu_ms_per_turn": (cpu * 1000.0 / turns * 10_000.0).round() / 10_000.0,
+            "write_KiB_per_turn": (written / 1024.0 / turns * 100.0).round() / 100.0,
+        })
+    }
+}
+
 /// What a server process has used so far, read from `/proc/<pid>`: CPU time (total and by
 /// thread name) and bytes it caused to be written to disk.
 pub struct ServerUsage {

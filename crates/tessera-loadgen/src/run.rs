@@ -86,10 +86,11 @@ pub struct RunArgs {
     /// Also write the JSON summary here.
     #[arg(long)]
     pub json: Option<PathBuf>,
-    /// Other processes (e.g. `$(pgrep -d, -x postgres)`) whose CPU time and disk writes are
-    /// read over the same window as the server's and reported as `peer_usage`.
-    #[arg(long, value_delimiter = ',')]
-    pub peer_pids: Vec<u32>,
+    /// Processes of this name (e.g. `postgres`, `nats-server`: services on the same machine),
+    /// found when all chats have connected: their CPU time and disk writes over the same
+    /// window as the server's are reported in `peer_usage.NAME`. Repeatable.
+    #[arg(long)]
+    pub peer_comm: Vec<String>,
 }
 
 /// Options of `idle`.
@@ -642,7 +643,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<bool> {
         wait_connected(&shared, common.chats).await;
         let server_pid = common.server_pid.map(|p| p.to_string());
         let usage_at_start = server_pid.as_deref().and_then(ServerUsage::read);
-        let peers_at_start = PeerUsage::read(&args.peer_pids);
+        let peers_at_start: Vec<(&String, PeerUsage)> = args
+            .peer_comm
+            .iter()
+            .map(|comm| (comm, PeerUsage::named(comm)))
+            .collect();
         let _ = go_tx.send(true);
         let mut turns = Latency::new();
         let mut ui = Latency::new();
@@ -670,7 +675,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<bool> {
             }
         }
         let usage_at_end = server_pid.as_deref().and_then(ServerUsage::read);
-        let peer_usage = PeerUsage::read(&args.peer_pids).since(&peers_at_start, turns_done);
+        let peer_usage: serde_json::Map<String, Value> = peers_at_start
+            .iter()
+            .map(|(comm, start)| ((*comm).clone(), start.again().since(start, turns_done)))
+            .collect();
         let _ = stop_tx.send(true);
         let _ = progress.await;
         let server_usage = match (&usage_at_start, &usage_at_end) {

@@ -35,6 +35,7 @@ REPEAT=${REPEAT:-1}
 RUN_ARGS=${RUN_ARGS:-}
 BUILD=${BUILD:-1}
 WORK=${WORK:-$(mktemp -d /tmp/tessera-bench.XXXXXX)}
+mkdir -p "$WORK"
 
 command -v jq >/dev/null || { echo "needs jq" >&2; exit 1; }
 command -v psql >/dev/null || { echo "needs psql (PostgreSQL client)" >&2; exit 1; }

@@ -47,6 +47,7 @@ LOADGEN=${LOADGEN:-target/release/tessera-loadgen}
 TESSERA=${TESSERA:-target/release/tessera}
 
 pids=()
+# shellcheck disable=SC2329 # run by the EXIT trap
 cleanup() {
   for pid in "${pids[@]}"; do
     kill "$pid" 2>/dev/null || true
@@ -126,6 +127,7 @@ run_setup() {
   for pid in "${gens[@]}"; do
     wait "$pid" || failed=1
   done
+  if ((failed)); then any_failed=1; fi
   local wal_bytes=null
   if [ -n "$store_url" ]; then
     wal_after=$(wal_lsn)
@@ -167,9 +169,12 @@ run_setup() {
   done
 }
 
+any_failed=0
 for ((run = 1; run <= REPEAT; run++)); do
   for setup in $SETUPS; do
     run_setup "$setup" "$run"
   done
 done
 echo "logs and JSON summaries: $WORK"
+# A failed check (a protocol violation, a chat that did not finish) fails the script.
+exit "$any_failed"

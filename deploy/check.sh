@@ -35,7 +35,7 @@ fi
 export PATH="$PATH:/usr/sbin"
 
 echo "-- shell scripts (shellcheck)"
-"$tools/shellcheck" deploy/*.sh
+"$tools/shellcheck" deploy/*.sh scripts/bench-cluster.sh
 
 echo "-- Dockerfile (hadolint)"
 "$tools/hadolint" deploy/Dockerfile
@@ -120,5 +120,20 @@ fi
 
 echo "-- the image's build and run steps without Docker"
 bash deploy/build-image-steps.sh
+
+echo "-- the capacity benchmark's recipe (scripts/bench-cluster.sh, tiny, debug build)"
+# README "Performance / Scaling out" and the capacity figures above come from it; this runs
+# every kind of setup briefly so the recipe cannot rot (figures from a debug build mean nothing).
+if [ -n "${TESSERA_TEST_DATABASE_URL:-}" ] && [ -n "${TESSERA_TEST_NATS_URL:-}" ] \
+  && command -v psql >/dev/null && command -v jq >/dev/null; then
+  pg_server=${TESSERA_TEST_DATABASE_URL%/*}
+  cargo build -p tessera-loadgen -p tessera-server
+  BUILD=0 TESSERA=target/debug/tessera LOADGEN=target/debug/tessera-loadgen \
+    PG_ADMIN_URL=$pg_server/postgres PG_DB=tessera_bench_check PG_URL=$pg_server/tessera_bench_check \
+    NATS_URL=$TESSERA_TEST_NATS_URL CHATS=12 TURNS=2 SETUPS="sqlite pg1 pg3" \
+    bash scripts/bench-cluster.sh
+else
+  skip "the benchmark recipe needs TESSERA_TEST_DATABASE_URL, TESSERA_TEST_NATS_URL, psql and jq"
+fi
 
 echo "deploy/ checks passed"

@@ -79,6 +79,67 @@ pub fn process_cpu_seconds() -> f64 {
     tv(usage.ru_utime) + tv(usage.ru_stime)
 }
 
+/// CPU time and disk writes so far, summed over processes other than the server (the
+/// database's): those named `comm` when the window starts, read again at its end (a process
+/// that starts or exits in between is missing from the difference).
+pub struct PeerUsage {
+    pids: Vec<String>,
+    cpu_s: f64,
+    write_bytes: u64,
+}
+
+impl PeerUsage {
+    /// Every process whose `/proc/PID/comm` is `comm`, and their usage now.
+    pub fn named(comm: &str) -> Self {
+        let pids = std::fs::read_dir("/proc")
+            .map(|dir| {
+                dir.flatten()
+                    .map(|entry| entry.file_name().to_string_lossy().into_owned())
+                    .filter(|pid| pid.bytes().all(|b| b.is_ascii_digit()))
+                    .filter(|pid| {
+                        std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                            .is_ok_and(|name| name.trim_end() == comm)
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        Self::of(pids)
+    }
+
+    /// The same processes' usage now.
+    pub fn again(&self) -> Self {
+        Self::of(self.pids.clone())
+    }
+
+    fn of(pids: Vec<String>) -> Self {
+        let (mut cpu_s, mut write_bytes) = (0.0, 0);
+        for pid in &pids {
+            if let Some(one) = ServerUsage::read(pid) {
+                cpu_s += one.cpu_s;
+                write_bytes += one.write_bytes.unwrap_or(0);
+            }
+        }
+        Self {
+            pids,
+            cpu_s,
+            write_bytes,
+        }
+    }
+
+    /// What was used between `start` and `self`, per turn.
+    pub fn since(&self, start: &PeerUsage, turns: u64) -> Value {
+        let turns = turns.max(1) as f64;
+        let cpu = self.cpu_s - start.cpu_s;
+        let written = self.write_bytes.saturating_sub(start.write_bytes) as f64;
+        json!({
+            "processes": start.pids.len(),
+            "cpu_s": (cpu * 1000.0).round() / 1000.0,
+            "cpu_ms_per_turn": (cpu * 1000.0 / turns * 10_000.0).round() / 10_000.0,
+            "write_KiB_per_turn": (written / 1024.0 / turns * 100.0).round() / 100.0,
+        })
+    }
+}
+
 /// What a server process has used so far, read from `/proc/<pid>`: CPU time (total and by
 /// thread name) and bytes it caused to be written to disk.
 pub struct ServerUsage {

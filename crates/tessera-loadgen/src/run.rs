@@ -26,7 +26,7 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 
-use crate::report::{ErrorCounts, Latency, ServerUsage, print_table, proc_status_kib};
+use crate::report::{ErrorCounts, Latency, PeerUsage, ServerUsage, print_table, proc_status_kib};
 
 /// Options shared by `run` and `idle`.
 #[derive(Debug, Clone, clap::Args)]
@@ -86,6 +86,11 @@ pub struct RunArgs {
     /// Also write the JSON summary here.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Processes of this name (e.g. `postgres`, `nats-server`: services on the same machine),
+    /// found when all chats have connected: their CPU time and disk writes over the same
+    /// window as the server's are reported in `peer_usage.NAME`. Repeatable.
+    #[arg(long)]
+    pub peer_comm: Vec<String>,
 }
 
 /// Options of `idle`.
@@ -638,6 +643,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<bool> {
         wait_connected(&shared, common.chats).await;
         let server_pid = common.server_pid.map(|p| p.to_string());
         let usage_at_start = server_pid.as_deref().and_then(ServerUsage::read);
+        let peers_at_start: Vec<(&String, PeerUsage)> = args
+            .peer_comm
+            .iter()
+            .map(|comm| (comm, PeerUsage::named(comm)))
+            .collect();
         let _ = go_tx.send(true);
         let mut turns = Latency::new();
         let mut ui = Latency::new();
@@ -665,6 +675,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<bool> {
             }
         }
         let usage_at_end = server_pid.as_deref().and_then(ServerUsage::read);
+        let peer_usage: serde_json::Map<String, Value> = peers_at_start
+            .iter()
+            .map(|(comm, start)| ((*comm).clone(), start.again().since(start, turns_done)))
+            .collect();
         let _ = stop_tx.send(true);
         let _ = progress.await;
         let server_usage = match (&usage_at_start, &usage_at_end) {
@@ -700,6 +714,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<bool> {
             "protocol_violations": violations,
             "server": server_memory(common.server_pid),
             "server_usage": server_usage,
+            "peer_usage": peer_usage,
         });
         print_table(&summary);
         write_json(args.json.as_ref(), &summary)?;

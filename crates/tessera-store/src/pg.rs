@@ -7,10 +7,11 @@
 //! store's I/O runs on a small runtime owned by the store ("tessera-store-pg" threads), and
 //! callers on any runtime (or none) await a channel.
 //!
-//! Writes go to the group-commit writers (`pg/writer.rs`), reads to the pool. Every statement
+//! Writes go to the group-commit writers (`pg/writer.rs`, `pg/merged.rs`), reads to the pool. Every statement
 //! is prepared once per connection (sqlx caches them); the `sqlx` macros are not used, so
 //! builds need no database.
 
+mod merged;
 mod migrate;
 mod reads;
 mod writer;

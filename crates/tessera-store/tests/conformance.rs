@@ -708,6 +708,126 @@ async fn a_failing_write_rolls_back_only_itself(db: TestDb) {
     assert!(store.all_messages("a").await.unwrap().is_empty());
 }
 
+/// What a turn sends the store, for many chats at once (so the writers group them): each
+/// chat's two flushes, a new tool claim, a re-claim of a completed tool and the completion
+/// of a claimed one. Whatever the grouping, the outcome is that of the writes one by one:
+/// the later flush's state wins, a UI call put then removed is gone, the one put later
+/// stays; one chat's colliding flush fails alone.
+async fn a_group_of_turn_writes_ends_as_the_writes_one_by_one(db: TestDb) {
+    let store = open(&db).await;
+    let chats = 60u64;
+    let ids: Vec<String> = (0..chats).map(|i| format!("c{i}")).collect();
+    let pending = |corr: &str| PendingUiRecord {
+        corr: corr.to_owned(),
+        turn_key: format!("t1:{corr}"),
+        call: json!({"component": "form", "corr": corr}),
+        created_at_ms: 7,
+        timeout_at_ms: Some(70),
+    };
+    for r in join_all(
+        ids.iter()
+            .map(|id| store.create_chat(record(id, "acme", "u", 1))),
+    )
+    .await
+    {
+        r.expect("create");
+    }
+    for id in &ids {
+        assert_eq!(
+            store.claim_tool(id, "t0:done", None).await.unwrap(),
+            ToolClaim::Claimed
+        );
+        store
+            .complete_tool_with_result(id, "t0:done", &json!({"n": 1}))
+            .await
+            .unwrap();
+        assert_eq!(
+            store.claim_tool(id, "t0:running", None).await.unwrap(),
+            ToolClaim::Claimed
+        );
+    }
+    let mut firsts = Vec::new();
+    let mut seconds = Vec::new();
+    let mut claims = Vec::new();
+    let mut reclaims = Vec::new();
+    let mut completions = Vec::new();
+    for (i, id) in ids.iter().enumerate() {
+        firsts.push(store.apply_batch(
+            id,
+            Arc::new(ChatWriteBatch {
+                messages: vec![message(0), message(1)],
+                events: (1..=4).map(event).collect(),
+                put_pending: vec![pending("a"), pending("b")],
+                state: Some(state("running", 1)),
+                ..ChatWriteBatch::default()
+            }),
+        ));
+        claims.push(store.claim_tool(id, "t1:echo", None));
+        reclaims.push(store.claim_tool(id, "t0:done", None));
+        completions.push(store.complete_tool_with_result(id, "t0:running", &json!("ok")));
+        // Chat 7's second flush repeats seq 4: it alone must fail, and leave nothing.
+        let from = if i == 7 { 4 } else { 5 };
+        seconds.push(store.apply_batch(
+            id,
+            Arc::new(ChatWriteBatch {
+                messages: vec![message(2)],
+                events: (from..=8).map(event).collect(),
+                put_pending: vec![pending("c")],
+                remove_pending: vec!["a".to_owned()],
+                state: Some(state(STATUS_AWAITING_USER, 2)),
+                ..ChatWriteBatch::default()
+            }),
+        ));
+    }
+    let (firsts, seconds, claims, reclaims, completions) = futures::join!(
+        join_all(firsts),
+        join_all(seconds),
+        join_all(claims),
+        join_all(reclaims),
+        join_all(completions)
+    );
+    for (i, id) in ids.iter().enumerate() {
+        firsts[i].as_ref().expect("first flush");
+        assert_eq!(claims[i].as_ref().unwrap(), &ToolClaim::Claimed, "{id}");
+        assert_eq!(
+            reclaims[i].as_ref().unwrap(),
+            &ToolClaim::AlreadyCompleted(Some(json!({"n": 1}))),
+            "{id}"
+        );
+        completions[i].as_ref().expect("completion");
+        assert_eq!(
+            store.claim_tool(id, "t0:running", None).await.unwrap(),
+            ToolClaim::AlreadyCompleted(Some(json!("ok")))
+        );
+        let mut corrs: Vec<String> = store
+            .pending_ui(id)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|p| p.corr)
+            .collect();
+        corrs.sort();
+        let loaded = store.load_chat(id).await.unwrap().expect("chat");
+        if i == 7 {
+            assert!(
+                matches!(seconds[i], Err(StoreError::Conflict(_))),
+                "{:?}",
+                seconds[i]
+            );
+            assert_eq!(store.last_seq(id).await.unwrap(), 4);
+            assert_eq!(store.all_messages(id).await.unwrap().len(), 2);
+            assert_eq!(corrs, ["a", "b"]);
+            assert_eq!(loaded.state, state("running", 1));
+        } else {
+            seconds[i].as_ref().expect("second flush");
+            assert_eq!(store.last_seq(id).await.unwrap(), 8, "{id}");
+            assert_eq!(store.all_messages(id).await.unwrap().len(), 3, "{id}");
+            assert_eq!(corrs, ["b", "c"], "{id}");
+            assert_eq!(loaded.state, state(STATUS_AWAITING_USER, 2), "{id}");
+        }
+    }
+}
+
 async fn writes_after_close_fail_cleanly(db: TestDb) {
     let store = open(&db).await;
     store
@@ -1398,6 +1518,7 @@ conformance!(
     migrations_are_idempotent,
     concurrent_writes_of_many_chats_are_all_durable,
     a_failing_write_rolls_back_only_itself,
+    a_group_of_turn_writes_ends_as_the_writes_one_by_one,
     writes_after_close_fail_cleanly,
     claim_then_complete,
     a_completion_through_the_trait_records_the_result,

@@ -343,7 +343,17 @@ async fn claim_tool(
     if row.try_get::<bool, _>("claimed")? {
         return Ok(ToolClaim::Claimed);
     }
-    // A new statement, so a claim another transaction committed meanwhile is visible.
+    existing_claim(conn, chat_id, key).await
+}
+
+/// What an invocation that was claimed before answers a new claim; [`StoreError::NotFound`]
+/// when it has no row. A statement of its own, so a claim another transaction committed
+/// meanwhile is visible.
+pub(super) async fn existing_claim(
+    conn: &mut PgConnection,
+    chat_id: &str,
+    key: &str,
+) -> Result<ToolClaim, StoreError> {
     let existing = sqlx::query(
         "SELECT status, result FROM tool_invocations WHERE chat_id = $1 AND invocation_key = $2",
     )

@@ -118,7 +118,11 @@ pub struct ChatSnapshot {
     pub status: ChatStatus,
     pub current_agent: Arc<str>,
     pub turn: u32,
+    /// The last seq clients can see (in a cluster: the last durable one).
     pub last_seq: u64,
+    /// The last seq logged, visible yet or not: every event after it was caused by what the
+    /// chat handles after this snapshot (in a cluster it can be ahead of `last_seq`).
+    pub logged_seq: u64,
     /// Highest seq the store holds (`None` without a store).
     pub persisted_seq: Option<u64>,
     /// Context variables the manifest lets clients see.
@@ -1310,6 +1314,7 @@ impl Handler<GetSnapshot> for ChatSession {
                 current_agent: act.current_agent.clone(),
                 turn: act.turn,
                 last_seq: act.visible_seq(),
+                logged_seq: act.last_seq(),
                 persisted_seq: act.persist.as_ref().map(WriteBehind::persisted_seq),
                 visible_context: visible,
                 pending_ui_calls: act.visible_ui_calls(pending.unwrap_or_default()),

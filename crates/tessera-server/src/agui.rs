@@ -386,7 +386,9 @@ struct AguiRun {
     /// Context variables at the start of the run (for `STATE_DELTA`).
     before: Option<Map<String, Value>>,
     /// Set once the run's input is handed over (or there is none to hand over): the seq
-    /// after which the chat's stops end this run.
+    /// after which the chat's stops end this run. The last seq *logged* when the input went
+    /// in, not the last visible: in a cluster events become visible once durable, so an older
+    /// stop (the greeting's input request) can still arrive after the snapshot.
     sent_after: Option<u64>,
     /// A user message held until the running turn stops.
     pending_message: Option<(String, Option<String>)>,
@@ -510,16 +512,18 @@ impl AguiRun {
             Err(e) => return self.fail(e.code(), e.to_string(), ctx),
         };
         match (input, &snap.status) {
-            (RunInput::ToolAnswers(answers), _) => self.send_answers(answers, snap.last_seq, ctx),
+            (RunInput::ToolAnswers(answers), _) => {
+                self.send_answers(answers, snap.logged_seq, ctx);
+            }
             (RunInput::Message { content, id }, ChatStatus::AwaitingUser) => {
-                self.send_message(content, id, snap.last_seq, ctx);
+                self.send_message(content, id, snap.logged_seq, ctx);
             }
             (input, ChatStatus::Running) => {
                 // A turn is under way (e.g. a new chat's greeting): the message waits for it.
                 if let RunInput::Message { content, id } = input {
                     self.pending_message = Some((content, id));
                 }
-                self.sent_after = Some(snap.last_seq);
+                self.sent_after = Some(snap.logged_seq);
             }
             (RunInput::Nothing, ChatStatus::AwaitingUser) => self.finish(RunOutcome::Success, ctx),
             (_, ChatStatus::AwaitingTool) if !snap.pending_ui_calls.is_empty() => {
@@ -536,7 +540,7 @@ impl AguiRun {
                 "the chat is running a tool; send the message when it is done".into(),
                 ctx,
             ),
-            (_, ChatStatus::AwaitingTool) => self.sent_after = Some(snap.last_seq),
+            (_, ChatStatus::AwaitingTool) => self.sent_after = Some(snap.logged_seq),
             (_, ChatStatus::Completed(reason)) => {
                 let outcome = if reason.as_str() == "cancelled" {
                     RunOutcome::Cancelled

@@ -116,6 +116,19 @@ impl TestServer {
         self.child.id()
     }
 
+    /// Sends the signal `name` (`"-STOP"`, `"-CONT"`, `"-HUP"`, ...) to the server process;
+    /// fails the test if it cannot be sent.
+    pub fn signal(&self, name: &str) {
+        let pid = self
+            .pid()
+            .unwrap_or_else(|| panic!("the server has no pid"))
+            .to_string();
+        let status = std::process::Command::new("kill")
+            .args([name, &pid])
+            .status();
+        assert!(status.is_ok_and(|s| s.success()), "kill {name} {pid}");
+    }
+
     /// The data dir in use (for restart tests).
     pub fn data_path(&self) -> &Path {
         self.data_dir.path()

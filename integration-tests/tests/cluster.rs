@@ -732,16 +732,7 @@ async fn a_node_paused_past_its_lease_cannot_write_and_drops_its_chats() {
     let seen = ws.last_seq;
 
     // Pause A past its lease: B takes the chat over and the user goes on there.
-    let pid = a
-        .pid()
-        .unwrap_or_else(|| panic!("node A has no pid"))
-        .to_string();
-    let signal = |name: &str| {
-        let status = std::process::Command::new("kill")
-            .args([name, &pid])
-            .status();
-        assert!(status.is_ok_and(|s| s.success()), "kill {name} {pid}");
-    };
+    let signal = |name: &str| a.signal(name);
     signal("-STOP");
     let paused_at = Instant::now();
     // B's orphan scan takes the chat over once A's lease expired.

@@ -547,16 +547,7 @@ async fn with_the_owner_paused_rest_answers_a_timeout_it_can_retry_and_then_work
         c["status"] == "awaiting_user"
     })
     .await;
-    let pid = a
-        .pid()
-        .unwrap_or_else(|| panic!("node A has no pid"))
-        .to_string();
-    let signal = |name: &str| {
-        let status = std::process::Command::new("kill")
-            .args([name, &pid])
-            .status();
-        assert!(status.is_ok_and(|s| s.success()), "kill {name} {pid}");
-    };
+    let signal = |name: &str| a.signal(name);
 
     // A paused owner still holds its NATS subscription: the request reaches it and gets no
     // answer; B says so (the owner may have carried it out) instead of waiting.

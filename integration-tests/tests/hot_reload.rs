@@ -14,12 +14,7 @@ const V1_REPLY: &str = "Echoed your message.";
 const V2_REPLY: &str = "Echoed by version two.";
 
 fn sighup(server: &TestServer) {
-    let pid = server.pid().unwrap_or_else(|| panic!("server has no pid"));
-    let status = std::process::Command::new("kill")
-        .args(["-HUP", &pid.to_string()])
-        .status()
-        .unwrap_or_else(|e| panic!("cannot run kill: {e}"));
-    assert!(status.success());
+    server.signal("-HUP");
 }
 
 /// Waits (with a deadline) until the log has `count` lines containing `needle`.

@@ -504,10 +504,9 @@ impl LeaseStore for PgStore {
         self.on_runtime(async move {
             let rows = sqlx::query(
                 "SELECT c.chat_id FROM chats c LEFT JOIN chat_leases l ON l.chat_id = c.chat_id \
-                 WHERE c.status <> $1 AND (l.chat_id IS NULL OR l.expires_at <= now()) \
-                 ORDER BY c.created_at_ms, c.row_no LIMIT $2",
+                 WHERE c.is_open AND (l.chat_id IS NULL OR l.expires_at <= now()) \
+                 ORDER BY c.created_at_ms, c.row_no LIMIT $1",
             )
-            .bind(crate::STATUS_COMPLETED)
             .bind(limit)
             .fetch_all(&pool)
             .await?;

@@ -13,13 +13,13 @@
 //! kinds of jobs (chat creation, secrets, deletes) always run job by job: they are rare and
 //! their order against a chat's other writes matters.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 use sqlx::{PgConnection, Row};
 
 use super::writes::{Done, Write, existing_claim};
 use crate::convert::{now_ms, u64_to_sql};
-use crate::{ChatState, ChatWriteBatch, PendingUiRecord, StoreError, ToolClaim};
+use crate::{ChatState, ChatWriteBatch, PendingUiRecord, STATUS_COMPLETED, StoreError, ToolClaim};
 
 /// Whether [`run`] can take `group`: only batches, claims and completions, and no
 /// invocation claimed or completed twice (their order within a group would matter).
@@ -41,7 +41,7 @@ pub(crate) async fn run(
     group: &[&Write],
 ) -> Result<Option<Vec<Done>>, StoreError> {
     let rows = GroupRows::of(group)?;
-    if !rows.fence.holds(conn).await? {
+    if !rows.fence.holds(conn).await? || !rows.chats.exist(conn).await? {
         return Ok(None);
     }
     rows.messages.insert(conn).await?;
@@ -74,6 +74,7 @@ pub(crate) async fn run(
 #[derive(Default)]
 struct GroupRows<'a> {
     fence: Fence<'a>,
+    chats: Chats<'a>,
     messages: Messages<'a>,
     events: Events<'a>,
     pending: Pending<'a>,
@@ -92,6 +93,12 @@ impl<'a> GroupRows<'a> {
             match write {
                 Write::Batch { chat_id, batch } => {
                     rows.fence.add(chat_id, batch.epoch);
+                    if !(batch.messages.is_empty()
+                        && batch.events.is_empty()
+                        && batch.put_pending.is_empty())
+                    {
+                        rows.chats.adds_rows.insert(chat_id);
+                    }
                     rows.messages.add(chat_id, batch)?;
                     rows.events.add(chat_id, batch)?;
                     // As one batch alone: a call put and removed in the same batch is removed
@@ -114,6 +121,7 @@ impl<'a> GroupRows<'a> {
                     epoch,
                 } => {
                     rows.fence.add(chat_id, *epoch);
+                    rows.chats.adds_rows.insert(chat_id);
                     rows.claims.chat_id.push(chat_id);
                     rows.claims.key.push(key);
                 }
@@ -151,6 +159,8 @@ impl<'a> GroupRows<'a> {
         let mut states: Vec<_> = states.into_iter().collect();
         states.sort_unstable_by_key(|(chat_id, _)| *chat_id);
         for (chat_id, state) in states {
+            // Its state update locks the chat's row, and finds an unknown chat.
+            rows.chats.adds_rows.remove(chat_id);
             rows.states.add(chat_id, state)?;
         }
         Ok(rows)
@@ -192,6 +202,32 @@ impl<'a> Fence<'a> {
         .fetch_all(conn)
         .await?;
         Ok(locked.len() == self.chat_id.len())
+    }
+}
+
+/// The chats the group adds rows to without updating their state (the state update locks
+/// the row and counts the chats it found): they must exist, and stay until COMMIT.
+#[derive(Default)]
+struct Chats<'a> {
+    adds_rows: BTreeSet<&'a str>,
+}
+
+impl Chats<'_> {
+    /// Locks every such chat's row `FOR KEY SHARE` (the lock a foreign key takes: a
+    /// concurrent delete waits for COMMIT), in chat id order; true when all exist.
+    async fn exist(&self, conn: &mut PgConnection) -> Result<bool, StoreError> {
+        if self.adds_rows.is_empty() {
+            return Ok(true);
+        }
+        let ids: Vec<&str> = self.adds_rows.iter().copied().collect();
+        let locked = sqlx::query(
+            "SELECT chat_id FROM chats WHERE chat_id = ANY($1::TEXT[]) \
+             ORDER BY chat_id FOR KEY SHARE",
+        )
+        .bind(&ids)
+        .fetch_all(conn)
+        .await?;
+        Ok(locked.len() == ids.len())
     }
 }
 
@@ -372,7 +408,7 @@ impl<'a> States<'a> {
         let updated = sqlx::query(
             "UPDATE chats AS c SET status = s.status, current_agent = s.current_agent, \
              turn = s.turn, consecutive = s.consecutive, context = s.context, \
-             updated_at_ms = s.updated_at_ms \
+             updated_at_ms = s.updated_at_ms, is_open = c.is_open AND s.status <> $8 \
              FROM UNNEST($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::BIGINT[], $5::BIGINT[], \
              $6::TEXT[], $7::BIGINT[]) \
              AS s(chat_id, status, current_agent, turn, consecutive, context, updated_at_ms) \
@@ -385,6 +421,7 @@ impl<'a> States<'a> {
         .bind(&self.consecutive)
         .bind(&self.context)
         .bind(&self.updated_at_ms)
+        .bind(STATUS_COMPLETED)
         .execute(conn)
         .await?;
         Ok(updated.rows_affected() == self.chat_id.len() as u64)

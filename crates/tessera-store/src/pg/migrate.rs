@@ -30,10 +30,15 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "open_chats_by_tenant",
         include_str!("../../migrations/postgres/0006_open_chats_by_tenant.sql"),
     ),
+    (
+        7,
+        "open_flag",
+        include_str!("../../migrations/postgres/0007_open_flag.sql"),
+    ),
 ];
 
 /// Highest schema version this build knows.
-pub(crate) const LATEST_VERSION: i64 = 6;
+pub(crate) const LATEST_VERSION: i64 = 7;
 
 /// Bring the schema up to [`LATEST_VERSION`]; a no-op when it already is.
 pub(crate) async fn run(pool: &PgPool) -> Result<(), StoreError> {

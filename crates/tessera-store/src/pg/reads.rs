@@ -69,12 +69,12 @@ pub(crate) async fn completed_chats_before(
         .collect()
 }
 
+/// Every chat not completed (`is_open`, cleared when a chat completes), oldest first.
 pub(crate) async fn list_open_chats(pool: PgPool) -> Result<Vec<StoredChat>, StoreError> {
     let rows = sqlx::query(concat!(
         select_chats!(),
-        "WHERE status <> $1 ORDER BY created_at_ms, row_no"
+        "WHERE is_open ORDER BY created_at_ms, row_no"
     ))
-    .bind(STATUS_COMPLETED)
     .fetch_all(&pool)
     .await?;
     rows.iter().map(crate::rows::chat).collect()
@@ -82,12 +82,10 @@ pub(crate) async fn list_open_chats(pool: PgPool) -> Result<Vec<StoredChat>, Sto
 
 /// How many of `tenant`'s chats have not completed (index `chats_open_by_tenant`).
 pub(crate) async fn count_open_chats(pool: PgPool, tenant: String) -> Result<u64, StoreError> {
-    let count: i64 =
-        sqlx::query_scalar("SELECT COUNT(*) FROM chats WHERE tenant = $1 AND status <> $2")
-            .bind(&tenant)
-            .bind(STATUS_COMPLETED)
-            .fetch_one(&pool)
-            .await?;
+    let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM chats WHERE tenant = $1 AND is_open")
+        .bind(&tenant)
+        .fetch_one(&pool)
+        .await?;
     Ok(u64::try_from(count).unwrap_or(0))
 }
 

@@ -7,6 +7,12 @@
 //! epoch. The lock lasts until the group's COMMIT, so a takeover (which updates the row) waits
 //! for the write to be durable, and a write after a takeover finds no row at its epoch and
 //! changes nothing: [`StoreError::Fenced`].
+//!
+//! The chat's own rows have no foreign key to `chats` (migration 7: PostgreSQL would check it
+//! with a query per inserted row). A write that adds rows to a chat takes the chat's row
+//! `FOR KEY SHARE` instead, once (the lock the foreign key took), and finds an unknown chat
+//! [`StoreError::NotFound`]; a concurrent [`Write::DeleteChat`] waits for the write's COMMIT,
+//! then deletes the chat's rows itself.
 
 use std::sync::Arc;
 
@@ -14,7 +20,38 @@ use sqlx::{PgConnection, Row};
 
 use crate::convert::{json_from_sql, now_ms, u64_to_sql};
 use crate::pg_error::on_chat;
-use crate::{ChatRecord, ChatState, ChatWriteBatch, StoreError, ToolClaim};
+use crate::{ChatRecord, ChatState, ChatWriteBatch, STATUS_COMPLETED, StoreError, ToolClaim};
+
+/// The lease check every fenced write starts with (`$1` the chat, `$2` the writer's epoch):
+/// `fence` holds the chat's lease row at that epoch, locked `FOR SHARE`; `allowed` is true
+/// when no epoch was given or the row is there. A macro so statements stay `&'static str`.
+macro_rules! with_fence {
+    () => {
+        "WITH fence AS (SELECT epoch FROM chat_leases WHERE chat_id = $1 AND epoch = $2 \
+         FOR SHARE), allowed AS (SELECT ($2::BIGINT IS NULL OR EXISTS (SELECT 1 FROM fence)) \
+         AS ok), "
+    };
+}
+
+/// The chat's row (`$1`), locked `FOR KEY SHARE` until COMMIT: empty when the chat does not
+/// exist. It stands for the foreign key the chat's rows do not have (see the module docs).
+macro_rules! with_chat {
+    () => {
+        "WITH chat AS (SELECT 1 FROM chats WHERE chat_id = $1 FOR KEY SHARE) "
+    };
+}
+
+/// `with_fence!` and the chat's row locked as in `with_chat!`: `go` is true when the
+/// write may add rows (its lease holds and its chat exists). A macro for the same reason.
+macro_rules! with_fence_and_chat {
+    () => {
+        concat!(
+            with_fence!(),
+            "chat AS (SELECT 1 FROM chats WHERE chat_id = $1 FOR KEY SHARE), \
+             go AS (SELECT (SELECT ok FROM allowed) AND EXISTS (SELECT 1 FROM chat) AS ok), "
+        )
+    };
+}
 
 /// One queued write.
 #[derive(Debug)]
@@ -99,17 +136,22 @@ impl Write {
                 .await
                 .map(|()| Done::Unit),
             Write::PutSecrets { chat_id, sealed } => {
-                sqlx::query(
-                    "INSERT INTO chat_secrets (chat_id, sealed, updated_at_ms) VALUES ($1, $2, $3) \
+                let stored = sqlx::query(concat!(
+                    with_chat!(),
+                    "INSERT INTO chat_secrets (chat_id, sealed, updated_at_ms) \
+                     SELECT $1, $2, $3 FROM chat \
                      ON CONFLICT (chat_id) DO UPDATE SET sealed = EXCLUDED.sealed, \
-                     updated_at_ms = EXCLUDED.updated_at_ms",
-                )
+                     updated_at_ms = EXCLUDED.updated_at_ms"
+                ))
                 .bind(chat_id)
                 .bind(sealed)
                 .bind(now_ms())
                 .execute(conn)
                 .await
                 .map_err(|e| on_chat(e, chat_id, "sealed secrets"))?;
+                if stored.rows_affected() == 0 {
+                    return Err(StoreError::NotFound(chat_id.clone()));
+                }
                 Ok(Done::Unit)
             }
             Write::DeleteSecrets { chat_id } => {
@@ -129,16 +171,23 @@ impl Write {
                 Ok(Done::Existed(deleted.rows_affected() > 0))
             }
             Write::DeleteChat { chat_id } => {
+                // The chat's row first: that waits for every write holding it (see the module
+                // docs), and each later statement sees what those writes committed.
+                let deleted = sqlx::query("DELETE FROM chats WHERE chat_id = $1")
+                    .bind(chat_id)
+                    .execute(&mut *conn)
+                    .await?;
                 for sql in [
+                    "DELETE FROM messages WHERE chat_id = $1",
+                    "DELETE FROM events WHERE chat_id = $1",
+                    "DELETE FROM pending_ui WHERE chat_id = $1",
+                    "DELETE FROM tool_invocations WHERE chat_id = $1",
+                    "DELETE FROM chat_secrets WHERE chat_id = $1",
                     "DELETE FROM artifacts WHERE chat_id = $1",
                     "DELETE FROM chat_leases WHERE chat_id = $1",
                 ] {
                     sqlx::query(sql).bind(chat_id).execute(&mut *conn).await?;
                 }
-                let deleted = sqlx::query("DELETE FROM chats WHERE chat_id = $1")
-                    .bind(chat_id)
-                    .execute(conn)
-                    .await?;
                 Ok(Done::Existed(deleted.rows_affected() > 0))
             }
         }
@@ -168,17 +217,6 @@ async fn create_chat(conn: &mut PgConnection, record: &ChatRecord) -> Result<(),
     .await
     .map_err(|e| on_chat(e, &record.chat_id, "chat"))?;
     Ok(())
-}
-
-/// The lease check every fenced write starts with (`$1` the chat, `$2` the writer's epoch):
-/// `fence` holds the chat's lease row at that epoch, locked `FOR SHARE`; `allowed` is true
-/// when no epoch was given or the row is there. A macro so statements stay `&'static str`.
-macro_rules! with_fence {
-    () => {
-        "WITH fence AS (SELECT epoch FROM chat_leases WHERE chat_id = $1 AND epoch = $2 \
-         FOR SHARE), allowed AS (SELECT ($2::BIGINT IS NULL OR EXISTS (SELECT 1 FROM fence)) \
-         AS ok), "
-    };
 }
 
 async fn apply_batch(
@@ -223,30 +261,33 @@ async fn apply_batch(
     let context = state
         .map(|s| serde_json::to_string(&s.context))
         .transpose()?;
+    // Statement parameters: $1 chat, $2 epoch, $3-$9 messages, $10-$12 events, $13-$17 UI
+    // calls put, $18 removed, $19-$24 state, $25 the completed status.
     const SQL: &str = concat!(
-        with_fence!(),
+        with_fence_and_chat!(),
         "new_messages AS (INSERT INTO messages \
             (chat_id, idx, message_id, role, agent, content, ui_hidden, raw) \
             SELECT $1, m.* FROM UNNEST($3::BIGINT[], $4::TEXT[], $5::TEXT[], $6::TEXT[], \
-            $7::TEXT[], $8::BOOLEAN[], $9::TEXT[]) AS m WHERE (SELECT ok FROM allowed) \
+            $7::TEXT[], $8::BOOLEAN[], $9::TEXT[]) AS m WHERE (SELECT ok FROM go) \
             RETURNING 1), \
          new_events AS (INSERT INTO events (chat_id, seq, event_type, json) \
             SELECT $1, e.* FROM UNNEST($10::BIGINT[], $11::TEXT[], $12::TEXT[]) AS e \
-            WHERE (SELECT ok FROM allowed) RETURNING 1), \
+            WHERE (SELECT ok FROM go) RETURNING 1), \
          put_pending AS (INSERT INTO pending_ui \
             (chat_id, corr, turn_key, call, created_at_ms, timeout_at_ms) \
             SELECT $1, p.* FROM UNNEST($13::TEXT[], $14::TEXT[], $15::TEXT[], $16::BIGINT[], \
-            $17::BIGINT[]) AS p WHERE (SELECT ok FROM allowed) \
+            $17::BIGINT[]) AS p WHERE (SELECT ok FROM go) \
             ON CONFLICT (chat_id, corr) DO UPDATE SET turn_key = EXCLUDED.turn_key, \
             call = EXCLUDED.call, created_at_ms = EXCLUDED.created_at_ms, \
             timeout_at_ms = EXCLUDED.timeout_at_ms RETURNING 1), \
          removed AS (DELETE FROM pending_ui WHERE chat_id = $1 AND corr = ANY($18::TEXT[]) \
             AND (SELECT ok FROM allowed) RETURNING 1), \
          new_state AS (UPDATE chats SET status = $19, current_agent = $20, turn = $21, \
-            consecutive = $22, context = $23, updated_at_ms = $24 \
-            WHERE chat_id = $1 AND $19::TEXT IS NOT NULL AND (SELECT ok FROM allowed) \
+            consecutive = $22, context = $23, updated_at_ms = $24, \
+            is_open = is_open AND $19 <> $25 \
+            WHERE chat_id = $1 AND $19::TEXT IS NOT NULL AND (SELECT ok FROM go) \
             RETURNING 1) \
-         SELECT (SELECT ok FROM allowed) AS allowed, \
+         SELECT (SELECT ok FROM allowed) AS allowed, EXISTS (SELECT 1 FROM chat) AS found, \
             (SELECT count(*) FROM new_state) AS state_rows, \
             (SELECT count(*) FROM new_messages) + (SELECT count(*) FROM new_events) \
             + (SELECT count(*) FROM put_pending) + (SELECT count(*) FROM removed) AS rows"
@@ -276,11 +317,17 @@ async fn apply_batch(
         .bind(state.map(|s| i64::from(s.consecutive)))
         .bind(context)
         .bind(state.map(|s| s.updated_at_ms))
+        .bind(STATUS_COMPLETED)
         .fetch_one(conn)
         .await
         .map_err(|err| on_chat(err, chat_id, "message idx or event seq"))?;
     if !row.try_get::<bool, _>("allowed")? {
         return Err(StoreError::Fenced(chat_id.to_owned()));
+    }
+    // Removing UI calls needs no chat (nothing is added); anything else does.
+    let adds = state.is_some() || !m.idx.is_empty() || !e.seq.is_empty() || !p.corr.is_empty();
+    if adds && !row.try_get::<bool, _>("found")? {
+        return Err(StoreError::NotFound(chat_id.to_owned()));
     }
     if state.is_some() && row.try_get::<i64, _>("state_rows")? == 0 {
         return Err(StoreError::NotFound(chat_id.to_owned()));
@@ -322,12 +369,13 @@ async fn claim_tool(
     epoch: Option<i64>,
 ) -> Result<ToolClaim, StoreError> {
     const SQL: &str = concat!(
-        with_fence!(),
+        with_fence_and_chat!(),
         "claimed AS (INSERT INTO tool_invocations \
             (chat_id, invocation_key, status, started_at_ms) \
-            SELECT $1, $3, 'started', $4 WHERE (SELECT ok FROM allowed) \
+            SELECT $1, $3, 'started', $4 WHERE (SELECT ok FROM go) \
             ON CONFLICT (chat_id, invocation_key) DO NOTHING RETURNING 1) \
-         SELECT (SELECT ok FROM allowed) AS allowed, EXISTS (SELECT 1 FROM claimed) AS claimed"
+         SELECT (SELECT ok FROM allowed) AS allowed, EXISTS (SELECT 1 FROM chat) AS found, \
+            EXISTS (SELECT 1 FROM claimed) AS claimed"
     );
     let row = sqlx::query(SQL)
         .bind(chat_id)
@@ -339,6 +387,9 @@ async fn claim_tool(
         .map_err(|e| on_chat(e, chat_id, "tool invocation"))?;
     if !row.try_get::<bool, _>("allowed")? {
         return Err(StoreError::Fenced(chat_id.to_owned()));
+    }
+    if !row.try_get::<bool, _>("found")? {
+        return Err(StoreError::NotFound(chat_id.to_owned()));
     }
     if row.try_get::<bool, _>("claimed")? {
         return Ok(ToolClaim::Claimed);

@@ -241,7 +241,15 @@ async fn a_delete_waits_for_a_write_holding_the_chat_and_leaves_none_of_its_rows
     assert_eq!(rows_of(&mut watcher, "c1").await, [0; 7]);
     // And a write after the delete is refused.
     assert!(matches!(
-        store.append_events("c1", vec![event(2)]).await,
+        store
+            .apply_batch(
+                "c1",
+                Arc::new(ChatWriteBatch {
+                    events: vec![event(2)],
+                    ..ChatWriteBatch::default()
+                })
+            )
+            .await,
         Err(StoreError::NotFound(_))
     ));
     assert!(store.load_chat("c2").await.unwrap().is_some());

@@ -18,11 +18,10 @@ ALTER TABLE chats SET (fillfactor = 70);
 ALTER TABLE tool_invocations SET (fillfactor = 70);
 
 -- No foreign keys from the chat's rows to `chats`. WHY: PostgreSQL checks a foreign key with
--- a query per inserted row (a trigger: ~14 per turn, a third of the server's CPU for a
--- turn's writes, measured). The store checks instead, once per chat and transaction: a
--- write to a chat takes the chat's row `FOR KEY SHARE` (or updates it), exactly the lock the
--- foreign key took, so a concurrent delete_chat still waits for the write to commit; and
--- delete_chat deletes the chat's rows itself (src/pg/writes.rs).
+-- a query per inserted row (a trigger: ~14 per turn). The store checks instead, once per
+-- chat and transaction: a write to a chat takes the chat's row `FOR KEY SHARE` (or updates
+-- it), the lock the foreign key took, so a concurrent delete_chat still waits for the write
+-- to commit; and delete_chat deletes the chat's rows itself (src/pg/writes.rs).
 ALTER TABLE messages DROP CONSTRAINT IF EXISTS messages_chat_id_fkey;
 ALTER TABLE events DROP CONSTRAINT IF EXISTS events_chat_id_fkey;
 ALTER TABLE pending_ui DROP CONSTRAINT IF EXISTS pending_ui_chat_id_fkey;

@@ -4,7 +4,8 @@
 
 use std::borrow::Cow;
 
-use serde::Serialize;
+use serde::de::IgnoredAny;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::error::truncate_chars;
@@ -25,16 +26,24 @@ const BAD_BODY_EXCERPT_CHARS: usize = 120;
 pub(crate) fn encode_request(request: &ChatRequest, model: &str) -> serde_json::Result<Vec<u8>> {
     // Always an object with at least `model`: `{"model":...}`.
     let rest = serde_json::to_vec(&WireRequest::new(request, model))?;
-    let mut body = Vec::with_capacity(rest.len() + 64 * (request.messages.len() + 1));
+    let encoded = request
+        .messages
+        .iter()
+        .map(|message| {
+            message
+                .wire
+                .get_or_encode(|| serde_json::to_string(&WireMessage::new(message)))
+        })
+        .collect::<Result<Vec<&str>, _>>()?;
+    // Sized exactly: a long transcript's body is not copied again each time it would grow.
+    let messages_len: usize = encoded.iter().map(|text| text.len() + 1).sum();
+    let mut body = Vec::with_capacity(16 + messages_len + rest.len());
     body.extend_from_slice(b"{\"messages\":[");
-    for (i, message) in request.messages.iter().enumerate() {
+    for (i, text) in encoded.iter().enumerate() {
         if i > 0 {
             body.push(b',');
         }
-        let encoded = message
-            .wire
-            .get_or_encode(|| serde_json::to_string(&WireMessage::new(message)))?;
-        body.extend_from_slice(encoded.as_bytes());
+        body.extend_from_slice(text.as_bytes());
     }
     body.extend_from_slice(b"],");
     body.extend_from_slice(rest.get(1..).unwrap_or_default());
@@ -426,6 +435,62 @@ struct PartialCall {
     arguments: String,
 }
 
+/// One stream chunk of the shape providers send, read without building a `Value` tree (the
+/// chunks are most of a streamed answer's parsing). A chunk with a field of another type, a
+/// duplicate field or an `error` does not fit and is read by the general path
+/// ([`StreamAssembler::apply_value`]); a chunk that fits means the same on both paths.
+#[derive(Deserialize)]
+struct ChunkWire<'a> {
+    error: Option<IgnoredAny>,
+    #[serde(borrow)]
+    model: Option<Cow<'a, str>>,
+    usage: Option<UsageWire>,
+    #[serde(borrow)]
+    choices: Option<Vec<ChoiceWire<'a>>>,
+}
+
+#[derive(Deserialize)]
+struct UsageWire {
+    prompt_tokens: Option<u64>,
+    completion_tokens: Option<u64>,
+}
+
+#[derive(Deserialize)]
+struct ChoiceWire<'a> {
+    index: Option<u64>,
+    #[serde(borrow)]
+    finish_reason: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    delta: Option<DeltaWire<'a>>,
+}
+
+#[derive(Deserialize)]
+struct DeltaWire<'a> {
+    #[serde(borrow)]
+    content: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    refusal: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    tool_calls: Option<Vec<FragmentWire<'a>>>,
+}
+
+#[derive(Deserialize)]
+struct FragmentWire<'a> {
+    #[serde(borrow)]
+    id: Option<Cow<'a, str>>,
+    index: Option<u64>,
+    #[serde(borrow)]
+    function: Option<FunctionWire<'a>>,
+}
+
+#[derive(Deserialize)]
+struct FunctionWire<'a> {
+    #[serde(borrow)]
+    name: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    arguments: Option<Cow<'a, str>>,
+}
+
 /// Builds the final response from the `data:` payloads of a streamed completion: concatenates
 /// content deltas, assembles tool calls by `index` (id and name come first, arguments in
 /// pieces), and keeps the last usage, finish reason and model.
@@ -447,6 +512,67 @@ impl StreamAssembler {
         data: &str,
         on_delta: &mut dyn FnMut(&str),
     ) -> Result<(), LlmError> {
+        // `[...]` would fill a derived struct by position: only objects take the typed path.
+        if data.trim_start().starts_with('{')
+            && let Ok(chunk) = serde_json::from_str::<ChunkWire<'_>>(data)
+            && chunk.error.is_none()
+        {
+            self.apply_typed(chunk, on_delta);
+            return Ok(());
+        }
+        self.apply_value(data, on_delta)
+    }
+
+    /// A chunk of the usual shape (see [`ChunkWire`]): the same effect as [`Self::apply_value`]
+    /// on the same text.
+    fn apply_typed(&mut self, chunk: ChunkWire<'_>, on_delta: &mut dyn FnMut(&str)) {
+        if self.model.is_none()
+            && let Some(m) = chunk.model.filter(|m| !m.is_empty())
+        {
+            self.model = Some(m.into_owned());
+        }
+        if let Some(usage) = chunk.usage {
+            self.usage = Some(Usage {
+                prompt_tokens: usage.prompt_tokens.unwrap_or(0),
+                completion_tokens: usage.completion_tokens.unwrap_or(0),
+            });
+        }
+        // We ask for one choice; ignore any other index a server might send.
+        for choice in chunk
+            .choices
+            .into_iter()
+            .flatten()
+            .filter(|c| c.index.unwrap_or(0) == 0)
+        {
+            if let Some(reason) = choice.finish_reason {
+                self.finish_reason = Some(reason.into_owned());
+            }
+            let Some(delta) = choice.delta else {
+                continue;
+            };
+            if let Some(text) = &delta.content {
+                self.push_content(text, on_delta);
+            }
+            if let Some(refusal) = &delta.refusal {
+                self.refusal.push_str(refusal);
+            }
+            for fragment in delta.tool_calls.into_iter().flatten() {
+                let (name, arguments) = fragment
+                    .function
+                    .map_or((None, None), |f| (f.name, f.arguments));
+                self.apply_fragment_parts(
+                    fragment.id.as_deref(),
+                    fragment.index,
+                    name.as_deref(),
+                    arguments.as_deref(),
+                );
+            }
+        }
+    }
+
+    /// Any chunk, read as a `Value`: the general rules (fields of another type ignored or
+    /// refused one by one) and their error messages.
+    fn apply_value(&mut self, data: &str, on_delta: &mut dyn FnMut(&str)) -> Result<(), LlmError> {
         let value: Value = serde_json::from_str(data).map_err(|e| {
             invalid(format!(
                 "stream chunk is not JSON ({e}); it starts with {}",
@@ -492,13 +618,7 @@ impl StreamAssembler {
             };
             match delta.get("content") {
                 None | Some(Value::Null) => {}
-                Some(Value::String(text)) => {
-                    self.saw_content = true;
-                    if !text.is_empty() {
-                        self.content.push_str(text);
-                        on_delta(text);
-                    }
-                }
+                Some(Value::String(text)) => self.push_content(text, on_delta),
                 Some(_) => return Err(invalid("stream delta content is not a string")),
             }
             if let Some(refusal) = delta.get("refusal").and_then(Value::as_str) {
@@ -517,15 +637,44 @@ impl StreamAssembler {
         Ok(())
     }
 
+    fn push_content(&mut self, text: &str, on_delta: &mut dyn FnMut(&str)) {
+        self.saw_content = true;
+        if !text.is_empty() {
+            self.content.push_str(text);
+            on_delta(text);
+        }
+    }
+
     fn apply_tool_fragment(&mut self, fragment: &Value) -> Result<(), LlmError> {
         if !fragment.is_object() {
             return Err(invalid("stream tool-call fragment is not an object"));
         }
-        let id = fragment
-            .get("id")
-            .and_then(Value::as_str)
-            .filter(|id| !id.is_empty());
-        let index = match fragment.get("index").and_then(Value::as_u64) {
+        let function = fragment.get("function").filter(|f| !f.is_null());
+        let arguments = match function.and_then(|f| f.get("arguments")) {
+            None | Some(Value::Null) => None,
+            Some(Value::String(piece)) => Some(Cow::Borrowed(piece.as_str())),
+            Some(other) => Some(Cow::Owned(other.to_string())),
+        };
+        self.apply_fragment_parts(
+            fragment.get("id").and_then(Value::as_str),
+            fragment.get("index").and_then(Value::as_u64),
+            function.and_then(|f| f.get("name")).and_then(Value::as_str),
+            arguments.as_deref(),
+        );
+        Ok(())
+    }
+
+    /// Adds one tool-call fragment: its id and name (kept from the first that has them) and a
+    /// piece of its arguments.
+    fn apply_fragment_parts(
+        &mut self,
+        id: Option<&str>,
+        index: Option<u64>,
+        name: Option<&str>,
+        arguments: Option<&str>,
+    ) {
+        let id = id.filter(|id| !id.is_empty());
+        let index = match index {
             Some(index) => index,
             // No index (some servers): a new id starts a new call, anything else continues
             // the latest one.
@@ -553,19 +702,14 @@ impl StreamAssembler {
         {
             call.id = id.to_owned();
         }
-        if let Some(function) = fragment.get("function").filter(|f| !f.is_null()) {
-            if let Some(name) = function.get("name").and_then(Value::as_str)
-                && call.name.is_empty()
-            {
-                call.name = name.to_owned();
-            }
-            match function.get("arguments") {
-                None | Some(Value::Null) => {}
-                Some(Value::String(piece)) => call.arguments.push_str(piece),
-                Some(other) => call.arguments.push_str(&other.to_string()),
-            }
+        if let Some(name) = name
+            && call.name.is_empty()
+        {
+            call.name = name.to_owned();
         }
-        Ok(())
+        if let Some(piece) = arguments {
+            call.arguments.push_str(piece);
+        }
     }
 
     /// Whether the provider said the answer is complete.
@@ -854,6 +998,80 @@ mod tests {
                     arguments: "{}".into()
                 },
             ]
+        );
+    }
+
+    /// Feeds `chunks` to a fresh assembler, through `apply` or only the general `Value` path.
+    fn assemble(
+        chunks: &[&str],
+        general_only: bool,
+    ) -> (Vec<String>, Result<ChatResponse, LlmError>) {
+        let mut asm = StreamAssembler::default();
+        let mut deltas = Vec::new();
+        let mut on_delta = |text: &str| deltas.push(text.to_owned());
+        for chunk in chunks {
+            let applied = if general_only {
+                asm.apply_value(chunk, &mut on_delta)
+            } else {
+                asm.apply(chunk, &mut on_delta)
+            };
+            if let Err(err) = applied {
+                return (deltas, Err(err));
+            }
+        }
+        (deltas, asm.finish("fallback"))
+    }
+
+    #[test]
+    fn typed_chunks_mean_what_the_general_reader_makes_of_them() {
+        let streams: &[&[&str]] = &[
+            // The usual shapes: role chunk, text, tool calls in pieces, usage last.
+            &[
+                r#"{"id":"c1","model":"gpt-x","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}"#,
+                r#"{"model":"other","choices":[{"index":0,"delta":{"content":"Hel\u006co"},"logprobs":null}]}"#,
+                r#"{"choices":[{"index":0,"delta":{"content":" there"}},{"index":1,"delta":{"content":"ignored"}}]}"#,
+                r#"{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}"#,
+                r#"{"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":3,"total_tokens":15}}"#,
+            ],
+            &[
+                r#"{"choices":[{"delta":{"tool_calls":[{"index":1,"id":"b","type":"function","function":{"name":"g","arguments":""}}]}}]}"#,
+                r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"id":"a","function":{"name":"f","arguments":"{\"x\""}}]}}]}"#,
+                r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":":1}"}},{"index":1,"function":{"arguments":"{}"}}]}}]}"#,
+                r#"{"choices":[{"delta":{"content":null,"refusal":null},"finish_reason":"tool_calls"}],"usage":null}"#,
+            ],
+            // Shapes only the general reader takes: other types, duplicate keys.
+            &[
+                r#"{"model":7,"choices":[{"index":"0","delta":{"content":"a"}}]}"#,
+                r#"{"choices":[{"index":0.0,"delta":{"content":"b"}},{"index":-1,"delta":{"content":"c"}}]}"#,
+                r#"{"choices":[{"delta":{"tool_calls":[{"index":"x","id":"i","function":{"name":"h","arguments":{"k":[1]}}}]}}]}"#,
+                r#"{"choices":[{"delta":{"content":"d","content":"e"},"finish_reason":5}],"usage":{"prompt_tokens":1.5}}"#,
+                r#"{"choices":[{"delta":"text","finish_reason":"stop"}],"usage":[1]}"#,
+            ],
+            // Errors: the same error and the same deltas before it.
+            &[
+                r#"{"choices":[{"delta":{"content":"x"}}]}"#,
+                r#"{"choices":[{"delta":{"content":1}}]}"#,
+            ],
+            &[r#"{"choices":[{"delta":{"content":"x"}}],"error":{"message":"overloaded"}}"#],
+            &[r#"{"choices":{"delta":{}}}"#],
+            &[r#"[{"choices":[]}]"#],
+        ];
+        let fits = |chunk: &str| serde_json::from_str::<ChunkWire<'_>>(chunk).is_ok();
+        assert!(streams[0].iter().chain(streams[1]).all(|c| fits(c)));
+        assert!(!streams[2].iter().any(|c| fits(c)));
+        for chunks in streams {
+            let (typed_deltas, typed) = assemble(chunks, false);
+            let (general_deltas, general) = assemble(chunks, true);
+            assert_eq!(typed_deltas, general_deltas, "{chunks:?}");
+            assert_eq!(format!("{typed:?}"), format!("{general:?}"), "{chunks:?}");
+        }
+        let (deltas, usual) = assemble(streams[0], false);
+        assert_eq!(deltas, ["Hello", " there"]);
+        let usual = usual.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(usual.message.content.as_deref(), Some("Hello there"));
+        assert_eq!(
+            (usual.model.as_str(), usual.usage.prompt_tokens),
+            ("gpt-x", 12)
         );
     }
 

@@ -7,7 +7,7 @@
 //! store's I/O runs on a small runtime owned by the store ("tessera-store-pg" threads), and
 //! callers on any runtime (or none) await a channel.
 //!
-//! Writes go to the group-commit writers (`pg/writer.rs`, `pg/merged.rs`), reads to the pool. Every statement
+//! Writes go to the group-commit writer (`pg/writer.rs`, `pg/merged.rs`), reads to the pool. Every statement
 //! is prepared once per connection (sqlx caches them); the `sqlx` macros are not used, so
 //! builds need no database.
 
@@ -36,12 +36,12 @@ use crate::{
     ChatRecord, ChatStore, ChatWriteBatch, Lease, LeaseStore, PendingUiRecord, StoreError,
     StoredChat, StoredEvent, StoredMessage, ToolClaim,
 };
-use writer::Writers;
+use writer::Writer;
 use writes::{Done, Write};
 
-/// Group-commit writers, each with its own connection.
-const WRITERS: usize = 4;
-/// Connections for reads, leases, tasks and artifacts, besides the writers'.
+/// Connections of the group-commit writer (`pg/writer.rs`: one, on purpose).
+const WRITER_CONNECTIONS: u32 = 1;
+/// Connections for reads, leases, tasks and artifacts, besides the writer's.
 const OTHER_CONNECTIONS: u32 = 6;
 /// How long a call waits for a free (or new) connection before failing as transient.
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -55,7 +55,7 @@ const RUNTIME_THREADS: usize = 2;
 #[derive(Debug, Clone)]
 pub struct PgStore {
     pool: PgPool,
-    writers: Writers,
+    writer: Writer,
     runtime: Arc<StoreRuntime>,
     /// Most bytes of generated files (artifacts) one tenant may keep; `None` = no limit.
     tenant_file_quota: Option<u64>,
@@ -77,23 +77,23 @@ impl PgStore {
         let runtime = Arc::new(StoreRuntime::start()?);
         let options = options.options([("statement_timeout", STATEMENT_TIMEOUT)]);
         let handle = runtime.handle();
-        let (pool, writers) = handle
+        let (pool, writer) = handle
             .spawn(async move {
                 let pool = PgPoolOptions::new()
-                    .max_connections(WRITERS as u32 + OTHER_CONNECTIONS)
+                    .max_connections(WRITER_CONNECTIONS + OTHER_CONNECTIONS)
                     .acquire_timeout(ACQUIRE_TIMEOUT)
                     .connect_with(options)
                     .await
                     .map_err(|e| StoreError::Setup(format!("cannot connect to PostgreSQL: {e}")))?;
                 migrate::run(&pool).await?;
-                let writers = Writers::start(&pool, WRITERS);
-                Ok::<_, StoreError>((pool, writers))
+                let writer = Writer::start(&pool);
+                Ok::<_, StoreError>((pool, writer))
             })
             .await
             .map_err(|e| StoreError::Setup(format!("store runtime failed: {e}")))??;
         Ok(Self {
             pool,
-            writers,
+            writer,
             runtime,
             tenant_file_quota: None,
         })
@@ -123,10 +123,10 @@ impl PgStore {
     /// Commit every queued write, then close every connection; for orderly shutdown (a crash
     /// without it loses nothing committed). Later calls fail with [`StoreError::Closed`].
     pub async fn close(&self) {
-        let (writers, pool) = (self.writers.clone(), self.pool.clone());
+        let (writer, pool) = (self.writer.clone(), self.pool.clone());
         let _ = self
             .on_runtime(async move {
-                writers.close().await;
+                writer.close().await;
                 pool.close().await;
                 Ok(())
             })
@@ -148,7 +148,7 @@ impl PgStore {
         write: Write,
         answer: fn(Done) -> Option<T>,
     ) -> StoreFuture<T> {
-        let done = self.writers.submit(write);
+        let done = self.writer.submit(write);
         Box::pin(async move {
             answer(done.await?).ok_or_else(|| {
                 StoreError::Corrupt("the store writer answered a different kind of write".into())

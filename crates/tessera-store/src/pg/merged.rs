@@ -1,7 +1,7 @@
 //! The fast path of a group commit: the whole group's chat writes as ONE statement per table
 //! (arrays of every job's rows, `UNNEST`ed), instead of one statement per job.
 //!
-//! WHY: a turn sends the writers 4-5 jobs (flushes, a tool claim, its completion). Run one by
+//! WHY: a turn sends the writer 4-5 jobs (flushes, a tool claim, its completion). Run one by
 //! one, each job costs PostgreSQL a statement of its own (executor start-up, a round trip, a
 //! commit-group share) and Tessera an encode and a decode; merged, a group of hundreds of
 //! jobs costs a handful of statements, each inserting many rows.

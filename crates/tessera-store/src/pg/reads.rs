@@ -1,4 +1,4 @@
-//! The reads of [`crate::PgStore`], on the pool (never queued behind the writers): the same
+//! The reads of [`crate::PgStore`], on the pool (never queued behind the writer): the same
 //! queries as the SQLite store's, decoded by the shared `rows` decoders.
 
 use sqlx::{PgPool, Row};

@@ -19,33 +19,44 @@ use tessera_store::{ChatStore, PgStore};
 const OUTAGE: Duration = Duration::from_secs(20);
 const CHATS: usize = 6;
 
-/// Waits (with a deadline) for the event `kind` whose data satisfies `pred`.
-async fn wait_for(ws: &mut WsClient, kind: &str, pred: impl Fn(&Value) -> bool) -> Value {
+/// Reads events until `done` says so (deadline: 90 s); `what` names the wait in a failure.
+async fn read_until(ws: &mut WsClient, what: &str, mut done: impl FnMut(&Value) -> bool) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
     loop {
         assert!(
             tokio::time::Instant::now() < deadline,
-            "no {kind} within 90 s; got {:?}",
+            "no {what} within 90 s; got {:?}",
             ws.types()
         );
-        match ws.next().await {
-            Some(event) if event["type"] == kind && pred(&event["data"]) => return event,
-            Some(_) => {}
-            // `next` gives up after 20 s of silence; the turn may be waiting on the store.
-            None => {}
+        // `next` gives up after 20 s of silence (None); the turn may be waiting on the store.
+        if let Some(event) = ws.next().await
+            && done(&event)
+        {
+            return;
         }
     }
 }
 
-/// Sends `content` as `id` and waits for its ack, then for the end of its turn (the chat asks
-/// for input again).
+/// Waits for the next event `kind`.
+async fn wait_for(ws: &mut WsClient, kind: &str) {
+    read_until(ws, kind, |event| event["type"] == kind).await;
+}
+
+/// Sends `content` as `id` and waits for its ack and for the end of its turn (the chat asks
+/// for input again), in either order: the ack waits for the message to be durable, so while
+/// the database is away the turn can end first (a tool whose claim failed is refused at once).
 async fn turn(ws: &mut WsClient, id: &str, content: &str) {
     ws.send(
         json!({"type": "chat.user_message", "data": {"content": content, "client_msg_id": id}}),
     )
     .await;
-    wait_for(ws, "chat.ack", |d| d["client_msg_id"] == id).await;
-    wait_for(ws, "chat.input_request", |_| true).await;
+    let (mut acked, mut ended) = (false, false);
+    read_until(ws, &format!("ack and end of turn for {id}"), |event| {
+        acked |= event["type"] == "chat.ack" && event["data"]["client_msg_id"] == id;
+        ended |= event["type"] == "chat.input_request";
+        acked && ended
+    })
+    .await;
 }
 
 /// One user's steady conversation: sends a message, waits for its ack and the end of its turn,
@@ -58,7 +69,7 @@ async fn converse(
     acks: Arc<AtomicUsize>,
 ) -> Vec<String> {
     let mut ws = WsClient::connect(&server_ws, &user).await;
-    wait_for(&mut ws, "chat.input_request", |_| true).await;
+    wait_for(&mut ws, "chat.input_request").await;
     let mut acked = Vec::new();
     let mut n = 0;
     while !stop.load(Ordering::Relaxed) {
@@ -176,7 +187,7 @@ async fn a_postgres_restart_under_load_loses_nothing_acknowledged_and_the_server
     let (_, user) = &chats[0];
     let fresh = server.create_chat("LoadTest", user).await;
     let mut ws = WsClient::connect(&server.ws_url(&fresh, 0), user).await;
-    wait_for(&mut ws, "chat.input_request", |_| true).await;
+    wait_for(&mut ws, "chat.input_request").await;
     turn(&mut ws, "fresh-1", "after the outage").await;
     assert!(
         ws.of("chat.tool_response")

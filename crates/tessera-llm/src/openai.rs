@@ -1,7 +1,8 @@
 //! A [`ChatModel`] for any OpenAI-compatible chat-completions endpoint (OpenAI, Ollama, vLLM,
 //! llama.cpp server, LiteLLM, ...).
 //!
-//! One [`OpenAiClient`] holds one pooled HTTP client and is shared by every chat. Transient
+//! One [`OpenAiClient`] is shared by every chat; each thread that calls it gets a pooled HTTP
+//! client of its own (see [`Inner::http`]). Transient
 //! failures (connect errors, timeouts, 408/409/429/5xx) are retried with jittered exponential
 //! backoff, honouring `Retry-After`; a streamed answer is retried only while none of its body
 //! has been read, so deltas are never delivered twice. The API key is sent as a bearer token
@@ -10,10 +11,11 @@
 mod sse;
 mod wire;
 
+use std::cell::RefCell;
 use std::collections::hash_map::RandomState;
 use std::fmt;
 use std::hash::{BuildHasher, Hasher};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
@@ -126,9 +128,56 @@ pub struct OpenAiClient {
 }
 
 struct Inner {
+    /// The client of threads that cannot build their own (never expected: the same settings
+    /// built this one).
     http: reqwest::Client,
+    /// The default headers every thread's client sends (the API key, marked sensitive).
+    headers: HeaderMap,
     endpoint: reqwest::Url,
     config: OpenAiConfig,
+}
+
+thread_local! {
+    /// This thread's HTTP clients, one per live [`OpenAiClient`] (usually exactly one).
+    static THREAD_HTTP: RefCell<Vec<(Weak<Inner>, reqwest::Client)>> =
+        const { RefCell::new(Vec::new()) };
+}
+
+impl Inner {
+    /// The calling thread's HTTP client for this endpoint.
+    ///
+    /// WHY one per thread: a pooled connection is driven by a task on the runtime that opened
+    /// it, and the engine runs chats on several single-threaded arbiters. With one shared pool,
+    /// a request on one arbiter often rode a connection driven by another, and every read and
+    /// write of it woke the other thread. Each arbiter's own pool keeps a call on one thread.
+    fn http(self: &Arc<Self>) -> reqwest::Client {
+        THREAD_HTTP.with(|clients| {
+            let mut clients = clients.borrow_mut();
+            let me = Arc::as_ptr(self);
+            if let Some((_, http)) = clients.iter().find(|(owner, _)| owner.as_ptr() == me) {
+                return http.clone();
+            }
+            // Clients of dropped `OpenAiClient`s (a reloaded configuration) go here.
+            clients.retain(|(owner, _)| owner.strong_count() > 0);
+            let http = build_http(&self.config, &self.headers).unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "cannot build a per-thread HTTP client; sharing one");
+                self.http.clone()
+            });
+            clients.push((Arc::downgrade(self), http.clone()));
+            http
+        })
+    }
+}
+
+/// An HTTP client with `config`'s timeouts and `headers`.
+fn build_http(config: &OpenAiConfig, headers: &HeaderMap) -> Result<reqwest::Client, LlmError> {
+    reqwest::Client::builder()
+        .default_headers(headers.clone())
+        .connect_timeout(config.connect_timeout)
+        .pool_idle_timeout(Duration::from_secs(90))
+        .user_agent(concat!("tessera-llm/", env!("CARGO_PKG_VERSION")))
+        .build()
+        .map_err(|e| LlmError::Config(format!("cannot build the HTTP client: {}", describe(&e))))
 }
 
 impl fmt::Debug for OpenAiClient {
@@ -165,18 +214,11 @@ impl OpenAiClient {
             value.set_sensitive(true);
             headers.insert(header::AUTHORIZATION, value);
         }
-        let http = reqwest::Client::builder()
-            .default_headers(headers)
-            .connect_timeout(config.connect_timeout)
-            .pool_idle_timeout(Duration::from_secs(90))
-            .user_agent(concat!("tessera-llm/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .map_err(|e| {
-                LlmError::Config(format!("cannot build the HTTP client: {}", describe(&e)))
-            })?;
+        let http = build_http(&config, &headers)?;
         Ok(Self {
             inner: Arc::new(Inner {
                 http,
+                headers,
                 endpoint,
                 config,
             }),
@@ -256,7 +298,7 @@ impl Failure {
 
 impl Inner {
     async fn run(
-        &self,
+        self: &Arc<Self>,
         request: ChatRequest,
         deltas: Option<DeltaSink>,
     ) -> Result<ChatResponse, LlmError> {
@@ -325,14 +367,14 @@ impl Inner {
         }
     }
 
-    fn post(&self, body: Bytes, stream: bool) -> reqwest::RequestBuilder {
+    fn post(self: &Arc<Self>, body: Bytes, stream: bool) -> reqwest::RequestBuilder {
         let accept = if stream {
             "text/event-stream"
         } else {
             "application/json"
         };
         let mut request = self
-            .http
+            .http()
             .post(self.endpoint.clone())
             .header(header::CONTENT_TYPE, "application/json")
             .header(header::ACCEPT, accept);
@@ -344,7 +386,11 @@ impl Inner {
     }
 
     /// One non-streamed attempt; the timeout covers connect, headers and the whole body.
-    async fn attempt_plain(&self, body: Bytes, model: &str) -> Result<ChatResponse, Failure> {
+    async fn attempt_plain(
+        self: &Arc<Self>,
+        body: Bytes,
+        model: &str,
+    ) -> Result<ChatResponse, Failure> {
         let timeout = self.config.request_timeout;
         let exchange = async {
             let response = self
@@ -371,7 +417,7 @@ impl Inner {
 
     /// One streamed attempt. Retryable only until the first byte of a successful body arrives.
     async fn attempt_stream(
-        &self,
+        self: &Arc<Self>,
         body: Bytes,
         model: &str,
         on_delta: &mut (dyn FnMut(&str) + Send),

@@ -20,27 +20,31 @@ const BAD_BODY_EXCERPT_CHARS: usize = 120;
 // Request
 // ---------------------------------------------------------------------------------------------
 
-/// The request body as bytes: each message's cached encoding (see [`WireCache`]), then the
-/// rest of the request, serialized here. A chat's transcript is thus encoded once over the
-/// chat's life instead of once per model request.
+/// The request body as bytes: the messages' encodings, then the rest of the request, serialized
+/// here. A message is encoded once over its chat's life (see [`WireCache`]), and the request's
+/// shared head (a chat's transcript) is copied in as one piece (see [`crate::WirePrefix`]): a long
+/// transcript costs one block copy per request, not a lookup per message.
 pub(crate) fn encode_request(request: &ChatRequest, model: &str) -> serde_json::Result<Vec<u8>> {
     // Always an object with at least `model`: `{"model":...}`.
     let rest = serde_json::to_vec(&WireRequest::new(request, model))?;
-    let encoded = request
-        .messages
+    let messages = &request.messages;
+    let head = messages.head();
+    let head_text = messages
+        .head_wire()
+        .get_or_encode(head.len(), |base| join_head(head, base))?;
+    let tail = messages
+        .tail()
         .iter()
-        .map(|message| {
-            message
-                .wire
-                .get_or_encode(|| serde_json::to_string(&WireMessage::new(message)))
-        })
+        .map(encode_message)
         .collect::<Result<Vec<&str>, _>>()?;
     // Sized exactly: a long transcript's body is not copied again each time it would grow.
-    let messages_len: usize = encoded.iter().map(|text| text.len() + 1).sum();
-    let mut body = Vec::with_capacity(16 + messages_len + rest.len());
+    let tail_len: usize = tail.iter().map(|text| text.len() + 1).sum();
+    let mut body = Vec::with_capacity(16 + head_text.len() + tail_len + rest.len());
     body.extend_from_slice(b"{\"messages\":[");
-    for (i, text) in encoded.iter().enumerate() {
-        if i > 0 {
+    body.extend_from_slice(head_text.as_bytes());
+    let mut first = head_text.is_empty();
+    for text in tail {
+        if !std::mem::take(&mut first) {
             body.push(b',');
         }
         body.extend_from_slice(text.as_bytes());
@@ -48,6 +52,35 @@ pub(crate) fn encode_request(request: &ChatRequest, model: &str) -> serde_json::
     body.extend_from_slice(b"],");
     body.extend_from_slice(rest.get(1..).unwrap_or_default());
     Ok(body)
+}
+
+/// One message's encoding, made once and kept with the message.
+fn encode_message(message: &Message) -> serde_json::Result<&str> {
+    message
+        .wire
+        .get_or_encode(|| serde_json::to_string(&WireMessage::new(message)))
+}
+
+/// `head`'s messages encoded and joined by commas, starting from `base` (the encoding of its
+/// first `n` messages) when given.
+fn join_head(head: &[Message], base: Option<(usize, &str)>) -> serde_json::Result<String> {
+    let (start, base) = base.unwrap_or((0, ""));
+    let added = head
+        .get(start..)
+        .unwrap_or_default()
+        .iter()
+        .map(encode_message)
+        .collect::<Result<Vec<&str>, _>>()?;
+    let mut text =
+        String::with_capacity(base.len() + added.iter().map(|t| t.len() + 1).sum::<usize>());
+    text.push_str(base);
+    for encoded in added {
+        if !text.is_empty() {
+            text.push(',');
+        }
+        text.push_str(encoded);
+    }
+    Ok(text)
 }
 
 /// The request body apart from its messages, borrowing everything from the `ChatRequest` so
@@ -771,8 +804,10 @@ impl StreamAssembler {
 mod tests {
     use serde_json::json;
 
+    use std::sync::Arc;
+
     use super::*;
-    use crate::{ResponseFormat, ToolSpec};
+    use crate::{Messages, ResponseFormat, ToolSpec, WirePrefix};
 
     fn encode(request: &ChatRequest) -> Value {
         encode_request(request, "m")
@@ -794,6 +829,95 @@ mod tests {
             again["messages"][1],
             json!({"role": "assistant", "content": "hello", "name": "A"})
         );
+    }
+
+    /// A chat's messages after `turns` turns, each built anew (nothing encoded yet).
+    fn chat(turns: usize) -> Vec<Message> {
+        let mut messages = vec![Message::text(Role::System, "be \"brief\"")];
+        for i in 0..turns {
+            messages.push(Message::text(Role::User, format!("question {i}")));
+            let mut call = Message::assistant("A", "");
+            call.content = None;
+            call.tool_calls = vec![ToolCall {
+                id: format!("c{i}"),
+                name: "echo".into(),
+                arguments: "{\"x\":1}".into(),
+            }];
+            messages.push(call);
+            messages.push(Message::tool_result(format!("c{i}"), "ok"));
+            messages.push(Message::assistant("A", format!("answer {i}")));
+        }
+        messages
+    }
+
+    fn body(messages: Messages) -> Vec<u8> {
+        encode_request(&ChatRequest::new("A", messages), "m").unwrap_or_default()
+    }
+
+    #[test]
+    fn a_body_built_on_an_earlier_prefix_equals_the_body_made_fresh() {
+        let turn = |n: usize| Arc::new(chat(n));
+        // Turn 1: the head is encoded in one piece; turn 2 extends that encoding.
+        let first = WirePrefix::default();
+        let one = body(Messages::new(turn(1), first.clone(), Arc::default()));
+        assert_eq!(one, body(Messages::from(chat(1))));
+        let head = turn(3);
+        let second = first.extended();
+        let tail = Arc::new(vec![Message::text(Role::User, "more")]);
+        let made = body(Messages::new(Arc::clone(&head), second.clone(), tail));
+        let mut all = chat(3);
+        all.push(Message::text(Role::User, "more"));
+        let fresh = body(Messages::from(all));
+        assert_eq!(
+            String::from_utf8_lossy(&made),
+            String::from_utf8_lossy(&fresh)
+        );
+        // The cached head serves the turn's next request as it is.
+        let again = body(Messages::new(head, second, Arc::default()));
+        assert_eq!(again, body(Messages::from(chat(3))));
+    }
+
+    #[test]
+    fn an_extended_prefix_reuses_the_earlier_encoding_instead_of_encoding_again() {
+        let first = WirePrefix::default();
+        body(Messages::new(
+            Arc::new(chat(1)),
+            first.clone(),
+            Arc::default(),
+        ));
+        // Different first messages (never the case for a chat, whose messages are only
+        // appended): what the body holds for them shows which encoding was used.
+        let mut other = chat(2);
+        other[1] = Message::text(Role::User, "changed");
+        let made = body(Messages::new(
+            Arc::new(other),
+            first.extended(),
+            Arc::default(),
+        ));
+        let text = String::from_utf8_lossy(&made);
+        assert!(
+            text.contains("question 0") && !text.contains("changed"),
+            "{text}"
+        );
+        assert!(text.contains("question 1"), "{text}");
+    }
+
+    #[test]
+    fn a_body_is_valid_with_either_part_empty() {
+        let messages = chat(1);
+        let split = |at: usize| {
+            let head = Arc::new(messages[..at].to_vec());
+            let tail = Arc::new(messages[at..].to_vec());
+            encode(&ChatRequest::new(
+                "A",
+                Messages::new(head, WirePrefix::default(), tail),
+            ))
+        };
+        let whole = encode(&ChatRequest::new("A", messages.clone()));
+        assert_eq!(whole["messages"].as_array().map(Vec::len), Some(5));
+        for at in 0..=messages.len() {
+            assert_eq!(split(at), whole, "split at {at}");
+        }
     }
 
     #[test]

@@ -394,7 +394,7 @@ impl TurnMachine {
         {
             request.response_format = Some(ResponseFormat {
                 name: output.model_name.to_string(),
-                schema: (*output.model.schema).clone(),
+                schema: Arc::clone(&output.model.schema),
                 strict: false,
             });
         }

@@ -212,6 +212,44 @@ pub struct ToolSpec {
     pub parameters: Value,
 }
 
+/// The tools offered to a model, shared: an agent's list is made once and handed to every
+/// request, and its wire encoding is made once too (the same for every request).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Tools {
+    specs: Arc<[ToolSpec]>,
+    /// The whole list in the provider's wire format, made when it is first sent.
+    pub wire: WireCache,
+}
+
+impl std::ops::Deref for Tools {
+    type Target = [ToolSpec];
+
+    fn deref(&self) -> &[ToolSpec] {
+        &self.specs
+    }
+}
+
+impl From<Vec<ToolSpec>> for Tools {
+    fn from(specs: Vec<ToolSpec>) -> Self {
+        Self {
+            specs: specs.into(),
+            wire: WireCache::default(),
+        }
+    }
+}
+
+impl Serialize for Tools {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.specs.serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for Tools {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Vec::<ToolSpec>::deserialize(deserializer).map(Self::from)
+    }
+}
+
 /// How the model may use the offered tools.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -231,8 +269,9 @@ pub enum ToolChoice {
 pub struct ResponseFormat {
     /// A name for the schema (OpenAI requires one).
     pub name: String,
-    /// The JSON Schema the answer must match.
-    pub schema: Value,
+    /// The JSON Schema the answer must match (shared: an agent's schema is the same in every
+    /// request).
+    pub schema: Arc<Value>,
     /// Ask the provider to enforce the schema exactly.
     pub strict: bool,
 }
@@ -372,7 +411,7 @@ pub struct ChatRequest {
     /// The transcript the model sees, oldest first.
     pub messages: Messages,
     /// Tools the model may call; empty for none.
-    pub tools: Arc<[ToolSpec]>,
+    pub tools: Tools,
     /// How the model may use `tools`; ignored when `tools` is empty.
     pub tool_choice: Option<ToolChoice>,
     /// Require a JSON answer matching a schema.
@@ -394,7 +433,7 @@ impl ChatRequest {
             agent: agent.into(),
             model: None,
             messages: messages.into(),
-            tools: Arc::from([]),
+            tools: Tools::default(),
             tool_choice: None,
             response_format: None,
             temperature: None,

@@ -10,7 +10,8 @@ use serde_json::{Map, Value};
 
 use crate::error::truncate_chars;
 use crate::{
-    ChatRequest, ChatResponse, LlmError, Message, Role, ToolCall, ToolChoice, Usage, WireCache,
+    ChatRequest, ChatResponse, LlmError, Message, Role, ToolCall, ToolChoice, Tools, Usage,
+    WireCache,
 };
 
 /// Characters of a bad body quoted in an `InvalidResponse` message.
@@ -20,10 +21,11 @@ const BAD_BODY_EXCERPT_CHARS: usize = 120;
 // Request
 // ---------------------------------------------------------------------------------------------
 
-/// The request body as bytes: the messages' encodings, then the rest of the request, serialized
-/// here. A message is encoded once over its chat's life (see [`WireCache`]), and the request's
-/// shared head (a chat's transcript) is copied in as one piece (see [`crate::WirePrefix`]): a long
-/// transcript costs one block copy per request, not a lookup per message.
+/// The request body as bytes: the messages' encodings, the tools' encoding, then the rest of the
+/// request, serialized here. A message is encoded once over its chat's life (see
+/// [`WireCache`]), an agent's tool list once, and the request's shared head (a chat's
+/// transcript) is copied in as one piece (see [`crate::WirePrefix`]): a long transcript costs
+/// one block copy per request, not a lookup per message.
 pub(crate) fn encode_request(request: &ChatRequest, model: &str) -> serde_json::Result<Vec<u8>> {
     // Always an object with at least `model`: `{"model":...}`.
     let rest = serde_json::to_vec(&WireRequest::new(request, model))?;
@@ -37,9 +39,11 @@ pub(crate) fn encode_request(request: &ChatRequest, model: &str) -> serde_json::
         .iter()
         .map(encode_message)
         .collect::<Result<Vec<&str>, _>>()?;
+    let tools = encode_tools(&request.tools)?;
     // Sized exactly: a long transcript's body is not copied again each time it would grow.
     let tail_len: usize = tail.iter().map(|text| text.len() + 1).sum();
-    let mut body = Vec::with_capacity(16 + head_text.len() + tail_len + rest.len());
+    let tools_len = tools.map_or(0, |text| text.len() + 10);
+    let mut body = Vec::with_capacity(16 + head_text.len() + tail_len + tools_len + rest.len());
     body.extend_from_slice(b"{\"messages\":[");
     body.extend_from_slice(head_text.as_bytes());
     let mut first = head_text.is_empty();
@@ -50,8 +54,36 @@ pub(crate) fn encode_request(request: &ChatRequest, model: &str) -> serde_json::
         body.extend_from_slice(text.as_bytes());
     }
     body.extend_from_slice(b"],");
+    if let Some(tools) = tools {
+        body.extend_from_slice(b"\"tools\":");
+        body.extend_from_slice(tools.as_bytes());
+        body.push(b',');
+    }
     body.extend_from_slice(rest.get(1..).unwrap_or_default());
     Ok(body)
+}
+
+/// The tools as the provider reads them, encoded once per list (an agent's list is shared by
+/// all its requests; see [`crate::Tools`]); `None` when no tools are offered.
+fn encode_tools(tools: &Tools) -> serde_json::Result<Option<&str>> {
+    if tools.is_empty() {
+        return Ok(None);
+    }
+    let encode = || {
+        let wire: Vec<WireTool<'_>> = tools
+            .iter()
+            .map(|t| WireTool {
+                kind: "function",
+                function: WireFunction {
+                    name: &t.name,
+                    description: &t.description,
+                    parameters: &t.parameters,
+                },
+            })
+            .collect();
+        serde_json::to_string(&wire)
+    };
+    tools.wire.get_or_encode(encode).map(Some)
 }
 
 /// One message's encoding, made once and kept with the message.
@@ -83,13 +115,11 @@ fn join_head(head: &[Message], base: Option<(usize, &str)>) -> serde_json::Resul
     Ok(text)
 }
 
-/// The request body apart from its messages, borrowing everything from the `ChatRequest` so
-/// that large schemas are serialized without being copied first.
+/// The request body apart from its messages and tools, borrowing everything from the
+/// `ChatRequest` so that large schemas are serialized without being copied first.
 #[derive(Serialize)]
 struct WireRequest<'a> {
     model: &'a str,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    tools: Vec<WireTool<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     tool_choice: Option<Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -183,18 +213,6 @@ impl<'a> WireRequest<'a> {
         };
         Self {
             model,
-            tools: request
-                .tools
-                .iter()
-                .map(|t| WireTool {
-                    kind: "function",
-                    function: WireFunction {
-                        name: &t.name,
-                        description: &t.description,
-                        parameters: &t.parameters,
-                    },
-                })
-                .collect(),
             tool_choice,
             response_format: request
                 .response_format
@@ -921,6 +939,32 @@ mod tests {
     }
 
     #[test]
+    fn a_tool_list_is_encoded_once_and_shared_by_every_request_that_offers_it() {
+        let specs = || {
+            vec![ToolSpec {
+                name: "echo".into(),
+                description: "Echo \"x\"".into(),
+                parameters: json!({"type": "object", "properties": {"x": {"type": "string"}}}),
+            }]
+        };
+        let tools = Tools::from(specs());
+        let request = |tools: Tools| {
+            let mut request = ChatRequest::new("A", vec![Message::text(Role::User, "hi")]);
+            request.tools = tools;
+            request.tool_choice = Some(ToolChoice::Auto);
+            encode(&request)
+        };
+        let first = request(tools.clone());
+        assert!(format!("{:?}", tools.wire).contains("encoded"));
+        let again = request(tools);
+        let fresh = request(Tools::from(specs()));
+        assert_eq!(again, fresh);
+        assert_eq!(first, fresh);
+        assert_eq!(fresh["tools"][0]["function"]["name"], "echo");
+        assert_eq!(fresh["tool_choice"], "auto");
+    }
+
+    #[test]
     fn an_empty_transcript_still_encodes_a_valid_body() {
         let v = encode(&ChatRequest::new("A", Vec::new()));
         assert_eq!(v["messages"], json!([]));
@@ -957,7 +1001,7 @@ mod tests {
         request.tool_choice = Some(ToolChoice::Function("search".into()));
         request.response_format = Some(ResponseFormat {
             name: "out".into(),
-            schema: json!({"type": "object"}),
+            schema: json!({"type": "object"}).into(),
             strict: true,
         });
         request.temperature = Some(0.5);

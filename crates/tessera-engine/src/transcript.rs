@@ -55,6 +55,12 @@ impl Transcript {
         Arc::make_mut(&mut self.sent).reserve_exact(n);
     }
 
+    /// Whether a request (or a turn) still holds the transcript, so that appending would copy it.
+    #[cfg(test)]
+    pub(crate) fn is_shared(&self) -> bool {
+        Arc::strong_count(&self.sent) > 1
+    }
+
     /// The shared start of a turn's model requests: `system`, then every message of the chat
     /// (with an empty tail). An unchanged system message is kept as it is, so its encoding and
     /// the transcript's are extended rather than made again.

@@ -451,3 +451,83 @@ fn parse_structured(text: &str) -> Result<Value, String> {
 fn clip(s: &str, max: usize) -> String {
     s.chars().take(max).collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use tessera_llm::{Tools, Usage};
+
+    use super::*;
+
+    fn plan() -> Arc<AgentPlan> {
+        Arc::new(AgentPlan {
+            name: Arc::from("A"),
+            system_message: Arc::from("sys"),
+            context_variables: Vec::new(),
+            model: None,
+            temperature: None,
+            tool_calling: ToolCallingMode::Native,
+            tools: Vec::new(),
+            tool_specs: Tools::default(),
+            json_mode_catalogue: None,
+            output: None,
+            structured_required: false,
+            auto_tool_mode: false,
+            max_consecutive_auto_reply: 1,
+            max_tokens: None,
+            call_deadline: None,
+            hidden_triggers: Arc::from([]),
+            max_parallel_tools: 1,
+        })
+    }
+
+    fn limits() -> TurnLimits {
+        TurnLimits {
+            max_tool_steps: 4,
+            tool_result_max_chars: 1000,
+            structured_output_corrections: 1,
+            json_mode_corrections: 1,
+            stream: false,
+            max_tokens: 100,
+            model_call_deadline: std::time::Duration::from_secs(10),
+        }
+    }
+
+    #[test]
+    fn a_turn_shares_the_chat_transcript_and_lets_go_of_it_when_it_ends() {
+        let mut transcript = Transcript::default();
+        for i in 0..50 {
+            transcript.push(Message::text(Role::User, format!("m{i}")));
+        }
+        let (mut machine, step) = TurnMachine::start(
+            plan(),
+            &mut transcript,
+            &Map::new(),
+            Arc::from("k"),
+            limits(),
+        );
+        let Step::CallModel(request) = step else {
+            panic!("the turn must start with a model call, got {step:?}");
+        };
+        // The request holds the chat's messages themselves, behind the system message.
+        assert_eq!(request.messages.len(), 51);
+        assert!(std::ptr::eq(
+            &request.messages.head()[1..],
+            transcript.messages()
+        ));
+        drop(request);
+        assert!(
+            transcript.is_shared(),
+            "the running turn holds the transcript"
+        );
+        let reply = ChatResponse {
+            message: Message::text(Role::Assistant, "done"),
+            usage: Usage::default(),
+            finish_reason: None,
+            model: "m".into(),
+        };
+        let step = machine.on_model_reply(reply);
+        assert!(matches!(step, Step::Finished(_)), "{step:?}");
+        // Appending the turn's messages now happens in place, without copying the transcript.
+        assert!(!transcript.is_shared());
+    }
+}

@@ -9,6 +9,8 @@
 #   LATENCY_MS=100 scripts/bench-sqlite.sh
 #   RUN_ARGS="--ui --think-ms 2000" scripts/bench-sqlite.sh
 #   PROFILE=20 scripts/bench-sqlite.sh               # also `perf record` the server for 20 s
+#   PROFILE=3 PROFILE_DELAY=0.5 PERF_ARGS="--call-graph dwarf" scripts/bench-sqlite.sh
+#                                                    # a short run: start sooner, full stacks
 #   WAL_PAGES=1 scripts/bench-sqlite.sh              # which tables/indexes each commit rewrites
 #
 # WAL_PAGES holds a read transaction open during the run, so checkpoints cannot restart the
@@ -59,7 +61,9 @@ fi
 if [ -n "$PROFILE" ]; then
   # Starts sampling a few seconds in, once the chats have connected and turns are running.
   perf_pid=""
-  (sleep 5 && perf record -e cpu-clock -F 999 -g -p "$SERVER_PID" -o "$WORK/perf.data" \
+  # shellcheck disable=SC2086 # PERF_ARGS is a list of flags
+  (sleep "${PROFILE_DELAY:-5}" && perf record -e cpu-clock -F "${PERF_F:-999}" ${PERF_ARGS:--g} \
+    -p "$SERVER_PID" -o "$WORK/perf.data" \
     -- sleep "$PROFILE" >"$WORK/perf.log" 2>&1) &
   perf_pid=$!
 fi

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Map, Value};
-use tessera_llm::{ChatModel, ToolSpec};
+use tessera_llm::{ChatModel, ToolSpec, Tools};
 use tessera_manifest::{
     Agent, CompiledModel, ToolCalling, ToolDef, ToolImpl, ToolType, Workflow, mcp_exposed_name,
 };
@@ -61,8 +61,9 @@ pub struct AgentPlan {
     pub temperature: Option<f32>,
     pub tool_calling: ToolCallingMode,
     pub tools: Vec<PlannedTool>,
-    /// Shared with every model request of the agent rather than copied into each.
-    pub tool_specs: Arc<[ToolSpec]>,
+    /// Shared with every model request of the agent rather than copied into each, and
+    /// encoded for the wire once.
+    pub tool_specs: Tools,
     /// The tool catalogue text appended to the system prompt in `json` mode.
     pub json_mode_catalogue: Option<String>,
     pub output: Option<OutputPlan>,

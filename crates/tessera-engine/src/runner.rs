@@ -16,6 +16,7 @@ use crate::dedup::{ClaimKey, ClaimOutcome, CompleteKey, DedupCache, ToolKey};
 use crate::events::{Publish, ToolCallInfo, tool_call_event, tool_response_event};
 use crate::hidden_text::HiddenTextFilter;
 use crate::plan::AgentPlan;
+use crate::transcript::Transcript;
 use crate::turn::{
     Step, ToolInvocation, ToolResult, TurnFailure, TurnLimits, TurnMachine, TurnOutput,
 };
@@ -78,14 +79,14 @@ impl AgentRunner {
     /// Starts a turn of `plan`; the runner reports with [`TurnFinished`] and stops.
     pub fn new(
         plan: Arc<AgentPlan>,
-        history: &[Message],
+        transcript: &mut Transcript,
         context: &Map<String, Value>,
         limits: TurnLimits,
         parts: RunnerParts,
     ) -> Self {
         let (machine, first) = TurnMachine::start(
             plan,
-            history,
+            transcript,
             context,
             parts.tool_ctx.turn_idempotency_key.clone(),
             limits,
@@ -119,7 +120,7 @@ impl AgentRunner {
                     &self.parts.tool_ctx.chat_id,
                 );
                 let captured_input =
-                    tessera_telemetry::capturing_content().then(|| Arc::clone(&request.messages));
+                    tessera_telemetry::capturing_content().then(|| request.messages.clone());
                 let call = with_deadline(
                     self.machine.model_call_deadline(),
                     model.complete(request, sink),
@@ -138,7 +139,7 @@ impl AgentRunner {
                             );
                             if let Some(input) = &captured_input {
                                 let secrets = act.parts.tool_ctx.secrets.as_ref();
-                                capture(&span, "gen_ai.input.messages", &**input, secrets);
+                                capture(&span, "gen_ai.input.messages", input, secrets);
                                 capture(&span, "gen_ai.output.messages", [&reply.message], secrets);
                             }
                             act.publish_usage(&reply.model, reply.usage, started.elapsed());

@@ -31,6 +31,7 @@ use crate::runner::{
 use crate::secrets::SecretVault;
 use crate::shard::Shard;
 pub use crate::status::{ChatIdentity, ChatStatus};
+use crate::transcript::Transcript;
 use crate::turn::{TurnFailure, TurnLimits, TurnOutput};
 use crate::{EngineConfig, EngineError, plan::CompiledWorkflow};
 use routing::Route;
@@ -166,7 +167,7 @@ pub struct ChatSession {
     wf: Arc<CompiledWorkflow>,
     shard: Shard,
     config: Arc<EngineConfig>,
-    history: Vec<Message>,
+    history: Transcript,
     /// Parallel to `history`: message id and hidden flag of each visible-kind message.
     meta: Vec<(String, bool)>,
     context: Map<String, Value>,
@@ -229,7 +230,7 @@ impl ChatSession {
         Self {
             wf,
             config,
-            history: Vec::new(),
+            history: Transcript::default(),
             meta: Vec::new(),
             context,
             current_agent,
@@ -379,8 +380,8 @@ impl ChatSession {
 
     /// Room for exactly `n` more messages. A chat keeps its transcript for its whole life, and
     /// growth by doubling leaves up to half of it unused (about 0.5 MiB per 1,000 chats after
-    /// five turns of the load test). The copy this costs once or twice per turn is smaller than
-    /// the copy of the transcript into the turn's model request.
+    /// five turns of the load test). The reallocation this costs once or twice per turn moves
+    /// only the messages' fixed-size parts (their text is shared).
     fn reserve_messages(&mut self, n: usize) {
         self.history.reserve_exact(n);
         self.meta.reserve_exact(n);
@@ -477,7 +478,8 @@ impl ChatSession {
             logged_tools: std::mem::take(&mut self.logged_tools),
         };
         tracing::debug!(chat_id = %self.id.chat_id, tenant = %self.id.tenant, turn = self.turn, agent = %agent, "turn started");
-        let runner = AgentRunner::new(plan, &self.history, &self.context, limits, parts).start();
+        let runner =
+            AgentRunner::new(plan, &mut self.history, &self.context, limits, parts).start();
         self.runner = Some(runner);
     }
 
@@ -1290,6 +1292,7 @@ impl Handler<GetSnapshot> for ChatSession {
                 .collect();
             let transcript = act
                 .history
+                .messages()
                 .iter()
                 .zip(&act.meta)
                 .filter(|(m, _)| {

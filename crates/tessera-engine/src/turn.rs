@@ -7,13 +7,16 @@
 use std::sync::Arc;
 
 use serde_json::{Map, Value};
-use tessera_llm::{ChatRequest, ChatResponse, LlmError, Message, ResponseFormat, Role, ToolChoice};
+use tessera_llm::{
+    ChatRequest, ChatResponse, LlmError, Message, Messages, ResponseFormat, Role, ToolChoice,
+};
 use tessera_tools::{
     JsonModeReply, ToolError, ToolErrorResult, parse_arguments, parse_json_mode_reply,
     summarize_for_model,
 };
 
 use crate::plan::{AgentPlan, ToolCallingMode};
+use crate::transcript::Transcript;
 
 /// Limits a turn runs under (copied from `EngineConfig`).
 #[derive(Debug, Clone, Copy)]
@@ -93,15 +96,14 @@ pub struct TurnMachine {
     plan: Arc<AgentPlan>,
     limits: TurnLimits,
     turn_key: Arc<str>,
-    /// The transcript of the model requests: the system message, the transcript the turn
-    /// started from, then what the turn added up to the last request. Shared with each request
-    /// rather than copied; by the next request the previous one is normally gone, so new
-    /// messages are appended in place (`Arc::make_mut` copies only if a model kept it).
-    sent: Arc<Vec<Message>>,
-    /// Messages this turn added.
-    added: Vec<Message>,
-    /// How many of `added` are in `sent`.
-    added_sent: usize,
+    /// The start of every model request of the turn: the system message and the chat's
+    /// transcript, shared with the chat (never copied). Released when the turn ends, so the
+    /// chat appends to its transcript in place again.
+    prefix: Messages,
+    /// Messages this turn added: the rest of each request. By the next request the previous
+    /// one is normally gone, so they are appended in place (`Arc::make_mut` copies only this
+    /// turn's few messages, and only if a model kept its request).
+    added: Arc<Vec<Message>>,
     steps: u32,
     structured_corrections_left: u32,
     json_corrections_left: u32,
@@ -119,27 +121,25 @@ enum PendingCall {
 }
 
 impl TurnMachine {
-    /// Starts a turn of `plan` over `history` with the agent's context variables `context`.
+    /// Starts a turn of `plan` over the chat's `transcript` with the agent's context variables
+    /// `context`.
     pub fn start(
         plan: Arc<AgentPlan>,
-        history: &[Message],
+        transcript: &mut Transcript,
         context: &Map<String, Value>,
         turn_key: Arc<str>,
         limits: TurnLimits,
     ) -> (Self, Step) {
-        // Room for a typical tool step (the call and its result) without growing.
-        let mut sent = Vec::with_capacity(history.len() + 3);
-        sent.push(Message::text(Role::System, plan.system_prompt(context)));
-        sent.extend_from_slice(history);
+        let prefix = transcript.request_prefix(plan.system_prompt(context));
         let mut machine = Self {
             structured_corrections_left: limits.structured_output_corrections,
             json_corrections_left: limits.json_mode_corrections,
             plan,
             limits,
             turn_key,
-            sent: Arc::new(sent),
-            added: Vec::new(),
-            added_sent: 0,
+            prefix,
+            // Room for a typical tool step (the call and its result) without growing.
+            added: Arc::new(Vec::with_capacity(3)),
             steps: 0,
             pending_calls: Vec::new(),
             json_tool_counter: 0,
@@ -208,12 +208,12 @@ impl TurnMachine {
                 self.json_tool_counter += 1;
                 let label = name.as_deref().unwrap_or("refused");
                 let n = self.json_tool_counter;
-                self.added.push(Message::text(
+                self.add(Message::text(
                     Role::User,
                     format!("Tool {n} [{label}]: {text}"),
                 ));
             } else {
-                self.added.push(Message::tool_result(call_id, text));
+                self.add(Message::tool_result(call_id, text));
             }
         }
         self.call_model()
@@ -252,7 +252,7 @@ impl TurnMachine {
                 }),
             }
         }
-        self.added.push(message);
+        self.add(message);
         if runnable.is_empty() {
             // Nothing may run: the model reads the refusals and tries again.
             return self.on_tool_results(Vec::new());
@@ -277,7 +277,7 @@ impl TurnMachine {
                             call_id: call_id.clone(),
                             name: name.clone(),
                         });
-                        self.added.push(message);
+                        self.add(message);
                         Step::RunTools(vec![ToolInvocation {
                             invocation_key: format!("{}:s{}:0", self.turn_key, self.steps),
                             call_id,
@@ -298,8 +298,8 @@ impl TurnMachine {
             return self.fail(TurnFailure::InvalidToolJson { reason });
         }
         self.json_corrections_left -= 1;
-        self.added.push(message);
-        self.added.push(Message::text(
+        self.add(message);
+        self.add(Message::text(
             Role::User,
             format!(
                 "Your reply was rejected: {reason}. Answer with either plain final text, or exactly one JSON object {{\"tool\": \"<name>\", \"args\": {{...}}}} using only the tools listed."
@@ -311,7 +311,7 @@ impl TurnMachine {
     fn final_reply(&mut self, message: Message) -> Step {
         let text: Arc<str> = message.content.clone().unwrap_or_else(|| Arc::from(""));
         let Some(output) = self.plan.output.as_ref() else {
-            self.added.push(message);
+            self.add(message);
             return self.finish(text, None);
         };
         match parse_structured(&text).and_then(|v| {
@@ -322,13 +322,13 @@ impl TurnMachine {
                 .map_err(|e| e.join("; "))
         }) {
             Ok(value) => {
-                self.added.push(message);
+                self.add(message);
                 self.finish(text, Some(value))
             }
             Err(errors) if !self.plan.structured_required => {
                 // Output is only advisory for this agent: keep the text, drop the structure.
                 tracing::debug!(agent = %self.plan.name, %errors, "optional structured output did not validate");
-                self.added.push(message);
+                self.add(message);
                 self.finish(text, None)
             }
             Err(errors) => {
@@ -336,14 +336,12 @@ impl TurnMachine {
                     return self.fail(TurnFailure::StructuredOutputInvalid { errors });
                 }
                 self.structured_corrections_left -= 1;
-                self.added.push(message);
-                self.added.push(Message::text(
-                    Role::User,
-                    format!(
-                        "Your output did not match the required schema {}. Errors: {errors}. Reply again with only the corrected JSON object.",
-                        output.model_name
-                    ),
-                ));
+                let correction = format!(
+                    "Your output did not match the required schema {}. Errors: {errors}. Reply again with only the corrected JSON object.",
+                    output.model_name
+                );
+                self.add(message);
+                self.add(Message::text(Role::User, correction));
                 self.call_model()
             }
         }
@@ -380,11 +378,8 @@ impl TurnMachine {
     }
 
     fn call_model(&mut self) -> Step {
-        if self.added_sent < self.added.len() {
-            Arc::make_mut(&mut self.sent).extend_from_slice(&self.added[self.added_sent..]);
-            self.added_sent = self.added.len();
-        }
-        let mut request = ChatRequest::new(&*self.plan.name, Arc::clone(&self.sent));
+        let messages = self.prefix.with_tail(Arc::clone(&self.added));
+        let mut request = ChatRequest::new(&*self.plan.name, messages);
         request.model = self.plan.model.clone();
         request.temperature = self.plan.temperature;
         request.stream = self.limits.stream;
@@ -399,30 +394,42 @@ impl TurnMachine {
         {
             request.response_format = Some(ResponseFormat {
                 name: output.model_name.to_string(),
-                schema: (*output.model.schema).clone(),
+                schema: Arc::clone(&output.model.schema),
                 strict: false,
             });
         }
         Step::CallModel(request)
     }
 
+    fn add(&mut self, message: Message) {
+        Arc::make_mut(&mut self.added).push(message);
+    }
+
     fn finish(&mut self, final_text: Arc<str>, structured: Option<Value>) -> Step {
-        self.done = true;
+        self.end();
         Step::Finished(TurnOutput {
-            new_messages: std::mem::take(&mut self.added),
+            new_messages: self.take_added(),
             final_text,
             structured,
         })
     }
 
     fn fail(&mut self, failure: TurnFailure) -> Step {
-        self.done = true;
+        self.end();
         Step::Failed(failure)
+    }
+
+    /// Marks the turn done and lets go of the chat's transcript, which the chat is about to
+    /// append to: holding it would make that append copy it.
+    fn end(&mut self) {
+        self.done = true;
+        self.prefix = Messages::default();
     }
 
     /// Messages this turn added so far (kept when a turn fails, for the transcript).
     pub fn take_added(&mut self) -> Vec<Message> {
-        std::mem::take(&mut self.added)
+        let added = std::mem::take(&mut self.added);
+        Arc::try_unwrap(added).unwrap_or_else(|shared| shared.to_vec())
     }
 }
 
@@ -443,4 +450,84 @@ fn parse_structured(text: &str) -> Result<Value, String> {
 
 fn clip(s: &str, max: usize) -> String {
     s.chars().take(max).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use tessera_llm::{Tools, Usage};
+
+    use super::*;
+
+    fn plan() -> Arc<AgentPlan> {
+        Arc::new(AgentPlan {
+            name: Arc::from("A"),
+            system_message: Arc::from("sys"),
+            context_variables: Vec::new(),
+            model: None,
+            temperature: None,
+            tool_calling: ToolCallingMode::Native,
+            tools: Vec::new(),
+            tool_specs: Tools::default(),
+            json_mode_catalogue: None,
+            output: None,
+            structured_required: false,
+            auto_tool_mode: false,
+            max_consecutive_auto_reply: 1,
+            max_tokens: None,
+            call_deadline: None,
+            hidden_triggers: Arc::from([]),
+            max_parallel_tools: 1,
+        })
+    }
+
+    fn limits() -> TurnLimits {
+        TurnLimits {
+            max_tool_steps: 4,
+            tool_result_max_chars: 1000,
+            structured_output_corrections: 1,
+            json_mode_corrections: 1,
+            stream: false,
+            max_tokens: 100,
+            model_call_deadline: std::time::Duration::from_secs(10),
+        }
+    }
+
+    #[test]
+    fn a_turn_shares_the_chat_transcript_and_lets_go_of_it_when_it_ends() {
+        let mut transcript = Transcript::default();
+        for i in 0..50 {
+            transcript.push(Message::text(Role::User, format!("m{i}")));
+        }
+        let (mut machine, step) = TurnMachine::start(
+            plan(),
+            &mut transcript,
+            &Map::new(),
+            Arc::from("k"),
+            limits(),
+        );
+        let Step::CallModel(request) = step else {
+            panic!("the turn must start with a model call, got {step:?}");
+        };
+        // The request holds the chat's messages themselves, behind the system message.
+        assert_eq!(request.messages.len(), 51);
+        assert!(std::ptr::eq(
+            &request.messages.head()[1..],
+            transcript.messages()
+        ));
+        drop(request);
+        assert!(
+            transcript.is_shared(),
+            "the running turn holds the transcript"
+        );
+        let reply = ChatResponse {
+            message: Message::text(Role::Assistant, "done"),
+            usage: Usage::default(),
+            finish_reason: None,
+            model: "m".into(),
+        };
+        let step = machine.on_model_reply(reply);
+        assert!(matches!(step, Step::Finished(_)), "{step:?}");
+        // Appending the turn's messages now happens in place, without copying the transcript.
+        assert!(!transcript.is_shared());
+    }
 }

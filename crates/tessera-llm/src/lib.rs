@@ -14,8 +14,8 @@ use futures::future::BoxFuture;
 
 pub use error::LlmError;
 pub use types::{
-    ChatRequest, ChatResponse, DeltaSink, Message, ResponseFormat, Role, ToolCall, ToolChoice,
-    ToolSpec, Usage, WireCache,
+    ChatRequest, ChatResponse, DeltaSink, Message, Messages, ResponseFormat, Role, ToolCall,
+    ToolChoice, ToolSpec, Tools, Usage, WireCache, WirePrefix,
 };
 
 /// A chat-completions model. Implementations must be cheap to share (`Arc<dyn ChatModel>`) and

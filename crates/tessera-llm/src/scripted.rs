@@ -261,10 +261,12 @@ impl ScriptedModel {
                 self.agents().join(", ")
             ))
         })?;
-        let messages = request.messages.as_slice();
-        let is_own = |m: &Message| m.role == Role::Assistant && m.name.as_deref() == Some(agent);
+        // The request's two shared parts as one slice of references (the rules index into it).
+        let messages: Vec<&Message> = request.messages.iter().collect();
+        let messages = messages.as_slice();
+        let is_own = |m: &&Message| m.role == Role::Assistant && m.name.as_deref() == Some(agent);
         let k = messages.iter().filter(|m| is_own(m)).count();
-        let typed = messages.iter().rposition(is_typed_by_user);
+        let typed = messages.iter().rposition(|m| is_typed_by_user(m));
         let user_text = typed.map_or("", |i| messages[i].content_str());
 
         let (reply, groups) = match &script.mode {
@@ -382,7 +384,7 @@ fn json_tool_result(message: &Message) -> Option<&str> {
 
 /// What placeholders read while one reply is built.
 struct Filler<'a> {
-    messages: &'a [Message],
+    messages: &'a [&'a Message],
     user_text: &'a str,
     groups: Option<Vec<(&'a str, &'a str)>>,
     tool_result: std::cell::OnceCell<Option<Value>>,

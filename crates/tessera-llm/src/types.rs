@@ -1,6 +1,7 @@
 //! Provider-neutral chat types. They mirror the OpenAI chat-completions shapes because that is
 //! the API every supported endpoint (OpenAI, Ollama, vLLM, llama.cpp, LiteLLM) speaks.
 
+use std::borrow::Cow;
 use std::sync::{Arc, OnceLock};
 
 use serde::{Deserialize, Serialize};
@@ -90,6 +91,81 @@ impl PartialEq for WireCache {
     }
 }
 
+/// The wire encoding of a request's whole `head` (see [`Messages`]) in one piece, made by the
+/// first request that needs it and shared by its clones. It is built from the encoding of an
+/// earlier, shorter head that this head extends, so a chat's transcript is copied into each
+/// request body as one block, and only the messages added since are looked up one by one.
+#[derive(Clone, Default)]
+pub struct WirePrefix {
+    this: Arc<OnceLock<EncodedPrefix>>,
+    /// The encoding of an earlier head that this one extends (the same messages, then more).
+    base: Option<Arc<OnceLock<EncodedPrefix>>>,
+}
+
+struct EncodedPrefix {
+    /// How many messages `text` encodes.
+    messages: usize,
+    text: Box<str>,
+}
+
+impl WirePrefix {
+    /// The cache for a head that extends the one this cache is for: its messages, then more.
+    /// It starts from this encoding (or from the one this one would have started from).
+    pub fn extended(&self) -> Self {
+        let base = match self.this.get() {
+            Some(_) => Some(Arc::clone(&self.this)),
+            None => self.base.clone(),
+        };
+        Self {
+            this: Arc::default(),
+            base,
+        }
+    }
+
+    /// The same cache without its base: what a head's owner keeps between requests, so that
+    /// the earlier encoding is freed with the last request that may still need it.
+    pub fn without_base(&self) -> Self {
+        Self {
+            this: Arc::clone(&self.this),
+            base: None,
+        }
+    }
+
+    /// The encoding of a head of `messages` messages: the cached one, or `encode`'s, given the
+    /// base's message count and text when there is a base to extend. A cache already holding
+    /// another head's encoding (not expected) is left as it is and the result is not kept.
+    pub fn get_or_encode<E>(
+        &self,
+        messages: usize,
+        encode: impl FnOnce(Option<(usize, &str)>) -> Result<String, E>,
+    ) -> Result<Cow<'_, str>, E> {
+        if let Some(done) = self.this.get() {
+            if done.messages == messages {
+                return Ok(Cow::Borrowed(&done.text));
+            }
+            return encode(None).map(Cow::Owned);
+        }
+        let base = self
+            .base
+            .as_ref()
+            .and_then(|base| base.get())
+            .filter(|base| base.messages <= messages)
+            .map(|base| (base.messages, &*base.text));
+        let text = encode(base)?.into_boxed_str();
+        let done = self.this.get_or_init(|| EncodedPrefix { messages, text });
+        Ok(Cow::Borrowed(&done.text))
+    }
+}
+
+impl std::fmt::Debug for WirePrefix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.this.get() {
+            Some(done) => write!(f, "WirePrefix({} messages encoded)", done.messages),
+            None => f.write_str("WirePrefix"),
+        }
+    }
+}
+
 impl Message {
     /// A message with text content and nothing else.
     pub fn text(role: Role, content: impl Into<Arc<str>>) -> Self {
@@ -136,6 +212,44 @@ pub struct ToolSpec {
     pub parameters: Value,
 }
 
+/// The tools offered to a model, shared: an agent's list is made once and handed to every
+/// request, and its wire encoding is made once too (the same for every request).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Tools {
+    specs: Arc<[ToolSpec]>,
+    /// The whole list in the provider's wire format, made when it is first sent.
+    pub wire: WireCache,
+}
+
+impl std::ops::Deref for Tools {
+    type Target = [ToolSpec];
+
+    fn deref(&self) -> &[ToolSpec] {
+        &self.specs
+    }
+}
+
+impl From<Vec<ToolSpec>> for Tools {
+    fn from(specs: Vec<ToolSpec>) -> Self {
+        Self {
+            specs: specs.into(),
+            wire: WireCache::default(),
+        }
+    }
+}
+
+impl Serialize for Tools {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.specs.serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for Tools {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Vec::<ToolSpec>::deserialize(deserializer).map(Self::from)
+    }
+}
+
 /// How the model may use the offered tools.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -155,18 +269,139 @@ pub enum ToolChoice {
 pub struct ResponseFormat {
     /// A name for the schema (OpenAI requires one).
     pub name: String,
-    /// The JSON Schema the answer must match.
-    pub schema: Value,
+    /// The JSON Schema the answer must match (shared: an agent's schema is the same in every
+    /// request).
+    pub schema: Arc<Value>,
     /// Ask the provider to enforce the schema exactly.
     pub strict: bool,
+}
+
+/// The messages of one model request, oldest first, held as two shared parts: `head`, a prefix
+/// its owner keeps across requests (a chat's system message and transcript), then `tail`, what
+/// the request adds (a turn's tool calls and results so far). Cloning shares both parts, so
+/// handing a long transcript to a model call costs the same as a short one; the owner of each
+/// part appends to it in place once the previous request is dropped (`Arc::make_mut`).
+#[derive(Debug, Clone, Default)]
+pub struct Messages {
+    head: Arc<Vec<Message>>,
+    /// `head`'s encoding in one piece. The head must not change while this is paired with it.
+    head_wire: WirePrefix,
+    tail: Arc<Vec<Message>>,
+}
+
+impl Messages {
+    /// `head` (its one-piece encoding cached in `head_wire`) followed by `tail`.
+    pub fn new(head: Arc<Vec<Message>>, head_wire: WirePrefix, tail: Arc<Vec<Message>>) -> Self {
+        Self {
+            head,
+            head_wire,
+            tail,
+        }
+    }
+
+    /// The same head, followed by `tail` instead.
+    pub fn with_tail(&self, tail: Arc<Vec<Message>>) -> Self {
+        Self {
+            head: Arc::clone(&self.head),
+            head_wire: self.head_wire.clone(),
+            tail,
+        }
+    }
+
+    /// The shared prefix.
+    pub fn head(&self) -> &[Message] {
+        &self.head
+    }
+
+    /// The cache of the head's encoding in one piece.
+    pub fn head_wire(&self) -> &WirePrefix {
+        &self.head_wire
+    }
+
+    /// What follows the head.
+    pub fn tail(&self) -> &[Message] {
+        &self.tail
+    }
+
+    /// Every message, oldest first.
+    pub fn iter(&self) -> impl DoubleEndedIterator<Item = &Message> + Clone {
+        self.head.iter().chain(self.tail.iter())
+    }
+
+    /// How many messages the request holds.
+    pub fn len(&self) -> usize {
+        self.head.len() + self.tail.len()
+    }
+
+    /// True when the request holds no message.
+    pub fn is_empty(&self) -> bool {
+        self.head.is_empty() && self.tail.is_empty()
+    }
+
+    /// The message at `index`, oldest first.
+    pub fn get(&self, index: usize) -> Option<&Message> {
+        match index.checked_sub(self.head.len()) {
+            None => self.head.get(index),
+            Some(i) => self.tail.get(i),
+        }
+    }
+
+    /// The newest message.
+    pub fn last(&self) -> Option<&Message> {
+        self.tail.last().or_else(|| self.head.last())
+    }
+
+    /// A copy of every message (sharing their text and wire encodings).
+    pub fn to_vec(&self) -> Vec<Message> {
+        self.iter().cloned().collect()
+    }
+}
+
+impl From<Vec<Message>> for Messages {
+    fn from(messages: Vec<Message>) -> Self {
+        Arc::new(messages).into()
+    }
+}
+
+impl From<Arc<Vec<Message>>> for Messages {
+    fn from(head: Arc<Vec<Message>>) -> Self {
+        Self::new(head, WirePrefix::default(), Arc::default())
+    }
+}
+
+impl<'a> IntoIterator for &'a Messages {
+    type Item = &'a Message;
+    type IntoIter = std::iter::Chain<std::slice::Iter<'a, Message>, std::slice::Iter<'a, Message>>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.head.iter().chain(self.tail.iter())
+    }
+}
+
+/// Equal when the same messages are in the same order, however they are split.
+impl PartialEq for Messages {
+    fn eq(&self, other: &Self) -> bool {
+        self.len() == other.len() && self.iter().eq(other.iter())
+    }
+}
+
+impl Serialize for Messages {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.iter())
+    }
+}
+
+impl<'de> Deserialize<'de> for Messages {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Vec::<Message>::deserialize(deserializer).map(Self::from)
+    }
 }
 
 /// Everything one model call needs. `agent` is metadata for routing, logs and the scripted
 /// model; it is not sent to the provider.
 ///
 /// `messages` and `tools` are shared, cheap to clone: an engine hands its transcript and tool
-/// specs to every model call without copying them, and appends to the transcript in place
-/// between calls once the previous request is dropped (`Arc::make_mut`).
+/// specs to every model call without copying them (see [`Messages`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ChatRequest {
     /// The agent asking; used by logs and the scripted model, never sent.
@@ -174,9 +409,9 @@ pub struct ChatRequest {
     /// Model name; `None` uses the client's configured default.
     pub model: Option<String>,
     /// The transcript the model sees, oldest first.
-    pub messages: Arc<Vec<Message>>,
+    pub messages: Messages,
     /// Tools the model may call; empty for none.
-    pub tools: Arc<[ToolSpec]>,
+    pub tools: Tools,
     /// How the model may use `tools`; ignored when `tools` is empty.
     pub tool_choice: Option<ToolChoice>,
     /// Require a JSON answer matching a schema.
@@ -191,14 +426,14 @@ pub struct ChatRequest {
 }
 
 impl ChatRequest {
-    /// A request for `agent` over `messages` (a `Vec<Message>` or an already shared one) with
-    /// no tools, format or overrides.
-    pub fn new(agent: impl Into<String>, messages: impl Into<Arc<Vec<Message>>>) -> Self {
+    /// A request for `agent` over `messages` (a `Vec<Message>`, a shared one, or [`Messages`])
+    /// with no tools, format or overrides.
+    pub fn new(agent: impl Into<String>, messages: impl Into<Messages>) -> Self {
         Self {
             agent: agent.into(),
             model: None,
             messages: messages.into(),
-            tools: Arc::from([]),
+            tools: Tools::default(),
             tool_choice: None,
             response_format: None,
             temperature: None,
@@ -240,3 +475,52 @@ pub struct ChatResponse {
 /// Receives streamed text fragments as they arrive. Tool-call argument fragments are not
 /// passed here: they are assembled into the final `ChatResponse`.
 pub type DeltaSink = Box<dyn FnMut(&str) + Send>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn user(text: &str) -> Message {
+        Message::text(Role::User, text)
+    }
+
+    /// `a b c` split after `at` messages.
+    fn split(at: usize) -> Messages {
+        let all = [user("a"), user("b"), user("c")];
+        Messages::new(
+            Arc::new(all[..at].to_vec()),
+            WirePrefix::default(),
+            Arc::new(all[at..].to_vec()),
+        )
+    }
+
+    #[test]
+    fn messages_read_the_same_however_they_are_split() {
+        let whole = split(3);
+        for at in 0..=3 {
+            let messages = split(at);
+            assert_eq!(messages, whole);
+            assert_eq!(messages.len(), 3);
+            assert_eq!(messages.get(2), Some(&user("c")));
+            assert_eq!(messages.get(3), None);
+            assert_eq!(messages.last(), Some(&user("c")));
+            assert_eq!(messages.iter().next_back(), Some(&user("c")));
+            assert_eq!(messages.to_vec(), vec![user("a"), user("b"), user("c")]);
+            assert_eq!(
+                serde_json::to_value(&messages).ok(),
+                serde_json::to_value(whole.to_vec()).ok()
+            );
+        }
+        assert_ne!(split(1), Messages::from(vec![user("a")]));
+        assert!(Messages::default().is_empty());
+        assert_eq!(Messages::default().last(), None);
+    }
+
+    #[test]
+    fn a_request_with_split_messages_round_trips_through_json() {
+        let request = ChatRequest::new("A", split(1));
+        let text = serde_json::to_string(&request).unwrap_or_default();
+        let back: Result<ChatRequest, _> = serde_json::from_str(&text);
+        assert_eq!(back.ok(), Some(request));
+    }
+}

@@ -10,7 +10,8 @@ use serde_json::{Map, Value};
 
 use crate::error::truncate_chars;
 use crate::{
-    ChatRequest, ChatResponse, LlmError, Message, Role, ToolCall, ToolChoice, Usage, WireCache,
+    ChatRequest, ChatResponse, LlmError, Message, Role, ToolCall, ToolChoice, Tools, Usage,
+    WireCache,
 };
 
 /// Characters of a bad body quoted in an `InvalidResponse` message.
@@ -20,43 +21,105 @@ const BAD_BODY_EXCERPT_CHARS: usize = 120;
 // Request
 // ---------------------------------------------------------------------------------------------
 
-/// The request body as bytes: each message's cached encoding (see [`WireCache`]), then the
-/// rest of the request, serialized here. A chat's transcript is thus encoded once over the
-/// chat's life instead of once per model request.
+/// The request body as bytes: the messages' encodings, the tools' encoding, then the rest of the
+/// request, serialized here. A message is encoded once over its chat's life (see
+/// [`WireCache`]), an agent's tool list once, and the request's shared head (a chat's
+/// transcript) is copied in as one piece (see [`crate::WirePrefix`]): a long transcript costs
+/// one block copy per request, not a lookup per message.
 pub(crate) fn encode_request(request: &ChatRequest, model: &str) -> serde_json::Result<Vec<u8>> {
     // Always an object with at least `model`: `{"model":...}`.
     let rest = serde_json::to_vec(&WireRequest::new(request, model))?;
-    let encoded = request
-        .messages
+    let messages = &request.messages;
+    let head = messages.head();
+    let head_text = messages
+        .head_wire()
+        .get_or_encode(head.len(), |base| join_head(head, base))?;
+    let tail = messages
+        .tail()
         .iter()
-        .map(|message| {
-            message
-                .wire
-                .get_or_encode(|| serde_json::to_string(&WireMessage::new(message)))
-        })
+        .map(encode_message)
         .collect::<Result<Vec<&str>, _>>()?;
+    let tools = encode_tools(&request.tools)?;
     // Sized exactly: a long transcript's body is not copied again each time it would grow.
-    let messages_len: usize = encoded.iter().map(|text| text.len() + 1).sum();
-    let mut body = Vec::with_capacity(16 + messages_len + rest.len());
+    let tail_len: usize = tail.iter().map(|text| text.len() + 1).sum();
+    let tools_len = tools.map_or(0, |text| text.len() + 10);
+    let mut body = Vec::with_capacity(16 + head_text.len() + tail_len + tools_len + rest.len());
     body.extend_from_slice(b"{\"messages\":[");
-    for (i, text) in encoded.iter().enumerate() {
-        if i > 0 {
+    body.extend_from_slice(head_text.as_bytes());
+    let mut first = head_text.is_empty();
+    for text in tail {
+        if !std::mem::take(&mut first) {
             body.push(b',');
         }
         body.extend_from_slice(text.as_bytes());
     }
     body.extend_from_slice(b"],");
+    if let Some(tools) = tools {
+        body.extend_from_slice(b"\"tools\":");
+        body.extend_from_slice(tools.as_bytes());
+        body.push(b',');
+    }
     body.extend_from_slice(rest.get(1..).unwrap_or_default());
     Ok(body)
 }
 
-/// The request body apart from its messages, borrowing everything from the `ChatRequest` so
-/// that large schemas are serialized without being copied first.
+/// The tools as the provider reads them, encoded once per list (an agent's list is shared by
+/// all its requests; see [`crate::Tools`]); `None` when no tools are offered.
+fn encode_tools(tools: &Tools) -> serde_json::Result<Option<&str>> {
+    if tools.is_empty() {
+        return Ok(None);
+    }
+    let encode = || {
+        let wire: Vec<WireTool<'_>> = tools
+            .iter()
+            .map(|t| WireTool {
+                kind: "function",
+                function: WireFunction {
+                    name: &t.name,
+                    description: &t.description,
+                    parameters: &t.parameters,
+                },
+            })
+            .collect();
+        serde_json::to_string(&wire)
+    };
+    tools.wire.get_or_encode(encode).map(Some)
+}
+
+/// One message's encoding, made once and kept with the message.
+fn encode_message(message: &Message) -> serde_json::Result<&str> {
+    message
+        .wire
+        .get_or_encode(|| serde_json::to_string(&WireMessage::new(message)))
+}
+
+/// `head`'s messages encoded and joined by commas, starting from `base` (the encoding of its
+/// first `n` messages) when given.
+fn join_head(head: &[Message], base: Option<(usize, &str)>) -> serde_json::Result<String> {
+    let (start, base) = base.unwrap_or((0, ""));
+    let added = head
+        .get(start..)
+        .unwrap_or_default()
+        .iter()
+        .map(encode_message)
+        .collect::<Result<Vec<&str>, _>>()?;
+    let mut text =
+        String::with_capacity(base.len() + added.iter().map(|t| t.len() + 1).sum::<usize>());
+    text.push_str(base);
+    for encoded in added {
+        if !text.is_empty() {
+            text.push(',');
+        }
+        text.push_str(encoded);
+    }
+    Ok(text)
+}
+
+/// The request body apart from its messages and tools, borrowing everything from the
+/// `ChatRequest` so that large schemas are serialized without being copied first.
 #[derive(Serialize)]
 struct WireRequest<'a> {
     model: &'a str,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    tools: Vec<WireTool<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     tool_choice: Option<Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -150,18 +213,6 @@ impl<'a> WireRequest<'a> {
         };
         Self {
             model,
-            tools: request
-                .tools
-                .iter()
-                .map(|t| WireTool {
-                    kind: "function",
-                    function: WireFunction {
-                        name: &t.name,
-                        description: &t.description,
-                        parameters: &t.parameters,
-                    },
-                })
-                .collect(),
             tool_choice,
             response_format: request
                 .response_format
@@ -771,8 +822,10 @@ impl StreamAssembler {
 mod tests {
     use serde_json::json;
 
+    use std::sync::Arc;
+
     use super::*;
-    use crate::{ResponseFormat, ToolSpec};
+    use crate::{Messages, ResponseFormat, ToolSpec, WirePrefix};
 
     fn encode(request: &ChatRequest) -> Value {
         encode_request(request, "m")
@@ -794,6 +847,121 @@ mod tests {
             again["messages"][1],
             json!({"role": "assistant", "content": "hello", "name": "A"})
         );
+    }
+
+    /// A chat's messages after `turns` turns, each built anew (nothing encoded yet).
+    fn chat(turns: usize) -> Vec<Message> {
+        let mut messages = vec![Message::text(Role::System, "be \"brief\"")];
+        for i in 0..turns {
+            messages.push(Message::text(Role::User, format!("question {i}")));
+            let mut call = Message::assistant("A", "");
+            call.content = None;
+            call.tool_calls = vec![ToolCall {
+                id: format!("c{i}"),
+                name: "echo".into(),
+                arguments: "{\"x\":1}".into(),
+            }];
+            messages.push(call);
+            messages.push(Message::tool_result(format!("c{i}"), "ok"));
+            messages.push(Message::assistant("A", format!("answer {i}")));
+        }
+        messages
+    }
+
+    fn body(messages: Messages) -> Vec<u8> {
+        encode_request(&ChatRequest::new("A", messages), "m").unwrap_or_default()
+    }
+
+    #[test]
+    fn a_body_built_on_an_earlier_prefix_equals_the_body_made_fresh() {
+        let turn = |n: usize| Arc::new(chat(n));
+        // Turn 1: the head is encoded in one piece; turn 2 extends that encoding.
+        let first = WirePrefix::default();
+        let one = body(Messages::new(turn(1), first.clone(), Arc::default()));
+        assert_eq!(one, body(Messages::from(chat(1))));
+        let head = turn(3);
+        let second = first.extended();
+        let tail = Arc::new(vec![Message::text(Role::User, "more")]);
+        let made = body(Messages::new(Arc::clone(&head), second.clone(), tail));
+        let mut all = chat(3);
+        all.push(Message::text(Role::User, "more"));
+        let fresh = body(Messages::from(all));
+        assert_eq!(
+            String::from_utf8_lossy(&made),
+            String::from_utf8_lossy(&fresh)
+        );
+        // The cached head serves the turn's next request as it is.
+        let again = body(Messages::new(head, second, Arc::default()));
+        assert_eq!(again, body(Messages::from(chat(3))));
+    }
+
+    #[test]
+    fn an_extended_prefix_reuses_the_earlier_encoding_instead_of_encoding_again() {
+        let first = WirePrefix::default();
+        body(Messages::new(
+            Arc::new(chat(1)),
+            first.clone(),
+            Arc::default(),
+        ));
+        // Different first messages (never the case for a chat, whose messages are only
+        // appended): what the body holds for them shows which encoding was used.
+        let mut other = chat(2);
+        other[1] = Message::text(Role::User, "changed");
+        let made = body(Messages::new(
+            Arc::new(other),
+            first.extended(),
+            Arc::default(),
+        ));
+        let text = String::from_utf8_lossy(&made);
+        assert!(
+            text.contains("question 0") && !text.contains("changed"),
+            "{text}"
+        );
+        assert!(text.contains("question 1"), "{text}");
+    }
+
+    #[test]
+    fn a_body_is_valid_with_either_part_empty() {
+        let messages = chat(1);
+        let split = |at: usize| {
+            let head = Arc::new(messages[..at].to_vec());
+            let tail = Arc::new(messages[at..].to_vec());
+            encode(&ChatRequest::new(
+                "A",
+                Messages::new(head, WirePrefix::default(), tail),
+            ))
+        };
+        let whole = encode(&ChatRequest::new("A", messages.clone()));
+        assert_eq!(whole["messages"].as_array().map(Vec::len), Some(5));
+        for at in 0..=messages.len() {
+            assert_eq!(split(at), whole, "split at {at}");
+        }
+    }
+
+    #[test]
+    fn a_tool_list_is_encoded_once_and_shared_by_every_request_that_offers_it() {
+        let specs = || {
+            vec![ToolSpec {
+                name: "echo".into(),
+                description: "Echo \"x\"".into(),
+                parameters: json!({"type": "object", "properties": {"x": {"type": "string"}}}),
+            }]
+        };
+        let tools = Tools::from(specs());
+        let request = |tools: Tools| {
+            let mut request = ChatRequest::new("A", vec![Message::text(Role::User, "hi")]);
+            request.tools = tools;
+            request.tool_choice = Some(ToolChoice::Auto);
+            encode(&request)
+        };
+        let first = request(tools.clone());
+        assert!(format!("{:?}", tools.wire).contains("encoded"));
+        let again = request(tools);
+        let fresh = request(Tools::from(specs()));
+        assert_eq!(again, fresh);
+        assert_eq!(first, fresh);
+        assert_eq!(fresh["tools"][0]["function"]["name"], "echo");
+        assert_eq!(fresh["tool_choice"], "auto");
     }
 
     #[test]
@@ -833,7 +1001,7 @@ mod tests {
         request.tool_choice = Some(ToolChoice::Function("search".into()));
         request.response_format = Some(ResponseFormat {
             name: "out".into(),
-            schema: json!({"type": "object"}),
+            schema: json!({"type": "object"}).into(),
             strict: true,
         });
         request.temperature = Some(0.5);

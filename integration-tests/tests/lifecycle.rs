@@ -36,13 +36,17 @@ async fn generator_past_the_key(server: &TestServer, user: &str) -> (String, WsC
     (chat, ws)
 }
 
-/// Rows kept for `chat_id` in each table of the server's database.
+/// Rows kept for `chat_id` in each table of the server's database, and (as
+/// "chat_log of no chat") log rows whose chat is gone.
 fn stored_rows(db: &std::path::Path, chat_id: &str) -> Vec<(&'static str, i64)> {
     let conn = rusqlite::Connection::open(db).unwrap_or_else(|e| panic!("{e}"));
-    [
+    let count = |what: &str, query: &str| -> i64 {
+        conn.query_row(query, [chat_id], |r| r.get(0))
+            .unwrap_or_else(|e| panic!("{what}: {e}"))
+    };
+    let mut rows: Vec<(&'static str, i64)> = [
         "chats",
-        "messages",
-        "events",
+        "chat_log",
         "pending_ui",
         "tool_invocations",
         "chat_secrets",
@@ -50,9 +54,8 @@ fn stored_rows(db: &std::path::Path, chat_id: &str) -> Vec<(&'static str, i64)> 
     ]
     .into_iter()
     .map(|table| {
-        // The write-ordered logs are keyed by the chat's number, not its id.
-        let by_number = matches!(table, "messages" | "events" | "tool_invocations");
-        let query = if by_number {
+        // The write-ordered tables are keyed by the chat's number, not its id.
+        let query = if matches!(table, "chat_log" | "tool_invocations") {
             format!(
                 "SELECT COUNT(*) FROM {table} WHERE chat_no = \
                  (SELECT chat_no FROM chat_numbers WHERE chat_id = ?1)"
@@ -60,12 +63,19 @@ fn stored_rows(db: &std::path::Path, chat_id: &str) -> Vec<(&'static str, i64)> 
         } else {
             format!("SELECT COUNT(*) FROM {table} WHERE chat_id = ?1")
         };
-        let n: i64 = conn
-            .query_row(&query, [chat_id], |r| r.get(0))
-            .unwrap_or_else(|e| panic!("{table}: {e}"));
-        (table, n)
+        (table, count(table, &query))
     })
-    .collect()
+    .collect();
+    // A deleted chat's number is gone too, so its log rows would count as no one's.
+    rows.push((
+        "chat_log of no chat",
+        count(
+            "orphans",
+            "SELECT COUNT(*) FROM chat_log WHERE ?1 IS NOT NULL \
+             AND chat_no NOT IN (SELECT chat_no FROM chat_numbers)",
+        ),
+    ));
+    rows
 }
 
 /// Polls `check` until it returns true or `what` times out.
@@ -96,6 +106,7 @@ async fn the_owner_deletes_a_running_chat_with_everything_stored_for_it() {
             [
                 "chat_secrets",
                 "artifacts",
+                "chat_log",
                 "tool_invocations",
                 "pending_ui",
             ]

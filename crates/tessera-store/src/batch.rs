@@ -4,7 +4,6 @@
 
 use rusqlite::{Connection, params};
 
-use crate::convert::u64_to_sql;
 use crate::{ChatState, PendingUiRecord, StoreError, StoredEvent, StoredMessage};
 
 /// Writes of one chat that belong together.
@@ -44,46 +43,16 @@ pub(crate) fn apply(
     chat_id: &str,
     batch: &ChatWriteBatch,
 ) -> Result<(), StoreError> {
-    let chat_no = if batch.messages.is_empty() && batch.events.is_empty() {
-        None
-    } else {
-        Some(crate::chats::number(conn, chat_id)?)
-    };
-    if !batch.messages.is_empty() {
-        let mut insert = conn.prepare_cached(
-            "INSERT INTO messages (chat_no, idx, message_id, role, agent, content, ui_hidden, raw) \
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+    let logged = !(batch.messages.is_empty() && batch.events.is_empty());
+    if logged {
+        // The state (if any) goes with the log head, in one update of the chat's row.
+        crate::log::append(
+            conn,
+            chat_id,
+            &batch.events,
+            &batch.messages,
+            batch.state.as_ref(),
         )?;
-        for m in &batch.messages {
-            let raw = serde_json::to_string(&m.raw)?;
-            insert
-                .execute(params![
-                    chat_no,
-                    u64_to_sql(m.idx, "message idx")?,
-                    m.message_id,
-                    m.role,
-                    m.agent,
-                    m.content,
-                    m.ui_hidden,
-                    raw
-                ])
-                .map_err(|e| crate::sqlite_error::from_write(e, chat_id, "messages"))?;
-        }
-    }
-    if !batch.events.is_empty() {
-        let mut insert = conn.prepare_cached(
-            "INSERT INTO events (chat_no, seq, event_type, json) VALUES (?, ?, ?, ?)",
-        )?;
-        for e in &batch.events {
-            insert
-                .execute(params![
-                    chat_no,
-                    u64_to_sql(e.seq, "event seq")?,
-                    e.event_type,
-                    e.json
-                ])
-                .map_err(|err| crate::sqlite_error::from_write(err, chat_id, "events"))?;
-        }
     }
     if !batch.put_pending.is_empty() {
         let mut upsert = conn.prepare_cached(
@@ -110,31 +79,8 @@ pub(crate) fn apply(
     for corr in &batch.remove_pending {
         crate::pending::remove(conn, chat_id, corr)?;
     }
-    if let Some(state) = &batch.state {
-        let context = serde_json::to_string(&state.context)?;
-        let changed = conn
-            .prepare_cached(
-                "UPDATE chats SET status = ?, current_agent = ?, turn = ?, consecutive = ?, \
-                 context = ?, updated_at_ms = ? WHERE chat_id = ?",
-            )?
-            .execute(params![
-                state.status,
-                state.current_agent,
-                i64::from(state.turn),
-                i64::from(state.consecutive),
-                context,
-                state.updated_at_ms,
-                chat_id
-            ])?;
-        if changed == 0 {
-            return Err(StoreError::NotFound(chat_id.to_owned()));
-        }
-        // Apart from `status`: the open-chat indexes key on `is_open`, and setting it on every
-        // state change would rewrite their entries each time (migration 7).
-        if state.status == crate::STATUS_COMPLETED {
-            conn.prepare_cached("UPDATE chats SET is_open = 0 WHERE chat_id = ? AND is_open = 1")?
-                .execute([chat_id])?;
-        }
+    if let (false, Some(state)) = (logged, &batch.state) {
+        crate::chats::save_state(conn, chat_id, state, None)?;
     }
     Ok(())
 }

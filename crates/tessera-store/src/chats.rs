@@ -35,8 +35,8 @@ pub(crate) fn create(conn: &Connection, record: &ChatRecord) -> Result<(), Store
     Ok(())
 }
 
-/// The chat's number, the key of its rows in the tables laid out in write order (events,
-/// messages, tool invocations; see migration 5). Unknown chat: [`StoreError::NotFound`].
+/// The chat's number, the key of its rows in the tables laid out in write order (the chat
+/// log and the tool invocations; see migrations 5 and 8). Unknown chat: [`StoreError::NotFound`].
 pub(crate) fn number(conn: &Connection, chat_id: &str) -> Result<i64, StoreError> {
     conn.prepare_cached("SELECT chat_no FROM chat_numbers WHERE chat_id = ?")?
         .query_row([chat_id], |row| row.get(0))
@@ -124,11 +124,69 @@ pub(crate) async fn count_open(pool: SqlitePool, tenant: String) -> Result<u64, 
     Ok(u64::try_from(count).unwrap_or(0))
 }
 
-/// Delete a chat; rows of the child tables (and through `chat_numbers`, of the tables keyed
+/// Replace the chat's state; with `log`, also move its log head to (row, last seq, next idx)
+/// in the same update. Unknown chat: [`StoreError::NotFound`].
+pub(crate) fn save_state(
+    conn: &Connection,
+    chat_id: &str,
+    state: &ChatState,
+    log: Option<(i64, i64, i64)>,
+) -> Result<(), StoreError> {
+    let context = serde_json::to_string(&state.context)?;
+    let (status, agent, turn) = (&state.status, &state.current_agent, i64::from(state.turn));
+    let consecutive = i64::from(state.consecutive);
+    let changed = match log {
+        None => conn
+            .prepare_cached(
+                "UPDATE chats SET status = ?, current_agent = ?, turn = ?, consecutive = ?, \
+                 context = ?, updated_at_ms = ? WHERE chat_id = ?",
+            )?
+            .execute(params![
+                status,
+                agent,
+                turn,
+                consecutive,
+                context,
+                state.updated_at_ms,
+                chat_id
+            ])?,
+        Some((head, last_seq, next_idx)) => conn
+            .prepare_cached(
+                "UPDATE chats SET status = ?, current_agent = ?, turn = ?, consecutive = ?, \
+                 context = ?, updated_at_ms = ?, log_head = ?, last_seq = ?, next_idx = ? \
+                 WHERE chat_id = ?",
+            )?
+            .execute(params![
+                status,
+                agent,
+                turn,
+                consecutive,
+                context,
+                state.updated_at_ms,
+                head,
+                last_seq,
+                next_idx,
+                chat_id
+            ])?,
+    };
+    if changed == 0 {
+        return Err(StoreError::NotFound(chat_id.to_owned()));
+    }
+    // Apart from `status`: the open-chat indexes key on `is_open`, and setting it on every
+    // state change would rewrite their entries each time (migration 7).
+    if state.status == STATUS_COMPLETED {
+        conn.prepare_cached("UPDATE chats SET is_open = 0 WHERE chat_id = ? AND is_open = 1")?
+            .execute([chat_id])?;
+    }
+    Ok(())
+}
+
+/// Delete a chat; its log rows explicitly (they hang off `chats.log_head`), rows of the child tables (and through `chat_numbers`, of the tables keyed
 /// by chat number) go by `ON DELETE CASCADE`, artifacts explicitly.
 pub(crate) fn delete(conn: &Connection, chat_id: &str) -> Result<bool, StoreError> {
     conn.prepare_cached("DELETE FROM artifacts WHERE chat_id = ?")?
         .execute([chat_id])?;
+    crate::log::delete(conn, chat_id)?;
     let deleted = conn
         .prepare_cached("DELETE FROM chats WHERE chat_id = ?")?
         .execute([chat_id])?;

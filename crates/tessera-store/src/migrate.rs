@@ -43,10 +43,15 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "open_flag",
         include_str!("../migrations/0007_open_flag.sql"),
     ),
+    (
+        8,
+        "chat_log",
+        include_str!("../migrations/0008_chat_log.sql"),
+    ),
 ];
 
 /// Highest schema version this build knows.
-pub(crate) const LATEST_VERSION: i64 = 7;
+pub(crate) const LATEST_VERSION: i64 = 8;
 
 /// Bring the schema up to [`LATEST_VERSION`]; a no-op when it already is.
 pub(crate) async fn run(pool: &SqlitePool) -> Result<(), StoreError> {

@@ -25,8 +25,8 @@ use crate::store::StoreFuture;
 use crate::writer::Writer;
 use crate::{
     ChatRecord, ChatState, ChatStore, ChatWriteBatch, PendingUiRecord, StoreError, StoredChat,
-    StoredEvent, StoredMessage, ToolClaim, artifacts, batch, chats, events, messages, migrate,
-    pending, secrets, tasks, tools,
+    StoredEvent, StoredMessage, ToolClaim, artifacts, batch, chats, log, migrate, pending, secrets,
+    tasks, tools,
 };
 
 /// How long a connection waits for another writer's lock before failing with "busy".
@@ -190,7 +190,12 @@ impl ChatStore for SqliteStore {
     }
 
     fn all_messages(&self, chat_id: &str) -> StoreFuture<Vec<StoredMessage>> {
-        Box::pin(messages::all(self.pool.clone(), chat_id.to_owned()))
+        Box::pin(log::messages_from(
+            self.pool.clone(),
+            chat_id.to_owned(),
+            0,
+            None,
+        ))
     }
 
     fn events_after(
@@ -199,7 +204,7 @@ impl ChatStore for SqliteStore {
         after_seq: u64,
         limit: u32,
     ) -> StoreFuture<Vec<StoredEvent>> {
-        Box::pin(events::after(
+        Box::pin(log::events_after(
             self.pool.clone(),
             chat_id.to_owned(),
             after_seq,
@@ -312,11 +317,11 @@ impl SqliteStore {
         offset: u64,
         limit: u32,
     ) -> StoreFuture<Vec<StoredMessage>> {
-        Box::pin(messages::page(
+        Box::pin(log::messages_from(
             self.pool.clone(),
             chat_id.to_owned(),
             offset,
-            limit,
+            Some(limit),
         ))
     }
 
@@ -334,7 +339,7 @@ impl SqliteStore {
 
     /// Highest stored seq of the chat, 0 when the log is empty.
     pub fn last_seq(&self, chat_id: &str) -> StoreFuture<u64> {
-        Box::pin(events::last_seq(self.pool.clone(), chat_id.to_owned()))
+        Box::pin(log::last_seq(self.pool.clone(), chat_id.to_owned()))
     }
 
     /// Record (or replace, same `corr`) a pending UI call.

@@ -264,3 +264,92 @@ async fn a_schema_3_file_keeps_its_logs_transcripts_and_claims_in_the_write_orde
     assert_eq!(store.events_after("b", 0, 10).await.unwrap().len(), 1);
     assert_eq!(store.events_after("c", 0, 10).await.unwrap().len(), 1);
 }
+
+#[tokio::test]
+async fn each_flush_appends_one_log_row_in_write_order_and_nothing_indexes_the_log() {
+    let (_db, path) = temp_db();
+    let store = SqliteStore::open(&path).await.unwrap();
+    for (n, chat) in ["a", "b"].into_iter().enumerate() {
+        store
+            .create_chat(record(chat, "acme", "u1", n as i64))
+            .await
+            .unwrap();
+    }
+    // Three turns of two chats, interleaved: each flush 3 events and 2 messages.
+    for turn in 0..3u64 {
+        for chat in ["a", "b"] {
+            store
+                .apply_batch(
+                    chat,
+                    Arc::new(ChatWriteBatch {
+                        events: (turn * 3 + 1..=turn * 3 + 3).map(event).collect(),
+                        messages: (turn * 2..turn * 2 + 2).map(message).collect(),
+                        ..ChatWriteBatch::default()
+                    }),
+                )
+                .await
+                .unwrap();
+        }
+    }
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let owners: Vec<String> = conn
+        .prepare(
+            "SELECT n.chat_id FROM chat_log l JOIN chat_numbers n ON n.chat_no = l.chat_no \
+             ORDER BY l.rowid",
+        )
+        .unwrap()
+        .query_map([], |row| row.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(owners, ["a", "b", "a", "b", "a", "b"]);
+    let indexes: i64 = conn
+        .query_row(
+            "SELECT COUNT(*) FROM sqlite_master WHERE type = 'index' AND tbl_name = 'chat_log'",
+            [],
+            |row| row.get(0),
+        )
+        .unwrap();
+    assert_eq!(indexes, 0, "a flush writes no per-chat index entry");
+
+    // The chain reads back each chat's own rows, in order, from any point.
+    let seqs: Vec<u64> = store
+        .events_after("a", 2, 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.seq)
+        .collect();
+    assert_eq!(seqs, (3..=9).collect::<Vec<_>>());
+    assert_eq!(store.events_after("b", 7, 1).await.unwrap(), vec![event(8)]);
+    assert_eq!(
+        store.all_messages("b").await.unwrap(),
+        (0..6).map(message).collect::<Vec<_>>()
+    );
+    let page: Vec<u64> = store
+        .messages("a", 3, 2)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| m.idx)
+        .collect();
+    assert_eq!(page, [3, 4]);
+}
+
+#[tokio::test]
+async fn a_log_row_that_does_not_parse_is_reported_as_corrupt() {
+    let (_db, path) = temp_db();
+    let store = SqliteStore::open(&path).await.unwrap();
+    store
+        .create_chat(record("a", "acme", "u1", 1))
+        .await
+        .unwrap();
+    store.append_events("a", vec![event(1)]).await.unwrap();
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    conn.execute("UPDATE chat_log SET events = CAST('5:1' AS BLOB)", [])
+        .unwrap();
+    assert!(matches!(
+        store.events_after("a", 0, 10).await,
+        Err(StoreError::Corrupt(_))
+    ));
+}

@@ -1,0 +1,487 @@
+//! The SQLite chat log (`chat_log`, migration 8): a chat's events and transcript, one packed
+//! row per flush, each row linked to the chat's previous one; `chats.log_head` points at the
+//! newest.
+//!
+//! WHY: a row per event and per message under unique per-chat indexes made every chat in a
+//! group commit dirty its own index leaves; rows appended in write order and found by
+//! following the chain dirty only the table's tail (see the migration for the whole story).
+//!
+//! Packed format: a list of fields, each `<byte length in decimal>:<bytes>`. An event is 3
+//! fields (seq, event_type, json); a message 7 (idx, message_id, role, agent as `-` or
+//! `+name`, content, ui_hidden as `0`/`1`, raw JSON). Migration 8 writes the same format in
+//! SQL, so both must change together.
+
+use rusqlite::{Connection, OptionalExtension, params};
+use sqlx::{Row, SqlitePool};
+
+use crate::convert::{json_from_sql, sql_to_u64, u64_to_sql};
+use crate::{ChatState, StoreError, StoredEvent, StoredMessage};
+
+/// Where a chat's log stands, read at the start of an append.
+struct Head {
+    chat_no: i64,
+    row: Option<i64>,
+    last_seq: i64,
+    next_idx: i64,
+}
+
+/// Appends one row with `events` and `messages` (either may be empty, not both) to the chat's
+/// log and moves its head, together with `state` when the flush changes it: one row written
+/// at the table's end and one update of the chat's own row.
+///
+/// Every seq must lie above the chat's last stored seq and every idx at or above its next
+/// idx; in any order within the flush, no repeats. Otherwise: [`StoreError::Conflict`] and
+/// nothing written.
+pub(crate) fn append(
+    conn: &Connection,
+    chat_id: &str,
+    events: &[StoredEvent],
+    messages: &[StoredMessage],
+    state: Option<&ChatState>,
+) -> Result<(), StoreError> {
+    let head = conn
+        .prepare_cached(
+            "SELECT n.chat_no, c.log_head, c.last_seq, c.next_idx \
+             FROM chats c JOIN chat_numbers n ON n.chat_id = c.chat_id WHERE c.chat_id = ?",
+        )?
+        .query_row([chat_id], |row| {
+            Ok(Head {
+                chat_no: row.get(0)?,
+                row: row.get(1)?,
+                last_seq: row.get(2)?,
+                next_idx: row.get(3)?,
+            })
+        })
+        .optional()?
+        .ok_or_else(|| StoreError::NotFound(chat_id.to_owned()))?;
+
+    let mut events: Vec<&StoredEvent> = events.iter().collect();
+    events.sort_unstable_by_key(|e| e.seq);
+    let mut messages: Vec<&StoredMessage> = messages.iter().collect();
+    messages.sort_unstable_by_key(|m| m.idx);
+    // Packing first: it refuses numbers beyond SQLite's range as invalid input.
+    let packed_events = (!events.is_empty())
+        .then(|| pack_events(&events))
+        .transpose()?;
+    let packed_messages = (!messages.is_empty())
+        .then(|| pack_messages(&messages))
+        .transpose()?;
+    let last_seq = ascending_from(
+        events.iter().map(|e| e.seq),
+        head.last_seq + 1,
+        head.last_seq,
+    )
+    .map_err(|seq| {
+        StoreError::Conflict(format!(
+            "event seq {seq} of chat '{chat_id}' is not above its last stored seq {} \
+             (or repeats in the flush)",
+            head.last_seq
+        ))
+    })?;
+    let next_idx = ascending_from(
+        messages.iter().map(|m| m.idx),
+        head.next_idx,
+        head.next_idx - 1,
+    )
+    .map_err(|idx| {
+        StoreError::Conflict(format!(
+            "message idx {idx} of chat '{chat_id}' is already taken: the transcript continues \
+             at {} (or the flush repeats it)",
+            head.next_idx
+        ))
+    })? + 1;
+
+    conn.prepare_cached(
+        "INSERT INTO chat_log (chat_no, prev, seq_floor, idx_floor, events, messages) \
+         VALUES (?, ?, ?, ?, ?, ?)",
+    )?
+    .execute(params![
+        head.chat_no,
+        head.row,
+        head.last_seq,
+        head.next_idx,
+        packed_events,
+        packed_messages
+    ])?;
+    let row = conn.last_insert_rowid();
+    match state {
+        None => {
+            conn.prepare_cached(
+                "UPDATE chats SET log_head = ?, last_seq = ?, next_idx = ? WHERE chat_id = ?",
+            )?
+            .execute(params![row, last_seq, next_idx, chat_id])?;
+        }
+        Some(state) => {
+            crate::chats::save_state(conn, chat_id, state, Some((row, last_seq, next_idx)))?
+        }
+    }
+    Ok(())
+}
+
+/// Checks that `values` (sorted) start at `first_allowed` or above and never repeat; returns
+/// the last value (`none` when there are none), or the offending value.
+fn ascending_from(
+    values: impl Iterator<Item = u64>,
+    first_allowed: i64,
+    none: i64,
+) -> Result<i64, u64> {
+    let mut last = none;
+    let mut floor = first_allowed;
+    for v in values {
+        let at = i64::try_from(v).map_err(|_| v)?;
+        if at < floor {
+            return Err(v);
+        }
+        last = at;
+        floor = at.saturating_add(1);
+    }
+    Ok(last)
+}
+
+/// `value` in decimal digits, in `buf`.
+fn decimal(value: u64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut at = buf.len();
+    let mut rest = value;
+    loop {
+        at -= 1;
+        // Always < 10, so the cast keeps it.
+        buf[at] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
+            return &buf[at..];
+        }
+    }
+}
+
+/// Appends one field of the packed format.
+fn put_field(out: &mut Vec<u8>, bytes: &[u8]) {
+    let mut buf = [0; 20];
+    out.extend_from_slice(decimal(bytes.len() as u64, &mut buf));
+    out.push(b':');
+    out.extend_from_slice(bytes);
+}
+
+fn put_number(out: &mut Vec<u8>, value: u64) {
+    let mut buf = [0; 20];
+    put_field(out, decimal(value, &mut buf));
+}
+
+fn pack_events(events: &[&StoredEvent]) -> Result<Vec<u8>, StoreError> {
+    let size: usize = events
+        .iter()
+        .map(|e| e.event_type.len() + e.json.len() + 32)
+        .sum();
+    let mut out = Vec::with_capacity(size);
+    for e in events {
+        u64_to_sql(e.seq, "event seq")?;
+        put_number(&mut out, e.seq);
+        put_field(&mut out, e.event_type.as_bytes());
+        put_field(&mut out, e.json.as_bytes());
+    }
+    Ok(out)
+}
+
+fn pack_messages(messages: &[&StoredMessage]) -> Result<Vec<u8>, StoreError> {
+    let mut out = Vec::new();
+    let mut agent = Vec::new();
+    for m in messages {
+        u64_to_sql(m.idx, "message idx")?;
+        let raw = serde_json::to_vec(&m.raw)?;
+        put_number(&mut out, m.idx);
+        put_field(&mut out, m.message_id.as_bytes());
+        put_field(&mut out, m.role.as_bytes());
+        agent.clear();
+        match &m.agent {
+            None => agent.push(b'-'),
+            Some(name) => {
+                agent.push(b'+');
+                agent.extend_from_slice(name.as_bytes());
+            }
+        }
+        put_field(&mut out, &agent);
+        put_field(&mut out, m.content.as_bytes());
+        put_field(&mut out, if m.ui_hidden { b"1" } else { b"0" });
+        put_field(&mut out, &raw);
+    }
+    Ok(out)
+}
+
+/// Reads the fields of a packed value in order.
+struct Fields<'a> {
+    rest: &'a [u8],
+}
+
+impl<'a> Fields<'a> {
+    fn new(packed: &'a [u8]) -> Self {
+        Self { rest: packed }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.rest.is_empty()
+    }
+
+    fn next(&mut self) -> Result<&'a [u8], StoreError> {
+        let colon = self
+            .rest
+            .iter()
+            .position(|&b| b == b':')
+            .ok_or_else(|| corrupt("a field without its length"))?;
+        let len: usize = std::str::from_utf8(&self.rest[..colon])
+            .ok()
+            .and_then(|digits| digits.parse().ok())
+            .ok_or_else(|| corrupt("a field length that is not a number"))?;
+        let start = colon + 1;
+        let end = start
+            .checked_add(len)
+            .filter(|&end| end <= self.rest.len())
+            .ok_or_else(|| corrupt("a field longer than the row"))?;
+        let field = &self.rest[start..end];
+        self.rest = &self.rest[end..];
+        Ok(field)
+    }
+
+    fn text(&mut self) -> Result<String, StoreError> {
+        let bytes = self.next()?;
+        String::from_utf8(bytes.to_vec()).map_err(|_| corrupt("a text field that is not UTF-8"))
+    }
+
+    fn number(&mut self) -> Result<u64, StoreError> {
+        std::str::from_utf8(self.next()?)
+            .ok()
+            .and_then(|digits| digits.parse().ok())
+            .ok_or_else(|| corrupt("a number field that is not a number"))
+    }
+}
+
+fn corrupt(what: &str) -> StoreError {
+    StoreError::Corrupt(format!("chat log row holds {what}"))
+}
+
+fn unpack_events(packed: &[u8], out: &mut Vec<StoredEvent>) -> Result<(), StoreError> {
+    let mut fields = Fields::new(packed);
+    while !fields.is_empty() {
+        out.push(StoredEvent {
+            seq: fields.number()?,
+            event_type: fields.text()?,
+            json: fields.text()?,
+        });
+    }
+    Ok(())
+}
+
+fn unpack_messages(packed: &[u8], out: &mut Vec<StoredMessage>) -> Result<(), StoreError> {
+    let mut fields = Fields::new(packed);
+    while !fields.is_empty() {
+        let idx = fields.number()?;
+        let message_id = fields.text()?;
+        let role = fields.text()?;
+        let agent = match fields.next()? {
+            [b'-'] => None,
+            [b'+', name @ ..] => Some(
+                String::from_utf8(name.to_vec())
+                    .map_err(|_| corrupt("an agent name that is not UTF-8"))?,
+            ),
+            _ => return Err(corrupt("an agent field without its marker")),
+        };
+        let content = fields.text()?;
+        let ui_hidden = match fields.next()? {
+            b"0" => false,
+            b"1" => true,
+            _ => return Err(corrupt("a ui_hidden field that is not 0 or 1")),
+        };
+        let raw = std::str::from_utf8(fields.next()?)
+            .map_err(|_| corrupt("raw JSON that is not UTF-8"))?;
+        out.push(StoredMessage {
+            idx,
+            message_id,
+            role,
+            agent,
+            content,
+            ui_hidden,
+            raw: json_from_sql(raw, "message raw")?,
+        });
+    }
+    Ok(())
+}
+
+/// The packed `$column` of the chat's rows (oldest first) from the newest back to the first
+/// row whose `$floor` fails `$stop`: the rows that may hold what a read starts from.
+macro_rules! walk_sql {
+    ($column:literal, $floor:literal, $stop:literal) => {
+        concat!(
+            "WITH RECURSIVE walk(r, prev, floor, packed) AS (",
+            " SELECT l.rowid, l.prev, l.",
+            $floor,
+            ", l.",
+            $column,
+            " FROM chats c JOIN chat_log l ON l.rowid = c.log_head WHERE c.chat_id = ?1",
+            " UNION ALL",
+            " SELECT l.rowid, l.prev, l.",
+            $floor,
+            ", l.",
+            $column,
+            " FROM walk w JOIN chat_log l ON l.rowid = w.prev WHERE ",
+            $stop,
+            ") SELECT packed FROM walk WHERE packed IS NOT NULL ORDER BY r"
+        )
+    };
+}
+
+/// Up to `limit` events with seq > `after`, ordered by seq.
+pub(crate) async fn events_after(
+    pool: SqlitePool,
+    chat_id: String,
+    after: u64,
+    limit: u32,
+) -> Result<Vec<StoredEvent>, StoreError> {
+    // A seq beyond i64::MAX is never stored.
+    let Ok(after_sql) = i64::try_from(after) else {
+        return Ok(Vec::new());
+    };
+    let rows = sqlx::query(walk_sql!("events", "seq_floor", "w.floor > ?2"))
+        .bind(&chat_id)
+        .bind(after_sql)
+        .fetch_all(&pool)
+        .await?;
+    let mut events = Vec::new();
+    for row in &rows {
+        let packed: &[u8] = row.try_get(0)?;
+        unpack_events(packed, &mut events)?;
+    }
+    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+    Ok(events
+        .into_iter()
+        .filter(|e| e.seq > after)
+        .take(limit)
+        .collect())
+}
+
+/// The chat's highest stored seq, 0 for an empty log (or an unknown chat).
+pub(crate) async fn last_seq(pool: SqlitePool, chat_id: String) -> Result<u64, StoreError> {
+    let last: Option<i64> = sqlx::query_scalar("SELECT last_seq FROM chats WHERE chat_id = ?")
+        .bind(&chat_id)
+        .fetch_optional(&pool)
+        .await?;
+    sql_to_u64(last.unwrap_or(0), "event seq")
+}
+
+/// Up to `limit` messages with idx >= `from`, ordered by idx (`limit` `None`: all of them).
+pub(crate) async fn messages_from(
+    pool: SqlitePool,
+    chat_id: String,
+    from: u64,
+    limit: Option<u32>,
+) -> Result<Vec<StoredMessage>, StoreError> {
+    // An idx beyond i64::MAX is never stored.
+    let Ok(from_sql) = i64::try_from(from) else {
+        return Ok(Vec::new());
+    };
+    let rows = sqlx::query(walk_sql!("messages", "idx_floor", "w.floor > ?2"))
+        .bind(&chat_id)
+        .bind(from_sql)
+        .fetch_all(&pool)
+        .await?;
+    let mut messages = Vec::new();
+    for row in &rows {
+        let packed: &[u8] = row.try_get(0)?;
+        unpack_messages(packed, &mut messages)?;
+    }
+    let limit = limit.map_or(usize::MAX, |n| usize::try_from(n).unwrap_or(usize::MAX));
+    Ok(messages
+        .into_iter()
+        .filter(|m| m.idx >= from)
+        .take(limit)
+        .collect())
+}
+
+/// Deletes every log row of the chat (before the chat's own row goes).
+pub(crate) fn delete(conn: &Connection, chat_id: &str) -> Result<(), StoreError> {
+    conn.prepare_cached(
+        "WITH RECURSIVE walk(r) AS (\
+           SELECT log_head FROM chats WHERE chat_id = ? AND log_head IS NOT NULL \
+           UNION ALL \
+           SELECT l.prev FROM walk w JOIN chat_log l ON l.rowid = w.r WHERE l.prev IS NOT NULL) \
+         DELETE FROM chat_log WHERE rowid IN (SELECT r FROM walk)",
+    )?
+    .execute([chat_id])?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn message(idx: u64, agent: Option<&str>) -> StoredMessage {
+        StoredMessage {
+            idx,
+            message_id: format!("m{idx}"),
+            role: "assistant".to_owned(),
+            agent: agent.map(str::to_owned),
+            content: "multi-byte: héllo, 12:34, \"quoted\"".to_owned(),
+            ui_hidden: idx % 2 == 1,
+            raw: json!({"role": "assistant", "content": "x:1"}),
+        }
+    }
+
+    #[test]
+    fn packed_messages_and_events_read_back_unchanged() {
+        let messages = [
+            message(0, None),
+            message(1, Some("triage")),
+            message(2, Some("")),
+        ];
+        let packed = pack_messages(&messages.iter().collect::<Vec<_>>()).unwrap();
+        let mut back = Vec::new();
+        unpack_messages(&packed, &mut back).unwrap();
+        assert_eq!(back, messages);
+
+        let events = [
+            StoredEvent {
+                seq: 7,
+                event_type: "chat.text".to_owned(),
+                json: r#"{"text":"a:b 10:"}"#.to_owned(),
+            },
+            StoredEvent {
+                seq: 8,
+                event_type: String::new(),
+                json: "not json at all".to_owned(),
+            },
+        ];
+        let packed = pack_events(&events.iter().collect::<Vec<_>>()).unwrap();
+        let mut back = Vec::new();
+        unpack_events(&packed, &mut back).unwrap();
+        assert_eq!(back, events);
+    }
+
+    #[test]
+    fn a_damaged_row_is_reported_as_corrupt() {
+        let mut out = Vec::new();
+        for damaged in [
+            &b"3:abc"[..],
+            b"1:7",
+            b"x:7",
+            b"99:short",
+            b"1:79:chat.text",
+        ] {
+            out.clear();
+            assert!(
+                matches!(
+                    unpack_events(damaged, &mut out),
+                    Err(StoreError::Corrupt(_))
+                ),
+                "{:?}",
+                String::from_utf8_lossy(damaged)
+            );
+        }
+    }
+
+    #[test]
+    fn order_checks_refuse_repeats_and_values_below_the_floor() {
+        assert_eq!(ascending_from([4, 5, 9].into_iter(), 4, 3), Ok(9));
+        assert_eq!(ascending_from(std::iter::empty(), 4, 3), Ok(3));
+        assert_eq!(ascending_from([3, 4].into_iter(), 4, 3), Err(3));
+        assert_eq!(ascending_from([4, 4].into_iter(), 4, 3), Err(4));
+        assert_eq!(ascending_from([u64::MAX].into_iter(), 0, -1), Err(u64::MAX));
+    }
+}

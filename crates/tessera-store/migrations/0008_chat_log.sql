@@ -1,20 +1,25 @@
--- Tessera store schema, version 8: a chat's events and transcript are kept as one packed row
--- per flush in `chat_log`, linked to the chat's previous row, instead of one row per event and
--- per message under unique per-chat indexes.
+-- Tessera store schema, version 8: what a flush writes lands at the end of the file, plus one
+-- small entry per chat in a dense table, instead of on pages of its own.
 --
--- WHY: the indexes `events_by_chat` and `messages_by_chat` were the last per-chat structures
--- a flush wrote: each chat in a group commit dirtied its own leaf in both, and with the tail
--- pages of two tables that was about half the pages every commit wrote (README, "Where the
--- bytes go"). Here a flush appends one row at the end of one table, in write order, and moves
--- the chat's pointer to it (`chats.log_head`, beside the state the flush updates anyway).
+-- WHY: every chat in a group commit dirtied its own leaf in `events_by_chat` and
+-- `messages_by_chat` and its own `chats` row page (a chats row holds the context JSON, ~15
+-- per page): with the tail pages of two tables, most of the pages a commit wrote (README,
+-- "Where the bytes go"). Now:
+-- * `chat_log`: one packed row per flush with the flush's events, transcript messages and
+--   new state, appended in write order and linked to the chat's previous row (`prev`).
+-- * `chat_heads`: per chat only integers (the newest log row, the row with the latest state,
+--   the last seq, the next idx), ~250 chats per page, so the chats of one commit share pages.
+-- * `chats` keeps identity and the state at creation, and again at completion (what the
+--   listing and retention queries read); the state of an open chat is its `state_row`'s.
 -- Reads walk the chain back from the head, only as far as the seq or idx they start from
 -- (`seq_floor` / `idx_floor`: the chat's last seq and next idx before the row). Uniqueness
--- becomes order: a flush's seqs must lie above `chats.last_seq` and its idxs at or above
--- `chats.next_idx`, checked in the write transaction, so it holds across processes too.
+-- becomes order: a flush's seqs must lie above `last_seq` and its idxs at or above
+-- `next_idx`, checked in the write transaction, so it holds across processes too.
 --
 -- Packed format (the `log` module): per field, its length in bytes as decimal digits, ':',
 -- then the bytes. An event is 3 fields (seq, event_type, json); a message 7 (idx, message_id,
--- role, agent as '-' for none or '+' and the name, content, ui_hidden as '0'/'1', raw).
+-- role, agent as '-' for none or '+' and the name, content, ui_hidden as '0'/'1', raw); a
+-- state 6 (status, current_agent, turn, consecutive, context, updated_at_ms).
 
 CREATE TABLE chat_log (
     chat_no   INTEGER NOT NULL,
@@ -22,12 +27,17 @@ CREATE TABLE chat_log (
     seq_floor INTEGER NOT NULL,
     idx_floor INTEGER NOT NULL,
     events    BLOB,
-    messages  BLOB
+    messages  BLOB,
+    state     BLOB
 ) STRICT;
 
-ALTER TABLE chats ADD COLUMN log_head INTEGER;
-ALTER TABLE chats ADD COLUMN last_seq INTEGER NOT NULL DEFAULT 0;
-ALTER TABLE chats ADD COLUMN next_idx INTEGER NOT NULL DEFAULT 0;
+CREATE TABLE chat_heads (
+    chat_no   INTEGER NOT NULL PRIMARY KEY REFERENCES chat_numbers (chat_no) ON DELETE CASCADE,
+    log_head  INTEGER,
+    state_row INTEGER,
+    last_seq  INTEGER NOT NULL,
+    next_idx  INTEGER NOT NULL
+) STRICT;
 
 -- Each existing chat's history becomes one row.
 INSERT INTO chat_log (chat_no, prev, seq_floor, idx_floor, events, messages)
@@ -52,16 +62,16 @@ WHERE EXISTS (SELECT 1 FROM events e WHERE e.chat_no = n.chat_no)
    OR EXISTS (SELECT 1 FROM messages m WHERE m.chat_no = n.chat_no)
 ORDER BY n.chat_no;
 
--- Only for the UPDATE below (one lookup per chat instead of a scan); a flush never reads
+-- Only for the INSERT below (one lookup per chat instead of a scan); a flush never reads
 -- rows by chat number.
 CREATE INDEX chat_log_by_chat_during_migration ON chat_log (chat_no);
-UPDATE chats SET
-    log_head = (SELECT l.rowid FROM chat_log l JOIN chat_numbers n ON n.chat_no = l.chat_no
-                WHERE n.chat_id = chats.chat_id),
-    last_seq = COALESCE((SELECT MAX(e.seq) FROM events e JOIN chat_numbers n
-                         ON n.chat_no = e.chat_no WHERE n.chat_id = chats.chat_id), 0),
-    next_idx = COALESCE((SELECT MAX(m.idx) + 1 FROM messages m JOIN chat_numbers n
-                         ON n.chat_no = m.chat_no WHERE n.chat_id = chats.chat_id), 0);
+INSERT INTO chat_heads (chat_no, log_head, state_row, last_seq, next_idx)
+SELECT n.chat_no,
+    (SELECT l.rowid FROM chat_log l WHERE l.chat_no = n.chat_no),
+    NULL,
+    COALESCE((SELECT MAX(e.seq) FROM events e WHERE e.chat_no = n.chat_no), 0),
+    COALESCE((SELECT MAX(m.idx) + 1 FROM messages m WHERE m.chat_no = n.chat_no), 0)
+FROM chat_numbers n;
 
 DROP INDEX chat_log_by_chat_during_migration;
 DROP TABLE events;

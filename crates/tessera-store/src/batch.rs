@@ -43,9 +43,7 @@ pub(crate) fn apply(
     chat_id: &str,
     batch: &ChatWriteBatch,
 ) -> Result<(), StoreError> {
-    let logged = !(batch.messages.is_empty() && batch.events.is_empty());
-    if logged {
-        // The state (if any) goes with the log head, in one update of the chat's row.
+    if !(batch.messages.is_empty() && batch.events.is_empty() && batch.state.is_none()) {
         crate::log::append(
             conn,
             chat_id,
@@ -78,9 +76,6 @@ pub(crate) fn apply(
     }
     for corr in &batch.remove_pending {
         crate::pending::remove(conn, chat_id, corr)?;
-    }
-    if let (false, Some(state)) = (logged, &batch.state) {
-        crate::chats::save_state(conn, chat_id, state, None)?;
     }
     Ok(())
 }

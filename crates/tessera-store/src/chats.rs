@@ -32,6 +32,11 @@ pub(crate) fn create(conn: &Connection, record: &ChatRecord) -> Result<(), Store
     conn.prepare_cached("INSERT INTO chat_numbers (chat_id) VALUES (?)")?
         .execute([&record.chat_id])
         .map_err(|e| crate::sqlite_error::from_write(e, &record.chat_id, "chat"))?;
+    conn.prepare_cached(
+        "INSERT INTO chat_heads (chat_no, log_head, state_row, last_seq, next_idx) \
+         VALUES (?, NULL, NULL, 0, 0)",
+    )?
+    .execute([conn.last_insert_rowid()])?;
     Ok(())
 }
 
@@ -44,19 +49,43 @@ pub(crate) fn number(conn: &Connection, chat_id: &str) -> Result<i64, StoreError
         .ok_or_else(|| StoreError::NotFound(chat_id.to_owned()))
 }
 
+/// The columns [`chat`] decodes, from `chats c` with the packed latest state `s.state` (NULL
+/// before the chat's first flush with a state).
+macro_rules! select_chats {
+    ($rest:literal) => {
+        concat!(
+            "SELECT c.chat_id, c.tenant, c.user_id, c.workflow, c.workflow_version, ",
+            "c.created_at_ms, c.status, c.current_agent, c.turn, c.consecutive, c.context, ",
+            "c.updated_at_ms, s.state AS packed_state FROM chats c ",
+            "JOIN chat_numbers n ON n.chat_id = c.chat_id ",
+            "LEFT JOIN chat_heads h ON h.chat_no = n.chat_no ",
+            "LEFT JOIN chat_log s ON s.rowid = h.state_row ",
+            $rest
+        )
+    };
+}
+
+/// A chat as [`select_chats`] reads it: the `chats` row holds the state at creation (and at
+/// completion); a later state is the one packed in the log.
+fn chat(row: &sqlx::sqlite::SqliteRow) -> Result<StoredChat, StoreError> {
+    let mut chat = crate::rows::chat(row)?;
+    let packed: Option<&[u8]> = row.try_get("packed_state")?;
+    if let Some(packed) = packed {
+        chat.state = crate::log::unpack_state(packed)?;
+    }
+    Ok(chat)
+}
+
 /// One chat, or `None`.
 pub(crate) async fn load(
     pool: SqlitePool,
     chat_id: String,
 ) -> Result<Option<StoredChat>, StoreError> {
-    let row = sqlx::query(
-        "SELECT chat_id, tenant, user_id, workflow, workflow_version, created_at_ms, status, current_agent, \
-         turn, consecutive, context, updated_at_ms FROM chats WHERE chat_id = ?",
-    )
-    .bind(&chat_id)
-    .fetch_optional(&pool)
-    .await?;
-    row.as_ref().map(crate::rows::chat).transpose()
+    let row = sqlx::query(select_chats!("WHERE c.chat_id = ?"))
+        .bind(&chat_id)
+        .fetch_optional(&pool)
+        .await?;
+    row.as_ref().map(chat).transpose()
 }
 
 /// One page of an owner's chats, newest first.
@@ -67,31 +96,27 @@ pub(crate) async fn list(
     limit: u32,
     offset: u32,
 ) -> Result<Vec<StoredChat>, StoreError> {
-    let rows = sqlx::query(
-        "SELECT chat_id, tenant, user_id, workflow, workflow_version, created_at_ms, status, current_agent, \
-         turn, consecutive, context, updated_at_ms FROM chats \
-         WHERE tenant = ? AND user_id = ? \
-         ORDER BY created_at_ms DESC, rowid DESC LIMIT ? OFFSET ?",
-    )
+    let rows = sqlx::query(select_chats!(
+        "WHERE c.tenant = ? AND c.user_id = ? \
+         ORDER BY c.created_at_ms DESC, c.rowid DESC LIMIT ? OFFSET ?"
+    ))
     .bind(&tenant)
     .bind(&user_id)
     .bind(i64::from(limit))
     .bind(i64::from(offset))
     .fetch_all(&pool)
     .await?;
-    rows.iter().map(crate::rows::chat).collect()
+    rows.iter().map(chat).collect()
 }
 
 /// Every chat not completed (`is_open`, cleared when a chat completes), oldest first.
 pub(crate) async fn list_open(pool: SqlitePool) -> Result<Vec<StoredChat>, StoreError> {
-    let rows = sqlx::query(
-        "SELECT chat_id, tenant, user_id, workflow, workflow_version, created_at_ms, status, current_agent, \
-         turn, consecutive, context, updated_at_ms FROM chats \
-         WHERE is_open = 1 ORDER BY created_at_ms, rowid",
-    )
+    let rows = sqlx::query(select_chats!(
+        "WHERE c.is_open = 1 ORDER BY c.created_at_ms, c.rowid"
+    ))
     .fetch_all(&pool)
     .await?;
-    rows.iter().map(crate::rows::chat).collect()
+    rows.iter().map(chat).collect()
 }
 
 /// Ids of completed chats last updated before `before_ms`, oldest first (retention).
@@ -124,56 +149,33 @@ pub(crate) async fn count_open(pool: SqlitePool, tenant: String) -> Result<u64, 
     Ok(u64::try_from(count).unwrap_or(0))
 }
 
-/// Replace the chat's state; with `log`, also move its log head to (row, last seq, next idx)
-/// in the same update. Unknown chat: [`StoreError::NotFound`].
+/// Write `state` to the chat's `chats` row: done once, when the chat completes (the state of
+/// an open chat lives in its log; see [`crate::log::append`]). Unknown chat:
+/// [`StoreError::NotFound`].
 pub(crate) fn save_state(
     conn: &Connection,
     chat_id: &str,
     state: &ChatState,
-    log: Option<(i64, i64, i64)>,
 ) -> Result<(), StoreError> {
     let context = serde_json::to_string(&state.context)?;
-    let (status, agent, turn) = (&state.status, &state.current_agent, i64::from(state.turn));
-    let consecutive = i64::from(state.consecutive);
-    let changed = match log {
-        None => conn
-            .prepare_cached(
-                "UPDATE chats SET status = ?, current_agent = ?, turn = ?, consecutive = ?, \
-                 context = ?, updated_at_ms = ? WHERE chat_id = ?",
-            )?
-            .execute(params![
-                status,
-                agent,
-                turn,
-                consecutive,
-                context,
-                state.updated_at_ms,
-                chat_id
-            ])?,
-        Some((head, last_seq, next_idx)) => conn
-            .prepare_cached(
-                "UPDATE chats SET status = ?, current_agent = ?, turn = ?, consecutive = ?, \
-                 context = ?, updated_at_ms = ?, log_head = ?, last_seq = ?, next_idx = ? \
-                 WHERE chat_id = ?",
-            )?
-            .execute(params![
-                status,
-                agent,
-                turn,
-                consecutive,
-                context,
-                state.updated_at_ms,
-                head,
-                last_seq,
-                next_idx,
-                chat_id
-            ])?,
-    };
+    let changed = conn
+        .prepare_cached(
+            "UPDATE chats SET status = ?, current_agent = ?, turn = ?, consecutive = ?, \
+             context = ?, updated_at_ms = ? WHERE chat_id = ?",
+        )?
+        .execute(params![
+            state.status,
+            state.current_agent,
+            i64::from(state.turn),
+            i64::from(state.consecutive),
+            context,
+            state.updated_at_ms,
+            chat_id
+        ])?;
     if changed == 0 {
         return Err(StoreError::NotFound(chat_id.to_owned()));
     }
-    // Apart from `status`: the open-chat indexes key on `is_open`, and setting it on every
-    // state change would rewrite their entries each time (migration 7).
+    // Apart from `status`: the open-chat indexes key on `is_open` (migration 7).
     if state.status == STATUS_COMPLETED {
         conn.prepare_cached("UPDATE chats SET is_open = 0 WHERE chat_id = ? AND is_open = 1")?
             .execute([chat_id])?;

@@ -1,15 +1,18 @@
-//! The SQLite chat log (`chat_log`, migration 8): a chat's events and transcript, one packed
-//! row per flush, each row linked to the chat's previous one; `chats.log_head` points at the
-//! newest.
+//! The SQLite chat log (`chat_log`, migration 8): what a chat's flush writes (its events,
+//! transcript messages and new state) as ONE packed row, linked to the chat's previous row;
+//! the chat's `chat_heads` row (integers only) points at the newest row and at the row with
+//! the latest state.
 //!
-//! WHY: a row per event and per message under unique per-chat indexes made every chat in a
-//! group commit dirty its own index leaves; rows appended in write order and found by
-//! following the chain dirty only the table's tail (see the migration for the whole story).
+//! WHY: a row per event and per message under unique per-chat indexes, and the state updated
+//! in the wide `chats` row, made every chat in a group commit dirty pages of its own; rows
+//! appended in write order plus a dense table of heads dirty the table's tail and a page the
+//! commit's other chats share (see the migration for the whole story).
 //!
 //! Packed format: a list of fields, each `<byte length in decimal>:<bytes>`. An event is 3
 //! fields (seq, event_type, json); a message 7 (idx, message_id, role, agent as `-` or
-//! `+name`, content, ui_hidden as `0`/`1`, raw JSON). Migration 8 writes the same format in
-//! SQL, so both must change together.
+//! `+name`, content, ui_hidden as `0`/`1`, raw JSON); a state 6 (status, current_agent, turn,
+//! consecutive, context JSON, updated_at_ms). Migration 8 writes events and messages in the
+//! same format in SQL, so both must change together.
 
 use rusqlite::{Connection, OptionalExtension, params};
 use sqlx::{Row, SqlitePool};
@@ -25,9 +28,10 @@ struct Head {
     next_idx: i64,
 }
 
-/// Appends one row with `events` and `messages` (either may be empty, not both) to the chat's
-/// log and moves its head, together with `state` when the flush changes it: one row written
-/// at the table's end and one update of the chat's own row.
+/// Appends one row with `events`, `messages` and `state` (any may be empty) to the chat's log
+/// and moves its head: one row written at the table's end and one update of the chat's small
+/// `chat_heads` row. A completed state is also written to the chat's `chats` row, once, for
+/// the listing and retention queries that read it there.
 ///
 /// Every seq must lie above the chat's last stored seq and every idx at or above its next
 /// idx; in any order within the flush, no repeats. Otherwise: [`StoreError::Conflict`] and
@@ -41,8 +45,8 @@ pub(crate) fn append(
 ) -> Result<(), StoreError> {
     let head = conn
         .prepare_cached(
-            "SELECT n.chat_no, c.log_head, c.last_seq, c.next_idx \
-             FROM chats c JOIN chat_numbers n ON n.chat_id = c.chat_id WHERE c.chat_id = ?",
+            "SELECT h.chat_no, h.log_head, h.last_seq, h.next_idx \
+             FROM chat_numbers n JOIN chat_heads h ON h.chat_no = n.chat_no WHERE n.chat_id = ?",
         )?
         .query_row([chat_id], |row| {
             Ok(Head {
@@ -66,6 +70,7 @@ pub(crate) fn append(
     let packed_messages = (!messages.is_empty())
         .then(|| pack_messages(&messages))
         .transpose()?;
+    let packed_state = state.map(pack_state).transpose()?;
     let last_seq = ascending_from(
         events.iter().map(|e| e.seq),
         head.last_seq + 1,
@@ -92,8 +97,8 @@ pub(crate) fn append(
     })? + 1;
 
     conn.prepare_cached(
-        "INSERT INTO chat_log (chat_no, prev, seq_floor, idx_floor, events, messages) \
-         VALUES (?, ?, ?, ?, ?, ?)",
+        "INSERT INTO chat_log (chat_no, prev, seq_floor, idx_floor, events, messages, state) \
+         VALUES (?, ?, ?, ?, ?, ?, ?)",
     )?
     .execute(params![
         head.chat_no,
@@ -101,19 +106,23 @@ pub(crate) fn append(
         head.last_seq,
         head.next_idx,
         packed_events,
-        packed_messages
+        packed_messages,
+        packed_state
     ])?;
     let row = conn.last_insert_rowid();
-    match state {
-        None => {
-            conn.prepare_cached(
-                "UPDATE chats SET log_head = ?, last_seq = ?, next_idx = ? WHERE chat_id = ?",
-            )?
-            .execute(params![row, last_seq, next_idx, chat_id])?;
-        }
-        Some(state) => {
-            crate::chats::save_state(conn, chat_id, state, Some((row, last_seq, next_idx)))?
-        }
+    conn.prepare_cached(
+        "UPDATE chat_heads SET log_head = ?, last_seq = ?, next_idx = ?, \
+         state_row = COALESCE(?, state_row) WHERE chat_no = ?",
+    )?
+    .execute(params![
+        row,
+        last_seq,
+        next_idx,
+        state.map(|_| row),
+        head.chat_no
+    ])?;
+    if let Some(state) = state.filter(|s| s.status == crate::STATUS_COMPLETED) {
+        crate::chats::save_state(conn, chat_id, state)?;
     }
     Ok(())
 }
@@ -204,6 +213,48 @@ fn pack_messages(messages: &[&StoredMessage]) -> Result<Vec<u8>, StoreError> {
         put_field(&mut out, &raw);
     }
     Ok(out)
+}
+
+fn pack_state(state: &ChatState) -> Result<Vec<u8>, StoreError> {
+    let context = serde_json::to_vec(&state.context)?;
+    let mut out = Vec::with_capacity(context.len() + state.current_agent.len() + 48);
+    put_field(&mut out, state.status.as_bytes());
+    put_field(&mut out, state.current_agent.as_bytes());
+    put_number(&mut out, u64::from(state.turn));
+    put_number(&mut out, u64::from(state.consecutive));
+    put_field(&mut out, &context);
+    // Signed: a clock before 1970 is stored as it was given.
+    put_field(&mut out, state.updated_at_ms.to_string().as_bytes());
+    Ok(out)
+}
+
+/// The state packed in a log row.
+pub(crate) fn unpack_state(packed: &[u8]) -> Result<ChatState, StoreError> {
+    let mut fields = Fields::new(packed);
+    let status = fields.text()?;
+    let current_agent = fields.text()?;
+    let turn = u32::try_from(fields.number()?).map_err(|_| corrupt("a turn out of range"))?;
+    let consecutive =
+        u32::try_from(fields.number()?).map_err(|_| corrupt("a consecutive count out of range"))?;
+    let context = match serde_json::from_slice(fields.next()?) {
+        Ok(serde_json::Value::Object(map)) => map,
+        _ => return Err(corrupt("a context that is not a JSON object")),
+    };
+    let updated_at_ms = std::str::from_utf8(fields.next()?)
+        .ok()
+        .and_then(|digits| digits.parse().ok())
+        .ok_or_else(|| corrupt("an updated_at_ms that is not a number"))?;
+    if !fields.is_empty() {
+        return Err(corrupt("a state with extra fields"));
+    }
+    Ok(ChatState {
+        status,
+        current_agent,
+        turn,
+        consecutive,
+        context,
+        updated_at_ms,
+    })
 }
 
 /// Reads the fields of a packed value in order.
@@ -314,7 +365,8 @@ macro_rules! walk_sql {
             $floor,
             ", l.",
             $column,
-            " FROM chats c JOIN chat_log l ON l.rowid = c.log_head WHERE c.chat_id = ?1",
+            " FROM chat_numbers n JOIN chat_heads h ON h.chat_no = n.chat_no",
+            " JOIN chat_log l ON l.rowid = h.log_head WHERE n.chat_id = ?1",
             " UNION ALL",
             " SELECT l.rowid, l.prev, l.",
             $floor,
@@ -358,10 +410,13 @@ pub(crate) async fn events_after(
 
 /// The chat's highest stored seq, 0 for an empty log (or an unknown chat).
 pub(crate) async fn last_seq(pool: SqlitePool, chat_id: String) -> Result<u64, StoreError> {
-    let last: Option<i64> = sqlx::query_scalar("SELECT last_seq FROM chats WHERE chat_id = ?")
-        .bind(&chat_id)
-        .fetch_optional(&pool)
-        .await?;
+    let last: Option<i64> = sqlx::query_scalar(
+        "SELECT h.last_seq FROM chat_numbers n JOIN chat_heads h ON h.chat_no = n.chat_no \
+         WHERE n.chat_id = ?",
+    )
+    .bind(&chat_id)
+    .fetch_optional(&pool)
+    .await?;
     sql_to_u64(last.unwrap_or(0), "event seq")
 }
 
@@ -398,7 +453,8 @@ pub(crate) async fn messages_from(
 pub(crate) fn delete(conn: &Connection, chat_id: &str) -> Result<(), StoreError> {
     conn.prepare_cached(
         "WITH RECURSIVE walk(r) AS (\
-           SELECT log_head FROM chats WHERE chat_id = ? AND log_head IS NOT NULL \
+           SELECT h.log_head FROM chat_numbers n JOIN chat_heads h ON h.chat_no = n.chat_no \
+           WHERE n.chat_id = ? AND h.log_head IS NOT NULL \
            UNION ALL \
            SELECT l.prev FROM walk w JOIN chat_log l ON l.rowid = w.r WHERE l.prev IS NOT NULL) \
          DELETE FROM chat_log WHERE rowid IN (SELECT r FROM walk)",
@@ -452,6 +508,26 @@ mod tests {
         let mut back = Vec::new();
         unpack_events(&packed, &mut back).unwrap();
         assert_eq!(back, events);
+    }
+
+    #[test]
+    fn a_packed_state_reads_back_unchanged() {
+        let state = ChatState {
+            status: "running".to_owned(),
+            current_agent: "triage:1".to_owned(),
+            turn: 41,
+            consecutive: 2,
+            context: json!({"k": "v:1", "n": [1, 2]})
+                .as_object()
+                .cloned()
+                .unwrap(),
+            updated_at_ms: -5,
+        };
+        assert_eq!(unpack_state(&pack_state(&state).unwrap()).unwrap(), state);
+        assert!(matches!(
+            unpack_state(b"7:running0:1:41:01:[]1:0"),
+            Err(StoreError::Corrupt(_))
+        ));
     }
 
     #[test]

@@ -6,7 +6,7 @@ mod common;
 use std::sync::Arc;
 
 use common::{TestDb, event, message, record};
-use tessera_store::{ChatStore, ChatWriteBatch, SqliteStore, StoreError, ToolClaim};
+use tessera_store::{ChatState, ChatStore, ChatWriteBatch, SqliteStore, StoreError, ToolClaim};
 
 fn temp_db() -> (TestDb, std::path::PathBuf) {
     let db = TestDb::sqlite();
@@ -334,6 +334,52 @@ async fn each_flush_appends_one_log_row_in_write_order_and_nothing_indexes_the_l
         .map(|m| m.idx)
         .collect();
     assert_eq!(page, [3, 4]);
+
+    // An open chat's state goes to the log, not to its wide `chats` row; completion writes
+    // it there once, for the listing and retention queries.
+    let stored_status = |conn: &rusqlite::Connection| -> String {
+        conn.query_row("SELECT status FROM chats WHERE chat_id = 'a'", [], |row| {
+            row.get(0)
+        })
+        .unwrap()
+    };
+    let mut running = ChatState::initial(5);
+    running.status = "running".to_owned();
+    running.turn = 3;
+    store
+        .apply_batch(
+            "a",
+            Arc::new(ChatWriteBatch {
+                state: Some(running.clone()),
+                ..ChatWriteBatch::default()
+            }),
+        )
+        .await
+        .unwrap();
+    assert_eq!(stored_status(&conn), "awaiting_user");
+    assert_eq!(store.load_chat("a").await.unwrap().unwrap().state, running);
+    let mut done = running;
+    done.status = tessera_store::STATUS_COMPLETED.to_owned();
+    store
+        .apply_batch(
+            "a",
+            Arc::new(ChatWriteBatch {
+                state: Some(done.clone()),
+                ..ChatWriteBatch::default()
+            }),
+        )
+        .await
+        .unwrap();
+    assert_eq!(stored_status(&conn), "completed");
+    assert_eq!(store.load_chat("a").await.unwrap().unwrap().state, done);
+    assert!(
+        store
+            .list_open_chats()
+            .await
+            .unwrap()
+            .iter()
+            .all(|c| c.record.chat_id != "a")
+    );
 }
 
 #[tokio::test]

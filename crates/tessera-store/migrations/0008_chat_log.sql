@@ -9,6 +9,11 @@
 --   new state, appended in write order and linked to the chat's previous row (`prev`).
 -- * `chat_heads`: per chat only integers (the newest log row, the row with the latest state,
 --   the last seq, the next idx), ~250 chats per page, so the chats of one commit share pages.
+-- * `tool_invocations`: a claim is a row appended in write order; the chat's newest claims
+--   (up to 16) are chained from `chat_heads.claims_head` and found by walking that chain,
+--   then their keys go to `tool_invocation_keys` together, one index leaf for 16 claims
+--   instead of one per claim. A claim is looked for in both; the check and the insert run in
+--   one write transaction, so a key is still claimed once across processes.
 -- * `chats` keeps identity and the state at creation, and again at completion (what the
 --   listing and retention queries read); the state of an open chat is its `state_row`'s.
 -- Reads walk the chain back from the head, only as far as the seq or idx they start from
@@ -36,8 +41,37 @@ CREATE TABLE chat_heads (
     log_head  INTEGER,
     state_row INTEGER,
     last_seq  INTEGER NOT NULL,
-    next_idx  INTEGER NOT NULL
+    next_idx  INTEGER NOT NULL,
+    claims_head      INTEGER,
+    unindexed_claims INTEGER NOT NULL DEFAULT 0
 ) STRICT;
+
+-- Claims keep their rowids (and so their write order); all existing ones are indexed. No
+-- foreign key: deleting a chat removes its claims explicitly (a cascade would scan).
+CREATE TABLE tool_invocations_chained (
+    chat_no         INTEGER NOT NULL,
+    invocation_key  TEXT    NOT NULL,
+    status          TEXT    NOT NULL CHECK (status IN ('started', 'completed')),
+    result          TEXT,
+    started_at_ms   INTEGER NOT NULL,
+    completed_at_ms INTEGER,
+    prev            INTEGER
+) STRICT;
+INSERT INTO tool_invocations_chained
+    (rowid, chat_no, invocation_key, status, result, started_at_ms, completed_at_ms, prev)
+    SELECT rowid, chat_no, invocation_key, status, result, started_at_ms, completed_at_ms, NULL
+    FROM tool_invocations;
+DROP TABLE tool_invocations;
+ALTER TABLE tool_invocations_chained RENAME TO tool_invocations;
+
+CREATE TABLE tool_invocation_keys (
+    chat_no        INTEGER NOT NULL REFERENCES chat_numbers (chat_no) ON DELETE CASCADE,
+    invocation_key TEXT    NOT NULL,
+    claim_row      INTEGER NOT NULL,
+    PRIMARY KEY (chat_no, invocation_key)
+) STRICT, WITHOUT ROWID;
+INSERT INTO tool_invocation_keys (chat_no, invocation_key, claim_row)
+    SELECT chat_no, invocation_key, rowid FROM tool_invocations;
 
 -- Each existing chat's history becomes one row.
 INSERT INTO chat_log (chat_no, prev, seq_floor, idx_floor, events, messages)

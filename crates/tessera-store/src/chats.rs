@@ -1,6 +1,6 @@
 //! SQL for the `chats` table: identity plus the latest state of each chat.
 
-use rusqlite::{Connection, OptionalExtension, params};
+use rusqlite::{Connection, params};
 use sqlx::{Row, SqlitePool};
 
 use crate::{ChatRecord, ChatState, STATUS_COMPLETED, StoreError, StoredChat};
@@ -38,15 +38,6 @@ pub(crate) fn create(conn: &Connection, record: &ChatRecord) -> Result<(), Store
     )?
     .execute([conn.last_insert_rowid()])?;
     Ok(())
-}
-
-/// The chat's number, the key of its rows in the tables laid out in write order (the chat
-/// log and the tool invocations; see migrations 5 and 8). Unknown chat: [`StoreError::NotFound`].
-pub(crate) fn number(conn: &Connection, chat_id: &str) -> Result<i64, StoreError> {
-    conn.prepare_cached("SELECT chat_no FROM chat_numbers WHERE chat_id = ?")?
-        .query_row([chat_id], |row| row.get(0))
-        .optional()?
-        .ok_or_else(|| StoreError::NotFound(chat_id.to_owned()))
 }
 
 /// The columns [`chat`] decodes, from `chats c` with the packed latest state `s.state` (NULL
@@ -183,12 +174,14 @@ pub(crate) fn save_state(
     Ok(())
 }
 
-/// Delete a chat; its log rows explicitly (they hang off `chats.log_head`), rows of the child tables (and through `chat_numbers`, of the tables keyed
+/// Delete a chat; its log rows and tool claims explicitly (they hang off its `chat_heads` row
+/// and index), rows of the child tables (and through `chat_numbers`, of the tables keyed
 /// by chat number) go by `ON DELETE CASCADE`, artifacts explicitly.
 pub(crate) fn delete(conn: &Connection, chat_id: &str) -> Result<bool, StoreError> {
     conn.prepare_cached("DELETE FROM artifacts WHERE chat_id = ?")?
         .execute([chat_id])?;
     crate::log::delete(conn, chat_id)?;
+    crate::tools::delete(conn, chat_id)?;
     let deleted = conn
         .prepare_cached("DELETE FROM chats WHERE chat_id = ?")?
         .execute([chat_id])?;

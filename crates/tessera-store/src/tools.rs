@@ -1,50 +1,146 @@
-//! SQL for the `tool_invocations` table: the exactly-once gate for tool side effects (rows
-//! in write order, keyed by chat number and invocation key; see migration 5).
+//! SQL for the tool claims: the exactly-once gate for tool side effects (migration 8).
 //!
 //! Protocol: `claim` writes a 'started' row BEFORE the tool runs, `complete` marks it
-//! 'completed' with the result after. The claim is one `INSERT ... ON CONFLICT DO NOTHING`,
-//! atomic in SQLite across connections and processes, so at most one caller ever inserts the
-//! row; everyone else reads the existing row. A row still 'started' after a crash means the
-//! call was interrupted and must not be re-run.
+//! 'completed' with the result after. A row still 'started' after a crash means the call was
+//! interrupted and must not be re-run.
+//!
+//! Layout: a claim is a row of `tool_invocations` appended in write order. The chat's newest
+//! claims, up to [`UNINDEXED_CLAIMS`], are chained from its `chat_heads` row (`claims_head`,
+//! each row's `prev`); when the chain is full its keys go to `tool_invocation_keys` together.
+//! WHY: one index entry per claim dirtied an index leaf per chat in every group commit; this
+//! way a claim dirties the table's tail and the chat's small heads row (shared with other
+//! chats), and the index one leaf per [`UNINDEXED_CLAIMS`] claims.
+//!
+//! A key is looked for in the chain and in the index, and inserted only when absent, inside
+//! the writer's `BEGIN IMMEDIATE` transaction: SQLite runs one write transaction at a time
+//! across connections and processes, so at most one caller ever claims a key.
 
 use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::convert::{json_from_sql, now_ms};
 use crate::{StoreError, ToolClaim};
 
+/// Claims a chat keeps chained (found by walking) before their keys are indexed.
+const UNINDEXED_CLAIMS: i64 = 16;
+
+/// `$rest` after a CTE `walk(r)`: the rowids of the chain of claims starting at `?1`.
+macro_rules! walk_chain {
+    ($rest:literal) => {
+        concat!(
+            "WITH RECURSIVE walk(r) AS (SELECT ?1 UNION ALL ",
+            "SELECT t.prev FROM walk w JOIN tool_invocations t ON t.rowid = w.r ",
+            "WHERE t.prev IS NOT NULL) ",
+            $rest
+        )
+    };
+}
+
+/// The chat's claim pointers.
+struct Claims {
+    chat_no: i64,
+    head: Option<i64>,
+    unindexed: i64,
+}
+
+/// A stored claim.
+struct Found {
+    row: i64,
+    status: String,
+    result: Option<String>,
+}
+
+fn claims_of(conn: &Connection, chat_id: &str) -> Result<Option<Claims>, StoreError> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT h.chat_no, h.claims_head, h.unindexed_claims \
+             FROM chat_numbers n JOIN chat_heads h ON h.chat_no = n.chat_no WHERE n.chat_id = ?",
+        )?
+        .query_row([chat_id], |row| {
+            Ok(Claims {
+                chat_no: row.get(0)?,
+                head: row.get(1)?,
+                unindexed: row.get(2)?,
+            })
+        })
+        .optional()?)
+}
+
+/// The claim of `key`, from the chain of unindexed claims or from the index.
+fn find(conn: &Connection, claims: &Claims, key: &str) -> Result<Option<Found>, StoreError> {
+    let found = |row: &rusqlite::Row<'_>| {
+        Ok(Found {
+            row: row.get(0)?,
+            status: row.get(1)?,
+            result: row.get(2)?,
+        })
+    };
+    if let Some(head) = claims.head {
+        let chained = conn
+            .prepare_cached(walk_chain!(
+                "SELECT t.rowid, t.status, t.result FROM walk w \
+                 JOIN tool_invocations t ON t.rowid = w.r WHERE t.invocation_key = ?2"
+            ))?
+            .query_row(params![head, key], found)
+            .optional()?;
+        if chained.is_some() {
+            return Ok(chained);
+        }
+    }
+    Ok(conn
+        .prepare_cached(
+            "SELECT t.rowid, t.status, t.result FROM tool_invocation_keys k \
+             JOIN tool_invocations t ON t.rowid = k.claim_row \
+             WHERE k.chat_no = ? AND k.invocation_key = ?",
+        )?
+        .query_row(params![claims.chat_no, key], found)
+        .optional()?)
+}
+
 /// Claim (chat, key), or report who has it.
 pub(crate) fn claim(conn: &Connection, chat_id: &str, key: &str) -> Result<ToolClaim, StoreError> {
-    let chat_no = crate::chats::number(conn, chat_id)?;
-    let inserted = conn
-        .prepare_cached(
-            "INSERT INTO tool_invocations (chat_no, invocation_key, status, started_at_ms) \
-             VALUES (?, ?, 'started', ?) ON CONFLICT (chat_no, invocation_key) DO NOTHING",
+    let claims =
+        claims_of(conn, chat_id)?.ok_or_else(|| StoreError::NotFound(chat_id.to_owned()))?;
+    if let Some(existing) = find(conn, &claims, key)? {
+        return match existing.status.as_str() {
+            "started" => Ok(ToolClaim::AlreadyStarted),
+            "completed" => {
+                let result = existing
+                    .result
+                    .map(|text| json_from_sql(&text, "tool result"))
+                    .transpose()?;
+                Ok(ToolClaim::AlreadyCompleted(result))
+            }
+            other => Err(StoreError::Corrupt(format!(
+                "tool invocation '{key}' has status '{other}'"
+            ))),
+        };
+    }
+    conn.prepare_cached(
+        "INSERT INTO tool_invocations (chat_no, invocation_key, status, started_at_ms, prev) \
+         VALUES (?, ?, 'started', ?, ?)",
+    )?
+    .execute(params![claims.chat_no, key, now_ms(), claims.head])?;
+    let row = conn.last_insert_rowid();
+    if claims.unindexed + 1 < UNINDEXED_CLAIMS {
+        conn.prepare_cached(
+            "UPDATE chat_heads SET claims_head = ?, unindexed_claims = ? WHERE chat_no = ?",
         )?
-        .execute(params![chat_no, key, now_ms()])
+        .execute(params![row, claims.unindexed + 1, claims.chat_no])?;
+    } else {
+        // The chain is full: index its keys (one leaf of the index, written once for all).
+        conn.prepare_cached(walk_chain!(
+            "INSERT INTO tool_invocation_keys (chat_no, invocation_key, claim_row) \
+             SELECT t.chat_no, t.invocation_key, t.rowid FROM walk w \
+             JOIN tool_invocations t ON t.rowid = w.r"
+        ))?
+        .execute([row])
         .map_err(|e| crate::sqlite_error::from_write(e, chat_id, "tool invocation"))?;
-    if inserted == 1 {
-        return Ok(ToolClaim::Claimed);
-    }
-    // Rows are never deleted except with their chat, so the row we collided with exists.
-    let (status, result): (String, Option<String>) = conn
-        .prepare_cached(
-            "SELECT status, result FROM tool_invocations WHERE chat_no = ? AND invocation_key = ?",
+        conn.prepare_cached(
+            "UPDATE chat_heads SET claims_head = NULL, unindexed_claims = 0 WHERE chat_no = ?",
         )?
-        .query_row(params![chat_no, key], |row| Ok((row.get(0)?, row.get(1)?)))
-        .optional()?
-        .ok_or_else(|| StoreError::NotFound(chat_id.to_owned()))?;
-    match status.as_str() {
-        "started" => Ok(ToolClaim::AlreadyStarted),
-        "completed" => {
-            let result = result
-                .map(|text| json_from_sql(&text, "tool result"))
-                .transpose()?;
-            Ok(ToolClaim::AlreadyCompleted(result))
-        }
-        other => Err(StoreError::Corrupt(format!(
-            "tool invocation '{key}' has status '{other}'"
-        ))),
+        .execute([claims.chat_no])?;
     }
+    Ok(ToolClaim::Claimed)
 }
 
 /// Mark a claimed invocation completed with its result (JSON text).
@@ -54,33 +150,44 @@ pub(crate) fn complete(
     key: &str,
     result: &str,
 ) -> Result<(), StoreError> {
-    // An unknown chat has no claims: "never claimed" (NULL matches no row).
-    let chat_no = match crate::chats::number(conn, chat_id) {
-        Ok(number) => Some(number),
-        Err(StoreError::NotFound(_)) => None,
-        Err(other) => return Err(other),
+    // An unknown chat has no claims: "never claimed".
+    let found = match claims_of(conn, chat_id)? {
+        Some(claims) => find(conn, &claims, key)?,
+        None => None,
     };
-    let done = conn
-        .prepare_cached(
-            "UPDATE tool_invocations SET status = 'completed', result = ?, completed_at_ms = ? \
-             WHERE chat_no = ? AND invocation_key = ? AND status = 'started'",
-        )?
-        .execute(params![result, now_ms(), chat_no, key])?;
-    if done == 1 {
-        return Ok(());
-    }
-    let status: Option<String> = conn
-        .prepare_cached(
-            "SELECT status FROM tool_invocations WHERE chat_no = ? AND invocation_key = ?",
-        )?
-        .query_row(params![chat_no, key], |row| row.get(0))
-        .optional()?;
-    Err(match status {
-        None => StoreError::Conflict(format!(
-            "tool invocation '{key}' of chat '{chat_id}' was never claimed"
-        )),
-        Some(_) => StoreError::Conflict(format!(
+    match found {
+        Some(claim) if claim.status == "started" => {
+            conn.prepare_cached(
+                "UPDATE tool_invocations SET status = 'completed', result = ?, \
+                 completed_at_ms = ? WHERE rowid = ?",
+            )?
+            .execute(params![result, now_ms(), claim.row])?;
+            Ok(())
+        }
+        Some(_) => Err(StoreError::Conflict(format!(
             "tool invocation '{key}' of chat '{chat_id}' is already completed"
-        )),
-    })
+        ))),
+        None => Err(StoreError::Conflict(format!(
+            "tool invocation '{key}' of chat '{chat_id}' was never claimed"
+        ))),
+    }
+}
+
+/// Deletes every claim of the chat (before its number goes, which takes the index entries).
+pub(crate) fn delete(conn: &Connection, chat_id: &str) -> Result<(), StoreError> {
+    let Some(claims) = claims_of(conn, chat_id)? else {
+        return Ok(());
+    };
+    conn.prepare_cached(
+        "DELETE FROM tool_invocations WHERE rowid IN \
+         (SELECT claim_row FROM tool_invocation_keys WHERE chat_no = ?)",
+    )?
+    .execute([claims.chat_no])?;
+    if let Some(head) = claims.head {
+        conn.prepare_cached(walk_chain!(
+            "DELETE FROM tool_invocations WHERE rowid IN (SELECT r FROM walk)"
+        ))?
+        .execute([head])?;
+    }
+    Ok(())
 }

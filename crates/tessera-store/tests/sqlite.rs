@@ -399,3 +399,79 @@ async fn a_log_row_that_does_not_parse_is_reported_as_corrupt() {
         Err(StoreError::Corrupt(_))
     ));
 }
+
+#[tokio::test]
+async fn claims_are_found_before_and_after_their_keys_are_indexed_and_go_with_their_chat() {
+    let (_db, path) = temp_db();
+    let store = SqliteStore::open(&path).await.unwrap();
+    for (n, chat) in ["a", "b"].into_iter().enumerate() {
+        store
+            .create_chat(record(chat, "acme", "u1", n as i64))
+            .await
+            .unwrap();
+    }
+    // 40 claims: two full chains of 16 indexed, 8 still chained; even ones completed.
+    for i in 0..40 {
+        let key = format!("turn_a:s{i}:0");
+        assert_eq!(
+            store.claim_tool("a", &key, None).await.unwrap(),
+            ToolClaim::Claimed
+        );
+        if i % 2 == 0 {
+            store
+                .complete_tool_with_result("a", &key, &serde_json::json!({ "i": i }))
+                .await
+                .unwrap();
+        }
+    }
+    store.claim_tool("b", "turn_a:s0:0", None).await.unwrap();
+    for i in 0..40 {
+        let expected = if i % 2 == 0 {
+            ToolClaim::AlreadyCompleted(Some(serde_json::json!({ "i": i })))
+        } else {
+            ToolClaim::AlreadyStarted
+        };
+        let key = format!("turn_a:s{i}:0");
+        assert_eq!(
+            store.claim_tool("a", &key, None).await.unwrap(),
+            expected,
+            "{key}"
+        );
+    }
+    // An odd (started) claim completes once, indexed or chained; an even one is done.
+    for i in [1, 39] {
+        let key = format!("turn_a:s{i}:0");
+        store
+            .complete_tool_with_result("a", &key, &serde_json::Value::Null)
+            .await
+            .unwrap();
+        assert!(matches!(
+            store
+                .complete_tool_with_result("a", &key, &serde_json::Value::Null)
+                .await,
+            Err(StoreError::Conflict(_))
+        ));
+    }
+    assert!(matches!(
+        store
+            .complete_tool_with_result("a", "never", &serde_json::Value::Null)
+            .await,
+        Err(StoreError::Conflict(_))
+    ));
+
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let count = |sql: &str| -> i64 { conn.query_row(sql, [], |row| row.get(0)).unwrap() };
+    assert_eq!(count("SELECT COUNT(*) FROM tool_invocation_keys"), 32);
+    assert_eq!(count("SELECT COUNT(*) FROM tool_invocations"), 41);
+    assert!(store.delete_chat("a").await.unwrap());
+    assert_eq!(count("SELECT COUNT(*) FROM tool_invocation_keys"), 0);
+    assert_eq!(
+        count("SELECT COUNT(*) FROM tool_invocations"),
+        1,
+        "b's claim stays"
+    );
+    assert_eq!(
+        store.claim_tool("b", "turn_a:s0:0", None).await.unwrap(),
+        ToolClaim::AlreadyStarted
+    );
+}

@@ -31,9 +31,11 @@ CREATE TABLE chat_log (
     prev      INTEGER,
     seq_floor INTEGER NOT NULL,
     idx_floor INTEGER NOT NULL,
-    events    BLOB,
+    -- Smallest first: SQLite reaches a column by stepping over the ones before it, through
+    -- their overflow pages when a row is larger than a page.
+    state     BLOB,
     messages  BLOB,
-    state     BLOB
+    events    BLOB
 ) STRICT;
 
 CREATE TABLE chat_heads (

@@ -20,12 +20,37 @@ use sqlx::{Row, SqlitePool};
 use crate::convert::{json_from_sql, sql_to_u64, u64_to_sql};
 use crate::{ChatState, StoreError, StoredEvent, StoredMessage};
 
-/// Where a chat's log stands, read at the start of an append.
-struct Head {
-    chat_no: i64,
-    row: Option<i64>,
-    last_seq: i64,
-    next_idx: i64,
+/// A chat's `chat_heads` row: where its log and its chain of unindexed tool claims stand.
+pub(crate) struct Heads {
+    pub(crate) chat_no: i64,
+    /// The newest log row.
+    pub(crate) log_row: Option<i64>,
+    pub(crate) last_seq: i64,
+    pub(crate) next_idx: i64,
+    /// The newest claim not yet in `tool_invocation_keys` (see `tools`).
+    pub(crate) claims_head: Option<i64>,
+    pub(crate) unindexed_claims: i64,
+}
+
+/// The chat's heads row; `None` for an unknown chat.
+pub(crate) fn heads(conn: &Connection, chat_id: &str) -> Result<Option<Heads>, StoreError> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT h.chat_no, h.log_head, h.last_seq, h.next_idx, h.claims_head, \
+             h.unindexed_claims \
+             FROM chat_numbers n JOIN chat_heads h ON h.chat_no = n.chat_no WHERE n.chat_id = ?",
+        )?
+        .query_row([chat_id], |row| {
+            Ok(Heads {
+                chat_no: row.get(0)?,
+                log_row: row.get(1)?,
+                last_seq: row.get(2)?,
+                next_idx: row.get(3)?,
+                claims_head: row.get(4)?,
+                unindexed_claims: row.get(5)?,
+            })
+        })
+        .optional()?)
 }
 
 /// Appends one row with `events`, `messages` and `state` (any may be empty) to the chat's log
@@ -43,22 +68,7 @@ pub(crate) fn append(
     messages: &[StoredMessage],
     state: Option<&ChatState>,
 ) -> Result<(), StoreError> {
-    let head = conn
-        .prepare_cached(
-            "SELECT h.chat_no, h.log_head, h.last_seq, h.next_idx \
-             FROM chat_numbers n JOIN chat_heads h ON h.chat_no = n.chat_no WHERE n.chat_id = ?",
-        )?
-        .query_row([chat_id], |row| {
-            Ok(Head {
-                chat_no: row.get(0)?,
-                row: row.get(1)?,
-                last_seq: row.get(2)?,
-                next_idx: row.get(3)?,
-            })
-        })
-        .optional()?
-        .ok_or_else(|| StoreError::NotFound(chat_id.to_owned()))?;
-
+    let head = heads(conn, chat_id)?.ok_or_else(|| StoreError::NotFound(chat_id.to_owned()))?;
     let mut events: Vec<&StoredEvent> = events.iter().collect();
     events.sort_unstable_by_key(|e| e.seq);
     let mut messages: Vec<&StoredMessage> = messages.iter().collect();
@@ -102,7 +112,7 @@ pub(crate) fn append(
     )?
     .execute(params![
         head.chat_no,
-        head.row,
+        head.log_row,
         head.last_seq,
         head.next_idx,
         packed_events,
@@ -379,6 +389,27 @@ macro_rules! walk_sql {
     };
 }
 
+/// Everything `sql` (a [`walk_sql`] query) finds of the chat from `from` on, unpacked in row
+/// order: the rows that may hold it, oldest first, so the caller filters the first ones.
+async fn read_chain<T>(
+    pool: &SqlitePool,
+    sql: &'static str,
+    chat_id: &str,
+    from: i64,
+    unpack: fn(&[u8], &mut Vec<T>) -> Result<(), StoreError>,
+) -> Result<Vec<T>, StoreError> {
+    let rows = sqlx::query(sql)
+        .bind(chat_id)
+        .bind(from)
+        .fetch_all(pool)
+        .await?;
+    let mut out = Vec::new();
+    for row in &rows {
+        unpack(row.try_get(0)?, &mut out)?;
+    }
+    Ok(out)
+}
+
 /// Up to `limit` events with seq > `after`, ordered by seq.
 pub(crate) async fn events_after(
     pool: SqlitePool,
@@ -390,16 +421,14 @@ pub(crate) async fn events_after(
     let Ok(after_sql) = i64::try_from(after) else {
         return Ok(Vec::new());
     };
-    let rows = sqlx::query(walk_sql!("events", "seq_floor", "w.floor > ?2"))
-        .bind(&chat_id)
-        .bind(after_sql)
-        .fetch_all(&pool)
-        .await?;
-    let mut events = Vec::new();
-    for row in &rows {
-        let packed: &[u8] = row.try_get(0)?;
-        unpack_events(packed, &mut events)?;
-    }
+    let events = read_chain(
+        &pool,
+        walk_sql!("events", "seq_floor", "w.floor > ?2"),
+        &chat_id,
+        after_sql,
+        unpack_events,
+    )
+    .await?;
     let limit = usize::try_from(limit).unwrap_or(usize::MAX);
     Ok(events
         .into_iter()
@@ -431,16 +460,14 @@ pub(crate) async fn messages_from(
     let Ok(from_sql) = i64::try_from(from) else {
         return Ok(Vec::new());
     };
-    let rows = sqlx::query(walk_sql!("messages", "idx_floor", "w.floor > ?2"))
-        .bind(&chat_id)
-        .bind(from_sql)
-        .fetch_all(&pool)
-        .await?;
-    let mut messages = Vec::new();
-    for row in &rows {
-        let packed: &[u8] = row.try_get(0)?;
-        unpack_messages(packed, &mut messages)?;
-    }
+    let messages = read_chain(
+        &pool,
+        walk_sql!("messages", "idx_floor", "w.floor > ?2"),
+        &chat_id,
+        from_sql,
+        unpack_messages,
+    )
+    .await?;
     let limit = limit.map_or(usize::MAX, |n| usize::try_from(n).unwrap_or(usize::MAX));
     Ok(messages
         .into_iter()

@@ -18,6 +18,7 @@
 use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::convert::{json_from_sql, now_ms};
+use crate::log::{Heads, heads};
 use crate::{StoreError, ToolClaim};
 
 /// Claims a chat keeps chained (found by walking) before their keys are indexed.
@@ -35,13 +36,6 @@ macro_rules! walk_chain {
     };
 }
 
-/// The chat's claim pointers.
-struct Claims {
-    chat_no: i64,
-    head: Option<i64>,
-    unindexed: i64,
-}
-
 /// A stored claim.
 struct Found {
     row: i64,
@@ -49,24 +43,8 @@ struct Found {
     result: Option<String>,
 }
 
-fn claims_of(conn: &Connection, chat_id: &str) -> Result<Option<Claims>, StoreError> {
-    Ok(conn
-        .prepare_cached(
-            "SELECT h.chat_no, h.claims_head, h.unindexed_claims \
-             FROM chat_numbers n JOIN chat_heads h ON h.chat_no = n.chat_no WHERE n.chat_id = ?",
-        )?
-        .query_row([chat_id], |row| {
-            Ok(Claims {
-                chat_no: row.get(0)?,
-                head: row.get(1)?,
-                unindexed: row.get(2)?,
-            })
-        })
-        .optional()?)
-}
-
 /// The claim of `key`, from the chain of unindexed claims or from the index.
-fn find(conn: &Connection, claims: &Claims, key: &str) -> Result<Option<Found>, StoreError> {
+fn find(conn: &Connection, claims: &Heads, key: &str) -> Result<Option<Found>, StoreError> {
     let found = |row: &rusqlite::Row<'_>| {
         Ok(Found {
             row: row.get(0)?,
@@ -74,7 +52,7 @@ fn find(conn: &Connection, claims: &Claims, key: &str) -> Result<Option<Found>, 
             result: row.get(2)?,
         })
     };
-    if let Some(head) = claims.head {
+    if let Some(head) = claims.claims_head {
         let chained = conn
             .prepare_cached(walk_chain!(
                 "SELECT t.rowid, t.status, t.result FROM walk w \
@@ -98,8 +76,7 @@ fn find(conn: &Connection, claims: &Claims, key: &str) -> Result<Option<Found>, 
 
 /// Claim (chat, key), or report who has it.
 pub(crate) fn claim(conn: &Connection, chat_id: &str, key: &str) -> Result<ToolClaim, StoreError> {
-    let claims =
-        claims_of(conn, chat_id)?.ok_or_else(|| StoreError::NotFound(chat_id.to_owned()))?;
+    let claims = heads(conn, chat_id)?.ok_or_else(|| StoreError::NotFound(chat_id.to_owned()))?;
     if let Some(existing) = find(conn, &claims, key)? {
         return match existing.status.as_str() {
             "started" => Ok(ToolClaim::AlreadyStarted),
@@ -119,13 +96,13 @@ pub(crate) fn claim(conn: &Connection, chat_id: &str, key: &str) -> Result<ToolC
         "INSERT INTO tool_invocations (chat_no, invocation_key, status, started_at_ms, prev) \
          VALUES (?, ?, 'started', ?, ?)",
     )?
-    .execute(params![claims.chat_no, key, now_ms(), claims.head])?;
+    .execute(params![claims.chat_no, key, now_ms(), claims.claims_head])?;
     let row = conn.last_insert_rowid();
-    if claims.unindexed + 1 < UNINDEXED_CLAIMS {
+    if claims.unindexed_claims + 1 < UNINDEXED_CLAIMS {
         conn.prepare_cached(
             "UPDATE chat_heads SET claims_head = ?, unindexed_claims = ? WHERE chat_no = ?",
         )?
-        .execute(params![row, claims.unindexed + 1, claims.chat_no])?;
+        .execute(params![row, claims.unindexed_claims + 1, claims.chat_no])?;
     } else {
         // The chain is full: index its keys (one leaf of the index, written once for all).
         conn.prepare_cached(walk_chain!(
@@ -151,7 +128,7 @@ pub(crate) fn complete(
     result: &str,
 ) -> Result<(), StoreError> {
     // An unknown chat has no claims: "never claimed".
-    let found = match claims_of(conn, chat_id)? {
+    let found = match heads(conn, chat_id)? {
         Some(claims) => find(conn, &claims, key)?,
         None => None,
     };
@@ -175,7 +152,7 @@ pub(crate) fn complete(
 
 /// Deletes every claim of the chat (before its number goes, which takes the index entries).
 pub(crate) fn delete(conn: &Connection, chat_id: &str) -> Result<(), StoreError> {
-    let Some(claims) = claims_of(conn, chat_id)? else {
+    let Some(claims) = heads(conn, chat_id)? else {
         return Ok(());
     };
     conn.prepare_cached(
@@ -183,7 +160,7 @@ pub(crate) fn delete(conn: &Connection, chat_id: &str) -> Result<(), StoreError>
          (SELECT claim_row FROM tool_invocation_keys WHERE chat_no = ?)",
     )?
     .execute([claims.chat_no])?;
-    if let Some(head) = claims.head {
+    if let Some(head) = claims.claims_head {
         conn.prepare_cached(walk_chain!(
             "DELETE FROM tool_invocations WHERE rowid IN (SELECT r FROM walk)"
         ))?

@@ -346,30 +346,12 @@ async fn each_flush_appends_one_log_row_in_write_order_and_nothing_indexes_the_l
     let mut running = ChatState::initial(5);
     running.status = "running".to_owned();
     running.turn = 3;
-    store
-        .apply_batch(
-            "a",
-            Arc::new(ChatWriteBatch {
-                state: Some(running.clone()),
-                ..ChatWriteBatch::default()
-            }),
-        )
-        .await
-        .unwrap();
+    store.save_state("a", running.clone()).await.unwrap();
     assert_eq!(stored_status(&conn), "awaiting_user");
     assert_eq!(store.load_chat("a").await.unwrap().unwrap().state, running);
     let mut done = running;
     done.status = tessera_store::STATUS_COMPLETED.to_owned();
-    store
-        .apply_batch(
-            "a",
-            Arc::new(ChatWriteBatch {
-                state: Some(done.clone()),
-                ..ChatWriteBatch::default()
-            }),
-        )
-        .await
-        .unwrap();
+    store.save_state("a", done.clone()).await.unwrap();
     assert_eq!(stored_status(&conn), "completed");
     assert_eq!(store.load_chat("a").await.unwrap().unwrap().state, done);
     assert!(

@@ -12,6 +12,11 @@
 #   PROFILE=3 PROFILE_DELAY=0.5 PERF_ARGS="--call-graph dwarf" scripts/bench-sqlite.sh
 #                                                    # a short run: start sooner, full stacks
 #   WAL_PAGES=1 scripts/bench-sqlite.sh              # which tables/indexes each commit rewrites
+#   KEEP_DATA=1 scripts/bench-sqlite.sh              # keep the database (e.g. for dbstat)
+#
+# The database (and WAL_PAGES' copy of the WAL) is deleted at the end unless KEEP_DATA is set:
+# a 10,000-chat run leaves ~0.5 GB, and a disk filled by runs fails everything else. Logs,
+# run.json and perf.data stay in WORK.
 #
 # WAL_PAGES holds a read transaction open during the run, so checkpoints cannot restart the
 # WAL and it keeps every page the run wrote; scripts/wal-pages.py then counts the WAL's
@@ -28,6 +33,7 @@ LATENCY_MS=${LATENCY_MS:-0}
 RUN_ARGS=${RUN_ARGS:-}
 PROFILE=${PROFILE:-}
 WAL_PAGES=${WAL_PAGES:-}
+KEEP_DATA=${KEEP_DATA:-}
 WORK=${WORK:-$(mktemp -d /tmp/tessera-bench-sqlite.XXXXXX)}
 LOADGEN=${LOADGEN:-target/release/tessera-loadgen}
 TESSERA=${TESSERA:-target/release/tessera}
@@ -99,6 +105,9 @@ jq -c --argjson kept "$kept_kib" --arg work "$WORK" '{
   turn_p50_ms: .turn_latency.p50_ms, turn_p99_ms: .turn_latency.p99_ms,
   ui_p50_ms: .ui_round_trip.p50_ms, ui_p99_ms: .ui_round_trip.p99_ms,
   threads: .server_usage.cpu_percent_by_thread, work: $work}' "$WORK/run.json"
+if [ -z "$KEEP_DATA" ]; then
+  rm -rf "$WORK/data" "$WORK/run.wal"
+fi
 if [ -n "$PROFILE" ]; then
   wait "$perf_pid" || true
   echo "profile: perf report -i $WORK/perf.data --sort comm,dso,sym --no-children" >&2

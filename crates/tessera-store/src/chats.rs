@@ -1,4 +1,5 @@
-//! SQL for the `chats` table: identity plus the latest state of each chat.
+//! SQL for the `chats` table: identity, and the state at creation and at completion (an open
+//! chat's later states are in its log; see `log`).
 
 use rusqlite::{Connection, params};
 use sqlx::{Row, SqlitePool};
@@ -140,10 +141,11 @@ pub(crate) async fn count_open(pool: SqlitePool, tenant: String) -> Result<u64, 
     Ok(u64::try_from(count).unwrap_or(0))
 }
 
-/// Write `state` to the chat's `chats` row: done once, when the chat completes (the state of
-/// an open chat lives in its log; see [`crate::log::append`]). Unknown chat:
+/// Write a completed chat's final `state` to its `chats` row and mark it closed: done once per
+/// chat (the state of an open chat lives in its log; see [`crate::log::append`]), in one
+/// update, `is_open` included (the open-chat indexes key on it, migration 7). Unknown chat:
 /// [`StoreError::NotFound`].
-pub(crate) fn save_state(
+pub(crate) fn save_completed_state(
     conn: &Connection,
     chat_id: &str,
     state: &ChatState,
@@ -152,7 +154,7 @@ pub(crate) fn save_state(
     let changed = conn
         .prepare_cached(
             "UPDATE chats SET status = ?, current_agent = ?, turn = ?, consecutive = ?, \
-             context = ?, updated_at_ms = ? WHERE chat_id = ?",
+             context = ?, updated_at_ms = ?, is_open = 0 WHERE chat_id = ?",
         )?
         .execute(params![
             state.status,
@@ -165,11 +167,6 @@ pub(crate) fn save_state(
         ])?;
     if changed == 0 {
         return Err(StoreError::NotFound(chat_id.to_owned()));
-    }
-    // Apart from `status`: the open-chat indexes key on `is_open` (migration 7).
-    if state.status == STATUS_COMPLETED {
-        conn.prepare_cached("UPDATE chats SET is_open = 0 WHERE chat_id = ? AND is_open = 1")?
-            .execute([chat_id])?;
     }
     Ok(())
 }

@@ -132,7 +132,7 @@ pub(crate) fn append(
         head.chat_no
     ])?;
     if let Some(state) = state.filter(|s| s.status == crate::STATUS_COMPLETED) {
-        crate::chats::save_state(conn, chat_id, state)?;
+        crate::chats::save_completed_state(conn, chat_id, state)?;
     }
     Ok(())
 }
@@ -202,10 +202,12 @@ fn pack_events(events: &[&StoredEvent]) -> Result<Vec<u8>, StoreError> {
 
 fn pack_messages(messages: &[&StoredMessage]) -> Result<Vec<u8>, StoreError> {
     let mut out = Vec::new();
-    let mut agent = Vec::new();
+    // Scratch buffers reused for every message.
+    let (mut agent, mut raw) = (Vec::new(), Vec::new());
     for m in messages {
         u64_to_sql(m.idx, "message idx")?;
-        let raw = serde_json::to_vec(&m.raw)?;
+        raw.clear();
+        serde_json::to_writer(&mut raw, &m.raw)?;
         put_number(&mut out, m.idx);
         put_field(&mut out, m.message_id.as_bytes());
         put_field(&mut out, m.role.as_bytes());
@@ -243,17 +245,13 @@ pub(crate) fn unpack_state(packed: &[u8]) -> Result<ChatState, StoreError> {
     let mut fields = Fields::new(packed);
     let status = fields.text()?;
     let current_agent = fields.text()?;
-    let turn = u32::try_from(fields.number()?).map_err(|_| corrupt("a turn out of range"))?;
-    let consecutive =
-        u32::try_from(fields.number()?).map_err(|_| corrupt("a consecutive count out of range"))?;
+    let turn = fields.number()?;
+    let consecutive = fields.number()?;
     let context = match serde_json::from_slice(fields.next()?) {
         Ok(serde_json::Value::Object(map)) => map,
         _ => return Err(corrupt("a context that is not a JSON object")),
     };
-    let updated_at_ms = std::str::from_utf8(fields.next()?)
-        .ok()
-        .and_then(|digits| digits.parse().ok())
-        .ok_or_else(|| corrupt("an updated_at_ms that is not a number"))?;
+    let updated_at_ms = fields.number()?;
     if !fields.is_empty() {
         return Err(corrupt("a state with extra fields"));
     }
@@ -287,9 +285,7 @@ impl<'a> Fields<'a> {
             .iter()
             .position(|&b| b == b':')
             .ok_or_else(|| corrupt("a field without its length"))?;
-        let len: usize = std::str::from_utf8(&self.rest[..colon])
-            .ok()
-            .and_then(|digits| digits.parse().ok())
+        let len: usize = parse_decimal(&self.rest[..colon])
             .ok_or_else(|| corrupt("a field length that is not a number"))?;
         let start = colon + 1;
         let end = start
@@ -302,16 +298,21 @@ impl<'a> Fields<'a> {
     }
 
     fn text(&mut self) -> Result<String, StoreError> {
-        let bytes = self.next()?;
-        String::from_utf8(bytes.to_vec()).map_err(|_| corrupt("a text field that is not UTF-8"))
+        owned_text(self.next()?)
     }
 
-    fn number(&mut self) -> Result<u64, StoreError> {
-        std::str::from_utf8(self.next()?)
-            .ok()
-            .and_then(|digits| digits.parse().ok())
-            .ok_or_else(|| corrupt("a number field that is not a number"))
+    fn number<T: std::str::FromStr>(&mut self) -> Result<T, StoreError> {
+        parse_decimal(self.next()?).ok_or_else(|| corrupt("a number field that is not a number"))
     }
+}
+
+/// A number written in decimal digits (with a sign for signed types).
+fn parse_decimal<T: std::str::FromStr>(bytes: &[u8]) -> Option<T> {
+    std::str::from_utf8(bytes).ok()?.parse().ok()
+}
+
+fn owned_text(bytes: &[u8]) -> Result<String, StoreError> {
+    String::from_utf8(bytes.to_vec()).map_err(|_| corrupt("a text field that is not UTF-8"))
 }
 
 fn corrupt(what: &str) -> StoreError {
@@ -338,10 +339,7 @@ fn unpack_messages(packed: &[u8], out: &mut Vec<StoredMessage>) -> Result<(), St
         let role = fields.text()?;
         let agent = match fields.next()? {
             [b'-'] => None,
-            [b'+', name @ ..] => Some(
-                String::from_utf8(name.to_vec())
-                    .map_err(|_| corrupt("an agent name that is not UTF-8"))?,
-            ),
+            [b'+', name @ ..] => Some(owned_text(name)?),
             _ => return Err(corrupt("an agent field without its marker")),
         };
         let content = fields.text()?;
@@ -366,9 +364,9 @@ fn unpack_messages(packed: &[u8], out: &mut Vec<StoredMessage>) -> Result<(), St
 }
 
 /// The packed `$column` of the chat's rows (oldest first) from the newest back to the first
-/// row whose `$floor` fails `$stop`: the rows that may hold what a read starts from.
+/// row whose `$floor` is at or below `?2`: the rows that may hold what a read starts from.
 macro_rules! walk_sql {
-    ($column:literal, $floor:literal, $stop:literal) => {
+    ($column:literal, $floor:literal) => {
         concat!(
             "WITH RECURSIVE walk(r, prev, floor, packed) AS (",
             " SELECT l.rowid, l.prev, l.",
@@ -382,8 +380,7 @@ macro_rules! walk_sql {
             $floor,
             ", l.",
             $column,
-            " FROM walk w JOIN chat_log l ON l.rowid = w.prev WHERE ",
-            $stop,
+            " FROM walk w JOIN chat_log l ON l.rowid = w.prev WHERE w.floor > ?2",
             ") SELECT packed FROM walk WHERE packed IS NOT NULL ORDER BY r"
         )
     };
@@ -423,7 +420,7 @@ pub(crate) async fn events_after(
     };
     let events = read_chain(
         &pool,
-        walk_sql!("events", "seq_floor", "w.floor > ?2"),
+        walk_sql!("events", "seq_floor"),
         &chat_id,
         after_sql,
         unpack_events,
@@ -462,7 +459,7 @@ pub(crate) async fn messages_from(
     };
     let messages = read_chain(
         &pool,
-        walk_sql!("messages", "idx_floor", "w.floor > ?2"),
+        walk_sql!("messages", "idx_floor"),
         &chat_id,
         from_sql,
         unpack_messages,

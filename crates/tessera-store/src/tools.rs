@@ -98,11 +98,9 @@ pub(crate) fn claim(conn: &Connection, chat_id: &str, key: &str) -> Result<ToolC
     )?
     .execute(params![claims.chat_no, key, now_ms(), claims.claims_head])?;
     let row = conn.last_insert_rowid();
-    if claims.unindexed_claims + 1 < UNINDEXED_CLAIMS {
-        conn.prepare_cached(
-            "UPDATE chat_heads SET claims_head = ?, unindexed_claims = ? WHERE chat_no = ?",
-        )?
-        .execute(params![row, claims.unindexed_claims + 1, claims.chat_no])?;
+    let chained = claims.unindexed_claims + 1;
+    let (head, unindexed) = if chained < UNINDEXED_CLAIMS {
+        (Some(row), chained)
     } else {
         // The chain is full: index its keys (one leaf of the index, written once for all).
         conn.prepare_cached(walk_chain!(
@@ -112,11 +110,12 @@ pub(crate) fn claim(conn: &Connection, chat_id: &str, key: &str) -> Result<ToolC
         ))?
         .execute([row])
         .map_err(|e| crate::sqlite_error::from_write(e, chat_id, "tool invocation"))?;
-        conn.prepare_cached(
-            "UPDATE chat_heads SET claims_head = NULL, unindexed_claims = 0 WHERE chat_no = ?",
-        )?
-        .execute([claims.chat_no])?;
-    }
+        (None, 0)
+    };
+    conn.prepare_cached(
+        "UPDATE chat_heads SET claims_head = ?, unindexed_claims = ? WHERE chat_no = ?",
+    )?
+    .execute(params![head, unindexed, claims.chat_no])?;
     Ok(ToolClaim::Claimed)
 }
 

@@ -142,9 +142,10 @@ impl ChatStore for SqliteStore {
     /// fence.
     fn apply_batch(&self, chat_id: &str, batch: Arc<ChatWriteBatch>) -> StoreFuture<()> {
         let chat_id = chat_id.to_owned();
+        // Unhurried: on one node a flush is write-behind (clients already have its events).
         Box::pin(
             self.writer
-                .call(move |conn| batch::apply(conn, &chat_id, &batch)),
+                .call_unhurried(move |conn| batch::apply(conn, &chat_id, &batch)),
         )
     }
 
@@ -375,9 +376,10 @@ impl SqliteStore {
             Err(e) => return Box::pin(std::future::ready(Err(e.into()))),
         };
         let (chat_id, key) = (chat_id.to_owned(), invocation_key.to_owned());
+        // Unhurried: the engine does not wait on a completion (see `DedupCache`).
         Box::pin(
             self.writer
-                .call(move |conn| tools::complete(conn, &chat_id, &key, &result)),
+                .call_unhurried(move |conn| tools::complete(conn, &chat_id, &key, &result)),
         )
     }
 }

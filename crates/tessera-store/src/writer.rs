@@ -22,6 +22,15 @@
 //! free: pacing smaller groups too halved the bytes written at 420 turns/s but put up to
 //! 10 ms on every tool claim, and tens of ms on the UI round trip's p99.
 //!
+//! Unhurried jobs ([`Writer::call_unhurried`]): a chat's write-behind flush and a tool's
+//! completion. Nobody waits on their answer for anything a user sees (on one node events
+//! reach clients before they are stored, and a completion is fire-and-forget), so a group
+//! holding only such jobs starts [`UNHURRIED_WAIT`] after the first of them, unless a hurried
+//! job (a tool claim, a chat's creation) arrives first and takes them along in its commit. At
+//! light load this halves the commits per turn (each commit rewrites the tail pages of the
+//! tables it touches, so the bytes written per turn follow the commits); under load groups
+//! already share commits, and the wait changes nothing.
+//!
 //! Ordering: jobs run in the order they were submitted (one FIFO channel), and submission
 //! happens when the store method is called, not when its future is first polled.
 
@@ -56,6 +65,9 @@ const CHECKPOINT_AFTER_PAGES: c_int = 3_000;
 /// WAL size, in pages, at which the writer waits for a catch-up checkpoint (16 MiB of 4 KiB
 /// pages): bounds the WAL file.
 const CHECKPOINT_CAP_PAGES: c_int = 4_000;
+/// Longest time an unhurried job waits for a hurried one to share its commit (see the
+/// module docs). Short enough that a chat's next flush is rarely held behind it.
+const UNHURRIED_WAIT: Duration = Duration::from_millis(5);
 /// Prepared statements kept per connection (every write statement of the store fits).
 const STATEMENT_CACHE: usize = 64;
 
@@ -73,7 +85,8 @@ impl fmt::Debug for Writer {
 }
 
 enum Command {
-    Job(Box<dyn Job>),
+    /// A job, and whether its caller waits on the answer (see [`Writer::call_unhurried`]).
+    Job(Box<dyn Job>, Urgency),
     /// Finish what is queued, then stop and acknowledge.
     Close(oneshot::Sender<()>),
 }
@@ -82,6 +95,15 @@ impl Writer {
     /// Open the write connection on `path` (already created and migrated) and start the
     /// thread.
     pub(crate) fn start(path: &Path, busy_timeout: Duration) -> Result<Self, StoreError> {
+        Self::start_with_wait(path, busy_timeout, UNHURRIED_WAIT)
+    }
+
+    /// [`Writer::start`] with the longest wait of unhurried jobs (tests set their own).
+    fn start_with_wait(
+        path: &Path,
+        busy_timeout: Duration,
+        unhurried_wait: Duration,
+    ) -> Result<Self, StoreError> {
         let conn = Connection::open(path)?;
         conn.busy_timeout(busy_timeout)?;
         // Same settings as the read pool: WAL, NORMAL sync (durable across process crashes),
@@ -103,7 +125,7 @@ impl Writer {
         let (jobs, queue) = mpsc::channel();
         std::thread::Builder::new()
             .name("tessera-store-writer".to_owned())
-            .spawn(move || run(conn, queue, checkpointer))
+            .spawn(move || run(conn, queue, checkpointer, unhurried_wait))
             .map_err(|source| crate::sqlite_error::setup_io(path, source))?;
         Ok(Self { jobs })
     }
@@ -119,6 +141,32 @@ impl Writer {
         T: Send + 'static,
         F: Fn(&Connection) -> Result<T, StoreError> + Send + 'static,
     {
+        self.submit(work, Urgency::Hurried)
+    }
+
+    /// [`Writer::call`] for a job whose answer nobody waits on for anything a user sees: it
+    /// may wait up to [`UNHURRIED_WAIT`] to share a commit with the next hurried job. The
+    /// answer still comes only once the job is durable.
+    pub(crate) fn call_unhurried<T, F>(
+        &self,
+        work: F,
+    ) -> impl Future<Output = Result<T, StoreError>> + Send + 'static
+    where
+        T: Send + 'static,
+        F: Fn(&Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        self.submit(work, Urgency::Unhurried)
+    }
+
+    fn submit<T, F>(
+        &self,
+        work: F,
+        urgency: Urgency,
+    ) -> impl Future<Output = Result<T, StoreError>> + Send + 'static
+    where
+        T: Send + 'static,
+        F: Fn(&Connection) -> Result<T, StoreError> + Send + 'static,
+    {
         let (reply, answer) = oneshot::channel();
         let job = Box::new(Call {
             work,
@@ -126,7 +174,7 @@ impl Writer {
             reply,
         });
         // A send error means the writer has stopped; the dropped reply then reads as Closed.
-        let _ = self.jobs.send(Command::Job(job));
+        let _ = self.jobs.send(Command::Job(job, urgency));
         async move { answer.await.unwrap_or(Err(StoreError::Closed)) }
     }
 
@@ -138,6 +186,13 @@ impl Writer {
             let _ = stopped.await;
         }
     }
+}
+
+/// Whether a job's caller waits on its answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Urgency {
+    Hurried,
+    Unhurried,
 }
 
 /// A request to the checkpointer.
@@ -277,7 +332,12 @@ fn in_savepoint<T>(
     result
 }
 
-fn run(conn: Connection, queue: mpsc::Receiver<Command>, checkpointer: Checkpointer) {
+fn run(
+    conn: Connection,
+    queue: mpsc::Receiver<Command>,
+    checkpointer: Checkpointer,
+    unhurried_wait: Duration,
+) {
     let mut group: Vec<Box<dyn Job>> = Vec::with_capacity(MAX_JOBS_PER_COMMIT);
     // Never earlier than COMMIT_INTERVAL after the previous group started.
     let mut next_start = Instant::now();
@@ -285,8 +345,16 @@ fn run(conn: Connection, queue: mpsc::Receiver<Command>, checkpointer: Checkpoin
     // transaction.
     while let Ok(first) = queue.recv() {
         let mut close = None;
+        // When the group may start: at `next_start` once it holds a hurried job, at most
+        // UNHURRIED_WAIT after its first job while it holds only unhurried ones.
+        let mut start = next_start;
         match first {
-            Command::Job(job) => group.push(job),
+            Command::Job(job, urgency) => {
+                if urgency == Urgency::Unhurried {
+                    start = start.max(Instant::now() + unhurried_wait);
+                }
+                group.push(job);
+            }
             Command::Close(done) => close = Some(done),
         }
         while close.is_none() && group.len() < MAX_JOBS_PER_COMMIT {
@@ -294,17 +362,22 @@ fn run(conn: Connection, queue: mpsc::Receiver<Command>, checkpointer: Checkpoin
                 Ok(command) => command,
                 Err(_) => {
                     let now = Instant::now();
-                    if now >= next_start {
+                    if now >= start {
                         break;
                     }
-                    match queue.recv_timeout(next_start - now) {
+                    match queue.recv_timeout(start - now) {
                         Ok(command) => command,
                         Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => break,
                     }
                 }
             };
             match next {
-                Command::Job(job) => group.push(job),
+                Command::Job(job, urgency) => {
+                    if urgency == Urgency::Hurried {
+                        start = start.min(next_start);
+                    }
+                    group.push(job);
+                }
                 Command::Close(done) => close = Some(done),
             }
         }
@@ -363,4 +436,94 @@ fn run_group(
         e.to_string()
     })?;
     Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::FutureExt;
+
+    /// A fresh database file with one table, and its WAL's path.
+    fn scratch_db(dir: &tempfile::TempDir) -> (std::path::PathBuf, std::path::PathBuf) {
+        let path = dir.path().join("w.db");
+        let conn = Connection::open(&path).expect("scratch database");
+        conn.execute_batch("PRAGMA journal_mode = WAL; CREATE TABLE t (x INTEGER NOT NULL);")
+            .expect("scratch schema");
+        let wal = dir.path().join("w.db-wal");
+        (path, wal)
+    }
+
+    /// Commits recorded in the WAL (frames whose "database size after commit" is set). No
+    /// checkpoint runs in these tests (far below `CHECKPOINT_AFTER_PAGES`), so the WAL holds
+    /// every commit since the writer started.
+    fn wal_commits(wal: &Path) -> usize {
+        let bytes = std::fs::read(wal).unwrap_or_default();
+        if bytes.len() < 32 {
+            return 0;
+        }
+        let page_size = u32::from_be_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize;
+        bytes[32..]
+            .chunks(24 + page_size)
+            .filter(|frame| frame.len() >= 8 && frame[4..8] != [0, 0, 0, 0])
+            .count()
+    }
+
+    fn insert(x: i64) -> impl Fn(&Connection) -> Result<(), StoreError> + Send + 'static {
+        move |conn| {
+            conn.execute("INSERT INTO t (x) VALUES (?1)", [x])?;
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn an_unhurried_job_rides_on_the_next_hurried_commit() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (path, wal) = scratch_db(&dir);
+        // A wait no test outlives: the unhurried job can only commit with the hurried one.
+        let writer =
+            Writer::start_with_wait(&path, Duration::from_secs(5), Duration::from_secs(3600))
+                .expect("writer");
+        let commits_before = wal_commits(&wal);
+
+        let mut flush = Box::pin(writer.call_unhurried(insert(1)));
+        let claim = writer.call(insert(2));
+        assert!(matches!(claim.await, Ok(())));
+        // Answered by the same commit as the hurried job (which ran after it, in order).
+        assert!(matches!(flush.as_mut().now_or_never(), Some(Ok(()))));
+        assert_eq!(
+            wal_commits(&wal) - commits_before,
+            1,
+            "one commit for both jobs"
+        );
+        writer.close().await;
+    }
+
+    #[tokio::test]
+    async fn an_unhurried_job_alone_commits_after_its_wait() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (path, wal) = scratch_db(&dir);
+        let writer =
+            Writer::start_with_wait(&path, Duration::from_secs(5), Duration::from_millis(1))
+                .expect("writer");
+        assert!(matches!(writer.call_unhurried(insert(1)).await, Ok(())));
+        assert_eq!(wal_commits(&wal), 1);
+        writer.close().await;
+    }
+
+    #[tokio::test]
+    async fn closing_commits_the_unhurried_jobs_that_wait() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (path, _wal) = scratch_db(&dir);
+        let writer =
+            Writer::start_with_wait(&path, Duration::from_secs(5), Duration::from_secs(3600))
+                .expect("writer");
+        let flush = writer.call_unhurried(insert(7));
+        writer.close().await;
+        assert!(matches!(flush.await, Ok(())));
+        let conn = Connection::open(&path).expect("reopen");
+        let kept: i64 = conn
+            .query_row("SELECT x FROM t", [], |row| row.get(0))
+            .expect("the row is stored");
+        assert_eq!(kept, 7);
+    }
 }

@@ -486,6 +486,9 @@ mod tests {
         let commits_before = wal_commits(&wal);
 
         let mut flush = Box::pin(writer.call_unhurried(insert(1)));
+        // Not answered on its own (it would be within milliseconds if it were hurried).
+        let alone = tokio::time::timeout(Duration::from_millis(200), flush.as_mut()).await;
+        assert!(alone.is_err(), "an unhurried job waits for company");
         let claim = writer.call(insert(2));
         assert!(matches!(claim.await, Ok(())));
         // Answered by the same commit as the hurried job (which ran after it, in order).

@@ -18,6 +18,12 @@
 //!   from the pool for the next group: the store reconnects by itself after PostgreSQL
 //!   restarts.
 //!
+//! Unhurried jobs ([`Write::is_unhurried`]: a tool's completion, a single node's flush): a
+//! group holding only such jobs waits up to [`UNHURRIED_WAIT`] for a hurried one and commits
+//! with it, as the SQLite writer does (`crate::writer`). In a cluster a flush is hurried (its
+//! events are shown only once durable), so there the completion rides on the flush of its
+//! tool's result instead of paying a WAL flush of its own.
+//!
 //! WHY one writer, not several in parallel: while it waits for a COMMIT, the jobs that arrive
 //! queue up and form the next, larger group, so PostgreSQL pays its per-commit and
 //! per-statement costs (WAL flush, executor start-up, round trips) once for more turns.
@@ -28,7 +34,10 @@
 use futures::channel::oneshot;
 use sqlx::pool::PoolConnection;
 use sqlx::{Acquire, PgConnection, PgPool, Postgres};
+use std::time::Duration;
+
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use super::merged;
@@ -37,6 +46,10 @@ use crate::StoreError;
 
 /// Most jobs in one transaction: bounds the time a caller waits for a commit.
 const MAX_JOBS_PER_COMMIT: usize = 256;
+/// Longest time a group of only unhurried jobs (see [`Write::is_unhurried`]) waits for a
+/// hurried one to share its commit: a commit waits for PostgreSQL's WAL flush, so at light
+/// load a tool's completion riding on the flush that follows it saves one.
+const UNHURRIED_WAIT: Duration = Duration::from_millis(5);
 
 enum Command {
     Job(Job),
@@ -59,8 +72,13 @@ pub(crate) struct Writer {
 impl Writer {
     /// Starts the writer on the current runtime, writing through `pool`.
     pub(crate) fn start(pool: &PgPool) -> Self {
+        Self::start_with_wait(pool, UNHURRIED_WAIT)
+    }
+
+    /// [`Writer::start`] with the longest wait of unhurried jobs (tests set their own).
+    fn start_with_wait(pool: &PgPool, unhurried_wait: Duration) -> Self {
         let (queue, jobs) = mpsc::unbounded_channel();
-        tokio::spawn(run(pool.clone(), jobs));
+        tokio::spawn(run(pool.clone(), jobs, unhurried_wait));
         Self { queue }
     }
 
@@ -85,21 +103,33 @@ impl Writer {
     }
 }
 
-async fn run(pool: PgPool, mut queue: mpsc::UnboundedReceiver<Command>) {
+async fn run(pool: PgPool, mut queue: mpsc::UnboundedReceiver<Command>, unhurried_wait: Duration) {
     let mut conn: Option<PoolConnection<Postgres>> = None;
     let mut group: Vec<Job> = Vec::with_capacity(MAX_JOBS_PER_COMMIT);
     // Waits for the first job only; whatever queued up meanwhile joins its transaction.
     while let Some(first) = queue.recv().await {
-        let mut close = None;
-        match first {
-            Command::Job(job) => group.push(job),
-            Command::Close(done) => close = Some(done),
-        }
-        while close.is_none() && group.len() < MAX_JOBS_PER_COMMIT {
-            match queue.try_recv() {
-                Ok(Command::Job(job)) => group.push(job),
-                Ok(Command::Close(done)) => close = Some(done),
-                Err(_) => break,
+        // Set while the group holds only unhurried jobs: when it starts anyway.
+        let mut unhurried_until = None;
+        let mut close = take(first, &mut group, &mut unhurried_until, unhurried_wait);
+        loop {
+            while close.is_none() && group.len() < MAX_JOBS_PER_COMMIT {
+                match queue.try_recv() {
+                    Ok(command) => {
+                        close = take(command, &mut group, &mut unhurried_until, unhurried_wait);
+                    }
+                    Err(_) => break,
+                }
+            }
+            let Some(until) = unhurried_until else { break };
+            if close.is_some() || group.len() >= MAX_JOBS_PER_COMMIT {
+                break;
+            }
+            match tokio::time::timeout_at(until, queue.recv()).await {
+                Ok(Some(command)) => {
+                    close = take(command, &mut group, &mut unhurried_until, unhurried_wait);
+                }
+                // The queue closed, or the wait is over.
+                Ok(None) | Err(_) => break,
             }
         }
         if !group.is_empty() {
@@ -136,6 +166,29 @@ async fn run(pool: PgPool, mut queue: mpsc::UnboundedReceiver<Command>) {
         }
     }
     debug!("store writer stopped");
+}
+
+/// Adds a job to `group` (a Close is returned instead). `unhurried_until` is set by an
+/// unhurried first job, `unhurried_wait` after now, and cleared by any hurried one (see
+/// [`UNHURRIED_WAIT`]).
+fn take(
+    command: Command,
+    group: &mut Vec<Job>,
+    unhurried_until: &mut Option<Instant>,
+    unhurried_wait: Duration,
+) -> Option<oneshot::Sender<()>> {
+    match command {
+        Command::Job(job) => {
+            if !job.write.is_unhurried() {
+                *unhurried_until = None;
+            } else if group.is_empty() {
+                *unhurried_until = Some(Instant::now() + unhurried_wait);
+            }
+            group.push(job);
+            None
+        }
+        Command::Close(done) => Some(done),
+    }
 }
 
 /// The writer's connection, whose statements look rows up by key and never scan a table.
@@ -226,5 +279,125 @@ fn clone_error(error: &StoreError) -> StoreError {
         StoreError::Closed => StoreError::Closed,
         StoreError::Setup(m) => StoreError::Setup(m.clone()),
         other => StoreError::Transient(other.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use sqlx::postgres::PgPoolOptions;
+
+    use super::*;
+    use crate::testing::PgTestSchema;
+    use crate::{ChatRecord, ChatStore, ChatWriteBatch, PgStore, StoredEvent};
+
+    fn flush(chat_id: &str, seq: u64, epoch: Option<i64>) -> Write {
+        let batch = ChatWriteBatch {
+            events: vec![StoredEvent {
+                seq,
+                event_type: "chat.text".into(),
+                json: "{}".into(),
+            }],
+            epoch,
+            ..ChatWriteBatch::default()
+        };
+        Write::Batch {
+            chat_id: chat_id.to_owned(),
+            batch: Arc::new(batch),
+        }
+    }
+
+    fn claim(chat_id: &str, key: &str) -> Write {
+        Write::ClaimTool {
+            chat_id: chat_id.to_owned(),
+            key: key.to_owned(),
+            epoch: None,
+        }
+    }
+
+    /// A store with chat `c1`, and a pool of this test's runtime on the same schema.
+    async fn scratch(test: &str) -> Option<(PgTestSchema, PgStore, PgPool)> {
+        let schema = PgTestSchema::create(test).await?;
+        let store = PgStore::connect_with(schema.options())
+            .await
+            .expect("store");
+        let record = ChatRecord {
+            chat_id: "c1".into(),
+            tenant: "t".into(),
+            user_id: "u".into(),
+            workflow: "w".into(),
+            workflow_version: String::new(),
+            created_at_ms: 0,
+        };
+        store.create_chat(record).await.expect("chat");
+        let pool = PgPoolOptions::new()
+            .max_connections(2)
+            .connect_with(schema.options())
+            .await
+            .expect("pool");
+        Some((schema, store, pool))
+    }
+
+    /// The transaction id that wrote event `seq` of `c1`, and the one that wrote claim `key`.
+    async fn writers_of(pool: &PgPool, seq: i64, key: &str) -> (String, String) {
+        sqlx::query_as(
+            "SELECT (SELECT xmin::text FROM events WHERE chat_id = 'c1' AND seq = $1), \
+                    (SELECT xmin::text FROM tool_invocations \
+                     WHERE chat_id = 'c1' AND invocation_key = $2)",
+        )
+        .bind(seq)
+        .bind(key)
+        .fetch_one(pool)
+        .await
+        .expect("xmin")
+    }
+
+    #[tokio::test]
+    async fn an_unhurried_flush_commits_with_the_next_hurried_write() {
+        let Some((_schema, _store, pool)) = scratch("pg_writer_unhurried").await else {
+            return;
+        };
+        // A wait no test outlives: the flush can only commit with the claim.
+        let writer = Writer::start_with_wait(&pool, Duration::from_secs(3600));
+        let mut flushed = Box::pin(writer.submit(flush("c1", 1, None)));
+        // Not answered on its own (it would be within milliseconds if it were hurried).
+        let alone = tokio::time::timeout(Duration::from_millis(200), flushed.as_mut()).await;
+        assert!(alone.is_err(), "an unhurried flush waits for company");
+        assert!(writer.submit(claim("c1", "k1")).await.is_ok());
+        assert!(flushed.await.is_ok());
+        let (event_tx, claim_tx) = writers_of(&pool, 1, "k1").await;
+        assert_eq!(event_tx, claim_tx, "one transaction wrote both");
+        writer.close().await;
+    }
+
+    #[tokio::test]
+    async fn a_fenced_flush_is_hurried() {
+        let Some((_schema, _store, pool)) = scratch("pg_writer_fenced_flush").await else {
+            return;
+        };
+        let writer = Writer::start_with_wait(&pool, Duration::from_secs(3600));
+        // A cluster's flush (it carries a lease epoch): answered without company. The epoch
+        // is refused (the chat has no lease), which still answers at once.
+        let answer = tokio::time::timeout(
+            Duration::from_secs(30),
+            writer.submit(flush("c1", 1, Some(1))),
+        )
+        .await;
+        assert!(
+            answer.is_ok(),
+            "a fenced flush does not wait for other writes"
+        );
+        writer.close().await;
+    }
+
+    #[tokio::test]
+    async fn an_unhurried_write_alone_commits_after_its_wait() {
+        let Some((_schema, _store, pool)) = scratch("pg_writer_unhurried_alone").await else {
+            return;
+        };
+        let writer = Writer::start_with_wait(&pool, Duration::from_millis(1));
+        assert!(writer.submit(flush("c1", 1, None)).await.is_ok());
+        writer.close().await;
     }
 }

@@ -88,6 +88,20 @@ pub(crate) enum Write {
     },
 }
 
+impl Write {
+    /// True for a write nobody waits on for anything a user sees: a tool's completion (the
+    /// engine does not wait for it) and a chat's flush on a single node (no lease epoch: its
+    /// events reached clients before it). In a cluster a flush is hurried: its events are
+    /// shown, and the client's input acknowledged, only once it is durable.
+    pub(crate) fn is_unhurried(&self) -> bool {
+        match self {
+            Write::CompleteTool { .. } => true,
+            Write::Batch { batch, .. } => batch.epoch.is_none(),
+            _ => false,
+        }
+    }
+}
+
 /// What a write answers.
 #[derive(Debug)]
 pub(crate) enum Done {

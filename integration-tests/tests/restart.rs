@@ -9,6 +9,7 @@ use integration_tests::server::{ServerOptions, TestServer};
 use integration_tests::wsclient::WsClient;
 use serde_json::{Value, json};
 use tessera_store::testing::PgTestSchema;
+use tessera_store::{ChatStore, PgStore, SqliteStore};
 
 fn answer(corr: &str) -> Value {
     json!({"type": "chat.tool_response", "data": {"corr": corr, "status": "success", "action": "submit", "data": {}}})
@@ -232,4 +233,77 @@ async fn sigterm_shuts_down_cleanly() {
         }
     }
     assert!(closed, "the socket was closed on shutdown");
+}
+
+#[tokio::test]
+async fn sigterm_stores_every_event_clients_saw_before_exiting() {
+    sigterm_stores_what_clients_saw(false).await;
+}
+
+#[tokio::test]
+async fn on_postgres_sigterm_stores_every_event_clients_saw_before_exiting() {
+    sigterm_stores_what_clients_saw(true).await;
+}
+
+/// A clean shutdown right after a burst of events (no waiting for the store, unlike the
+/// SIGKILL test): the chat's writes queued behind its last flush reach the store before the
+/// process exits, so the restarted server holds every event the client saw.
+async fn sigterm_stores_what_clients_saw(postgres: bool) {
+    let Some((options, data, schema)) =
+        restartable("sigterm_stores_what_clients_saw", postgres).await
+    else {
+        return;
+    };
+    let server = TestServer::start(options.clone()).await;
+    let chat = server.create_chat("Generator", "alice").await;
+    let mut ws = WsClient::connect(&server.ws_url(&chat, 0), "alice").await;
+    ws.until("chat.input_request").await;
+    ws.say("Automate my invoices").await;
+    // Through three UI calls: the last one is announced while the flush before it is still
+    // on its way to the store (the case a shutdown used to lose).
+    let plan = ws.until_ui_call().await;
+    ws.send(answer(plan["data"]["corr"].as_str().unwrap_or_default()))
+        .await;
+    let key = ws.until_ui_call().await;
+    let corr = key["data"]["corr"].clone();
+    ws.send(
+        json!({"type": "chat.tool_response", "data": {"corr": corr, "status": "success",
+        "action": "submit", "data": {"service": "openai", "apiKey": "sk-test-0123456789"}}}),
+    )
+    .await;
+    let last = ws.until_ui_call().await;
+    assert_eq!(last["data"]["tool_name"], "generate_and_download");
+    let seen = ws.last_seq;
+    ws.close().await;
+    assert!(server.terminate().await, "tessera exits 0 on SIGTERM");
+
+    // Read the store itself: a restarted server would re-run the interrupted turn and
+    // announce the call again, hiding a lost event.
+    let store: Box<dyn ChatStore> = match &schema {
+        Some(schema) => Box::new(
+            PgStore::connect_with(schema.options())
+                .await
+                .unwrap_or_else(|e| panic!("{e}")),
+        ),
+        None => Box::new(
+            SqliteStore::open(&data.path().join("tessera.db"))
+                .await
+                .unwrap_or_else(|e| panic!("{e}")),
+        ),
+    };
+    let stored = store
+        .events_after(&chat, 0, u32::MAX)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let last_stored = stored.last().map(|e| (e.seq, e.event_type.as_str()));
+    assert_eq!(
+        last_stored,
+        Some((seen, "chat.tool_call")),
+        "the store holds every event the client saw, the last UI call included"
+    );
+    let json: Value =
+        serde_json::from_str(&stored[stored.len() - 1].json).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(json["data"]["corr"], last["data"]["corr"]);
+    drop(store);
+    assert_no_sqlite_file(&data, &schema);
 }

@@ -111,6 +111,14 @@ pub struct StopChat;
 #[rtype(result = "()")]
 pub struct Relinquish;
 
+/// Resolves once every write the chat has queued so far is in the store (at once without a
+/// store). The server sends it to every chat on shutdown, before closing the store: a flush
+/// answered by the store's last commit may leave writes queued behind it that would
+/// otherwise never be sent.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct WhenStored;
+
 /// A read-only view of the chat, for REST.
 #[derive(Debug, Clone)]
 pub struct ChatSnapshot {
@@ -186,6 +194,8 @@ pub struct ChatSession {
     /// Durable writes, when the engine has a store.
     persist: Option<WriteBehind>,
     flush_requested: bool,
+    /// Answered once the write-behind queue is idle (see [`WhenStored`]).
+    stored_waiters: Vec<tokio::sync::oneshot::Sender<()>>,
     self_addr: Option<Addr<ChatSession>>,
     /// Set for a chat rebuilt from the store: `started` resumes instead of starting.
     restored: Option<restore::RestoredWork>,
@@ -248,6 +258,7 @@ impl ChatSession {
                 .clone()
                 .map(|store| WriteBehind::new(store, id.chat_id.clone())),
             flush_requested: false,
+            stored_waiters: Vec::new(),
             self_addr: None,
             restored: None,
             logged_tools: LoggedToolEvents::default(),
@@ -819,6 +830,8 @@ impl Handler<FlushWrites> for ChatSession {
             });
         }
         let Some(flush) = self.persist.as_mut().and_then(WriteBehind::start_flush) else {
+            // Nothing to write (or a flush still running, whose end answers them).
+            self.answer_stored_waiters();
             return;
         };
         // A task of its own, not a future of this context: `ctx.wait` (e.g. for the vault
@@ -862,8 +875,43 @@ impl Handler<FlushDone> for ChatSession {
                 self.flush_requested = true;
                 ctx.notify_later(FlushWrites, delay);
             }
-            Some(NextFlush::Idle) | None => {}
+            Some(NextFlush::Idle) | None => self.answer_stored_waiters(),
         }
+    }
+}
+
+impl ChatSession {
+    /// Answers the [`WhenStored`] waiters if every queued write is stored.
+    fn answer_stored_waiters(&mut self) {
+        let idle = self.persist.as_ref().is_none_or(WriteBehind::is_idle);
+        if idle && !self.flush_requested {
+            for waiter in self.stored_waiters.drain(..) {
+                let _ = waiter.send(());
+            }
+        }
+    }
+}
+
+impl Handler<WhenStored> for ChatSession {
+    type Result = ResponseFuture<()>;
+
+    fn handle(&mut self, _: WhenStored, _ctx: &mut Self::Context) -> Self::Result {
+        let stored = self
+            .persist
+            .as_ref()
+            .is_none_or(|p| p.is_idle() && !self.flush_requested);
+        if stored {
+            return Box::pin(std::future::ready(()));
+        }
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.stored_waiters.push(tx);
+        if !self.flush_requested && self.persist.as_ref().is_some_and(WriteBehind::has_queued) {
+            self.request_flush();
+        }
+        Box::pin(async move {
+            // A chat that stops first drops the sender: nothing more will be stored anyway.
+            let _ = rx.await;
+        })
     }
 }
 

@@ -66,6 +66,13 @@ struct Waiter {
     reply: Reply,
 }
 
+/// Resolves, with the number of chats asked, once every chat in memory has stored the writes
+/// it had queued (see `tessera_engine::session::WhenStored`): sent on shutdown, before the
+/// store is closed.
+#[derive(Message)]
+#[rtype(result = "usize")]
+pub struct StoreQueuedWrites;
+
 /// chat id → handle, and the rebuilds in flight.
 pub struct ChatRegistry {
     engine: Engine,
@@ -215,6 +222,25 @@ impl Handler<RegistrySize> for ChatRegistry {
     fn handle(&mut self, _: RegistrySize, _: &mut Self::Context) -> Self::Result {
         self.sweep();
         MessageResult((self.chats.len(), self.rebuilding.len()))
+    }
+}
+
+impl Handler<StoreQueuedWrites> for ChatRegistry {
+    type Result = ResponseFuture<usize>;
+
+    fn handle(&mut self, _: StoreQueuedWrites, _ctx: &mut Self::Context) -> Self::Result {
+        self.sweep();
+        let asked: Vec<_> = self
+            .chats
+            .values()
+            .map(|handle| handle.addr.send(tessera_engine::session::WhenStored))
+            .collect();
+        Box::pin(async move {
+            let count = asked.len();
+            // A chat that stopped meanwhile has nothing more to store.
+            futures::future::join_all(asked).await;
+            count
+        })
     }
 }
 

@@ -28,6 +28,9 @@ use crate::metrics::Metrics;
 use crate::registry::ChatRegistry;
 use crate::reload::{self, ModelSource};
 
+/// Longest wait on shutdown for the chats to hand the store what they queued.
+const STORE_QUEUED_WRITES_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Shared state of every HTTP handler.
 pub struct AppState {
     pub engine: Engine,
@@ -420,6 +423,7 @@ pub async fn run(
     let shutting_down = Arc::new(AtomicBool::new(false));
     let connections = crate::ws::ConnectionHub::default().start();
     let hub = connections.clone();
+    let chats = registry.clone();
     let state = web::Data::new(AppState {
         engine,
         registry,
@@ -487,8 +491,18 @@ pub async fn run(
         handle.stop(true).await;
     });
     server.await.context("server failed")?;
-    // Sockets are closed and HTTP has drained: let the store commit what the chats queued
-    // before the process exits (a write still queued at exit would be lost as in a crash).
+    // Sockets are closed and HTTP has drained: let every chat hand the store what it queued,
+    // then let the store commit it before the process exits (a write still queued at exit
+    // would be lost as in a crash). Bounded: a store that cannot write must not hang the exit.
+    let stored = tokio::time::timeout(
+        STORE_QUEUED_WRITES_TIMEOUT,
+        chats.send(crate::registry::StoreQueuedWrites),
+    )
+    .await;
+    match stored {
+        Ok(Ok(chats)) => tracing::info!(chats, "queued chat writes handed to the store"),
+        _ => tracing::warn!("queued chat writes not all stored before shutdown"),
+    }
     stores.close().await;
     tracing::info!("store closed");
     Ok(())

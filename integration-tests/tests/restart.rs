@@ -33,6 +33,20 @@ async fn restartable(
     Some((options, data, Some(schema)))
 }
 
+/// A server on `options`, and a Generator chat of alice's that was told `message`, with its
+/// socket.
+async fn generator_chat_told(
+    options: ServerOptions,
+    message: &str,
+) -> (TestServer, String, WsClient) {
+    let server = TestServer::start(options).await;
+    let chat = server.create_chat("Generator", "alice").await;
+    let mut ws = WsClient::connect(&server.ws_url(&chat, 0), "alice").await;
+    ws.until("chat.input_request").await;
+    ws.say(message).await;
+    (server, chat, ws)
+}
+
 /// On PostgreSQL nothing may have gone to a SQLite file in the data dir.
 fn assert_no_sqlite_file(data: &tempfile::TempDir, schema: &Option<PgTestSchema>) {
     if schema.is_some() {
@@ -58,11 +72,7 @@ async fn sigkill_during_a_ui_wait(postgres: bool) {
     else {
         return;
     };
-    let server = TestServer::start(options.clone()).await;
-    let chat = server.create_chat("Generator", "alice").await;
-    let mut ws = WsClient::connect(&server.ws_url(&chat, 0), "alice").await;
-    ws.until("chat.input_request").await;
-    ws.say("Automate my invoices").await;
+    let (server, chat, mut ws) = generator_chat_told(options.clone(), "Automate my invoices").await;
     let plan = ws.until_ui_call().await;
     let corr = plan["data"]["corr"].as_str().unwrap_or_default().to_owned();
     let seen = ws.last_seq;
@@ -164,11 +174,8 @@ async fn completed_chat_after_a_restart(postgres: bool) {
     else {
         return;
     };
-    let server = TestServer::start(options.clone()).await;
-    let chat = server.create_chat("Generator", "alice").await;
-    let mut ws = WsClient::connect(&server.ws_url(&chat, 0), "alice").await;
-    ws.until("chat.input_request").await;
-    ws.say("Automate my garden watering").await;
+    let (server, chat, mut ws) =
+        generator_chat_told(options.clone(), "Automate my garden watering").await;
     for _ in 0..3 {
         let call = ws.until_ui_call().await;
         ws.send(answer(call["data"]["corr"].as_str().unwrap_or_default()))
@@ -247,18 +254,14 @@ async fn on_postgres_sigterm_stores_every_event_clients_saw_before_exiting() {
 
 /// A clean shutdown right after a burst of events (no waiting for the store, unlike the
 /// SIGKILL test): the chat's writes queued behind its last flush reach the store before the
-/// process exits, so the restarted server holds every event the client saw.
+/// process exits, so the store holds every event the client saw.
 async fn sigterm_stores_what_clients_saw(postgres: bool) {
     let Some((options, data, schema)) =
         restartable("sigterm_stores_what_clients_saw", postgres).await
     else {
         return;
     };
-    let server = TestServer::start(options.clone()).await;
-    let chat = server.create_chat("Generator", "alice").await;
-    let mut ws = WsClient::connect(&server.ws_url(&chat, 0), "alice").await;
-    ws.until("chat.input_request").await;
-    ws.say("Automate my invoices").await;
+    let (server, chat, mut ws) = generator_chat_told(options, "Automate my invoices").await;
     // Through three UI calls: the last one is announced while the flush before it is still
     // on its way to the store (the case a shutdown used to lose).
     let plan = ws.until_ui_call().await;

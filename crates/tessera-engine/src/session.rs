@@ -881,10 +881,14 @@ impl Handler<FlushDone> for ChatSession {
 }
 
 impl ChatSession {
+    /// Every write queued so far is in the store (none queued, none in flight or due).
+    fn all_stored(&self) -> bool {
+        !self.flush_requested && self.persist.as_ref().is_none_or(WriteBehind::is_idle)
+    }
+
     /// Answers the [`WhenStored`] waiters if every queued write is stored.
     fn answer_stored_waiters(&mut self) {
-        let idle = self.persist.as_ref().is_none_or(WriteBehind::is_idle);
-        if idle && !self.flush_requested {
+        if self.all_stored() {
             for waiter in self.stored_waiters.drain(..) {
                 let _ = waiter.send(());
             }
@@ -896,11 +900,7 @@ impl Handler<WhenStored> for ChatSession {
     type Result = ResponseFuture<()>;
 
     fn handle(&mut self, _: WhenStored, _ctx: &mut Self::Context) -> Self::Result {
-        let stored = self
-            .persist
-            .as_ref()
-            .is_none_or(|p| p.is_idle() && !self.flush_requested);
-        if stored {
+        if self.all_stored() {
             return Box::pin(std::future::ready(()));
         }
         let (tx, rx) = tokio::sync::oneshot::channel();

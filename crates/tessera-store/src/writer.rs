@@ -443,14 +443,21 @@ mod tests {
     use super::*;
     use futures::FutureExt;
 
-    /// A fresh database file with one table, and its WAL's path.
-    fn scratch_db(dir: &tempfile::TempDir) -> (std::path::PathBuf, std::path::PathBuf) {
+    /// A writer whose unhurried jobs wait up to `unhurried_wait`, on a fresh database file
+    /// with one table; the file's and its WAL's paths.
+    fn scratch_writer(
+        dir: &tempfile::TempDir,
+        unhurried_wait: Duration,
+    ) -> (Writer, std::path::PathBuf, std::path::PathBuf) {
         let path = dir.path().join("w.db");
         let conn = Connection::open(&path).expect("scratch database");
         conn.execute_batch("PRAGMA journal_mode = WAL; CREATE TABLE t (x INTEGER NOT NULL);")
             .expect("scratch schema");
+        drop(conn);
+        let writer =
+            Writer::start_with_wait(&path, Duration::from_secs(5), unhurried_wait).expect("writer");
         let wal = dir.path().join("w.db-wal");
-        (path, wal)
+        (writer, path, wal)
     }
 
     /// Commits recorded in the WAL (frames whose "database size after commit" is set). No
@@ -478,11 +485,8 @@ mod tests {
     #[tokio::test]
     async fn an_unhurried_job_rides_on_the_next_hurried_commit() {
         let dir = tempfile::tempdir().expect("temp dir");
-        let (path, wal) = scratch_db(&dir);
         // A wait no test outlives: the unhurried job can only commit with the hurried one.
-        let writer =
-            Writer::start_with_wait(&path, Duration::from_secs(5), Duration::from_secs(3600))
-                .expect("writer");
+        let (writer, _path, wal) = scratch_writer(&dir, Duration::from_secs(3600));
         let commits_before = wal_commits(&wal);
 
         let mut flush = Box::pin(writer.call_unhurried(insert(1)));
@@ -504,10 +508,7 @@ mod tests {
     #[tokio::test]
     async fn an_unhurried_job_alone_commits_after_its_wait() {
         let dir = tempfile::tempdir().expect("temp dir");
-        let (path, wal) = scratch_db(&dir);
-        let writer =
-            Writer::start_with_wait(&path, Duration::from_secs(5), Duration::from_millis(1))
-                .expect("writer");
+        let (writer, _path, wal) = scratch_writer(&dir, Duration::from_millis(1));
         assert!(matches!(writer.call_unhurried(insert(1)).await, Ok(())));
         assert_eq!(wal_commits(&wal), 1);
         writer.close().await;
@@ -516,10 +517,7 @@ mod tests {
     #[tokio::test]
     async fn closing_commits_the_unhurried_jobs_that_wait() {
         let dir = tempfile::tempdir().expect("temp dir");
-        let (path, _wal) = scratch_db(&dir);
-        let writer =
-            Writer::start_with_wait(&path, Duration::from_secs(5), Duration::from_secs(3600))
-                .expect("writer");
+        let (writer, path, _wal) = scratch_writer(&dir, Duration::from_secs(3600));
         let flush = writer.call_unhurried(insert(7));
         writer.close().await;
         assert!(matches!(flush.await, Ok(())));

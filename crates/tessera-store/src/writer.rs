@@ -344,19 +344,10 @@ fn run(
     // Blocks for the first job only; whatever queues up until the group may start joins its
     // transaction.
     while let Ok(first) = queue.recv() {
-        let mut close = None;
         // When the group may start: at `next_start` once it holds a hurried job, at most
         // UNHURRIED_WAIT after its first job while it holds only unhurried ones.
         let mut start = next_start;
-        match first {
-            Command::Job(job, urgency) => {
-                if urgency == Urgency::Unhurried {
-                    start = start.max(Instant::now() + unhurried_wait);
-                }
-                group.push(job);
-            }
-            Command::Close(done) => close = Some(done),
-        }
+        let mut close = take(first, &mut group, &mut start, next_start, unhurried_wait);
         while close.is_none() && group.len() < MAX_JOBS_PER_COMMIT {
             let next = match queue.try_recv() {
                 Ok(command) => command,
@@ -371,15 +362,7 @@ fn run(
                     }
                 }
             };
-            match next {
-                Command::Job(job, urgency) => {
-                    if urgency == Urgency::Hurried {
-                        start = start.min(next_start);
-                    }
-                    group.push(job);
-                }
-                Command::Close(done) => close = Some(done),
-            }
+            close = take(next, &mut group, &mut start, next_start, unhurried_wait);
         }
         if !group.is_empty() {
             next_start = if group.len() >= PACE_FROM_JOBS {
@@ -396,6 +379,32 @@ fn run(
         }
     }
     debug!("store writer stopped");
+}
+
+/// Adds a job to `group` (a Close is returned instead) and moves the group's `start`: a
+/// hurried job brings it back to `next_start`, an unhurried first job puts it
+/// `unhurried_wait` after now.
+fn take(
+    command: Command,
+    group: &mut Vec<Box<dyn Job>>,
+    start: &mut Instant,
+    next_start: Instant,
+    unhurried_wait: Duration,
+) -> Option<oneshot::Sender<()>> {
+    match command {
+        Command::Job(job, urgency) => {
+            match urgency {
+                Urgency::Hurried => *start = (*start).min(next_start),
+                Urgency::Unhurried if group.is_empty() => {
+                    *start = (*start).max(Instant::now() + unhurried_wait);
+                }
+                Urgency::Unhurried => {}
+            }
+            group.push(job);
+            None
+        }
+        Command::Close(done) => Some(done),
+    }
 }
 
 fn commit_group(conn: &Connection, group: &mut Vec<Box<dyn Job>>) {

@@ -111,26 +111,19 @@ async fn run(pool: PgPool, mut queue: mpsc::UnboundedReceiver<Command>, unhurrie
         // Set while the group holds only unhurried jobs: when it starts anyway.
         let mut unhurried_until = None;
         let mut close = take(first, &mut group, &mut unhurried_until, unhurried_wait);
-        loop {
-            while close.is_none() && group.len() < MAX_JOBS_PER_COMMIT {
-                match queue.try_recv() {
-                    Ok(command) => {
-                        close = take(command, &mut group, &mut unhurried_until, unhurried_wait);
-                    }
-                    Err(_) => break,
-                }
-            }
-            let Some(until) = unhurried_until else { break };
-            if close.is_some() || group.len() >= MAX_JOBS_PER_COMMIT {
-                break;
-            }
-            match tokio::time::timeout_at(until, queue.recv()).await {
-                Ok(Some(command)) => {
-                    close = take(command, &mut group, &mut unhurried_until, unhurried_wait);
-                }
-                // The queue closed, or the wait is over.
-                Ok(None) | Err(_) => break,
-            }
+        while close.is_none() && group.len() < MAX_JOBS_PER_COMMIT {
+            let next = match queue.try_recv() {
+                Ok(command) => command,
+                Err(_) => match unhurried_until {
+                    None => break,
+                    Some(until) => match tokio::time::timeout_at(until, queue.recv()).await {
+                        Ok(Some(command)) => command,
+                        // The queue closed, or the wait is over.
+                        Ok(None) | Err(_) => break,
+                    },
+                },
+            };
+            close = take(next, &mut group, &mut unhurried_until, unhurried_wait);
         }
         if !group.is_empty() {
             // Chat by chat in id order (stable: one chat's writes keep their order), so the

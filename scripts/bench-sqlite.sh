@@ -13,6 +13,9 @@
 #                                                    # a short run: start sooner, full stacks
 #   WAL_PAGES=1 scripts/bench-sqlite.sh              # which tables/indexes each commit rewrites
 #   KEEP_DATA=1 scripts/bench-sqlite.sh              # keep the database (e.g. for dbstat)
+#   cp target/release/tessera-loadgen /tmp/mockllm
+#   MOCK_LLM=/tmp/mockllm RUN_ARGS="--peer-comm mockllm" scripts/bench-sqlite.sh
+#                                                    # also the mock's CPU per turn (run.json)
 #
 # The database (and WAL_PAGES' copy of the WAL) is deleted at the end unless KEEP_DATA is set:
 # a 10,000-chat run leaves ~0.5 GB, and a disk filled by runs fails everything else. Logs,
@@ -37,13 +40,16 @@ KEEP_DATA=${KEEP_DATA:-}
 WORK=${WORK:-$(mktemp -d /tmp/tessera-bench-sqlite.XXXXXX)}
 LOADGEN=${LOADGEN:-target/release/tessera-loadgen}
 TESSERA=${TESSERA:-target/release/tessera}
+# The mock LLM runs from a copy of the load generator under another name when this is set, so
+# `RUN_ARGS="--peer-comm NAME"` can report its CPU apart from the load generator's.
+MOCK_LLM=${MOCK_LLM:-$LOADGEN}
 
 command -v jq >/dev/null || { echo "needs jq" >&2; exit 1; }
 
 # shellcheck source=scripts/bench-lib.sh
 source scripts/bench-lib.sh
 
-"$LOADGEN" mock-llm --port 0 --latency-ms "$LATENCY_MS" >"$WORK/mock.log" 2>&1 &
+"$MOCK_LLM" mock-llm --port 0 --latency-ms "$LATENCY_MS" >"$WORK/mock.log" 2>&1 &
 pids+=($!)
 MOCK=$(wait_listening "$WORK/mock.log")
 

@@ -13,6 +13,8 @@
 #                                                    # a short run: start sooner, full stacks
 #   WAL_PAGES=1 scripts/bench-sqlite.sh              # which tables/indexes each commit rewrites
 #   KEEP_DATA=1 scripts/bench-sqlite.sh              # keep the database (e.g. for dbstat)
+#   CHATS=100 ROUNDS=10 scripts/bench-sqlite.sh      # 10 runs of 100 chats on one server,
+#                                                    # summed: a 100 x 10 run alone lasts ~0.2 s
 #   cp target/release/tessera-loadgen /tmp/mockllm
 #   MOCK_LLM=/tmp/mockllm RUN_ARGS="--peer-comm mockllm" scripts/bench-sqlite.sh
 #                                                    # also the mock's CPU per turn (run.json)
@@ -36,6 +38,7 @@ LATENCY_MS=${LATENCY_MS:-0}
 RUN_ARGS=${RUN_ARGS:-}
 PROFILE=${PROFILE:-}
 WAL_PAGES=${WAL_PAGES:-}
+ROUNDS=${ROUNDS:-1}
 KEEP_DATA=${KEEP_DATA:-}
 WORK=${WORK:-$(mktemp -d /tmp/tessera-bench-sqlite.XXXXXX)}
 LOADGEN=${LOADGEN:-target/release/tessera-loadgen}
@@ -80,12 +83,32 @@ if [ -n "$PROFILE" ]; then
   perf_pid=$!
 fi
 
-# shellcheck disable=SC2086 # RUN_ARGS is a list of flags
-"$LOADGEN" run --url "http://$SERVER" --chats "$CHATS" --turns "$TURNS" \
-  --server-pid "$SERVER_PID" --json "$WORK/run.json" $RUN_ARGS 2>"$WORK/run.log" || {
-  echo "load run failed; see $WORK/run.log" >&2
-  exit 1
-}
+round_files=()
+for ((round = 1; round <= ROUNDS; round++)); do
+  round_files+=("$WORK/run-$round.json")
+  # shellcheck disable=SC2086 # RUN_ARGS is a list of flags
+  "$LOADGEN" run --url "http://$SERVER" --chats "$CHATS" --turns "$TURNS" \
+    --server-pid "$SERVER_PID" --json "$WORK/run-$round.json" $RUN_ARGS \
+    2>"$WORK/run-$round.log" || {
+    echo "load run failed; see $WORK/run-$round.log" >&2
+    exit 1
+  }
+done
+# One summary for all rounds: the last round's, with turns, CPU and writes summed over every
+# round's window (each window starts once that round's chats have connected).
+jq -s '.[-1] + {
+  rounds: length,
+  turns_completed: (map(.turns_completed) | add),
+  turns_per_s: ((map(.turns_completed) | add) / (map(.window_s) | add) | floor),
+  window_s: (map(.window_s) | add),
+  round_cpu_ms_per_turn: map(.server_usage.cpu_ms_per_turn),
+  server_usage: (.[-1].server_usage + {
+    cpu_s: (map(.server_usage.cpu_s) | add),
+    cpu_ms_per_turn: ((map(.server_usage.cpu_s) | add) * 1000 / (map(.turns_completed) | add)
+      * 10000 | round / 10000),
+    write_KiB_per_turn: ((map(.server_usage.write_KiB_per_turn * .turns_completed) | add)
+      / (map(.turns_completed) | add) * 100 | round / 100)})}' \
+  "${round_files[@]}" >"$WORK/run.json"
 
 # What the database keeps: its size once the WAL is checkpointed away (server stopped first).
 kill "$SERVER_PID"
@@ -104,8 +127,8 @@ if [ -n "$db" ] && command -v sqlite3 >/dev/null; then
 fi
 
 jq -c --argjson kept "$kept_kib" --arg work "$WORK" '{
-  chats, turns_per_chat, turns_per_s, errors, protocol_violations,
-  cpu_ms_per_turn: .server_usage.cpu_ms_per_turn,
+  chats, turns_per_chat, rounds, turns_per_s, errors, protocol_violations,
+  cpu_ms_per_turn: .server_usage.cpu_ms_per_turn, round_cpu_ms_per_turn,
   write_KiB_per_turn: .server_usage.write_KiB_per_turn,
   kept_KiB_per_turn: $kept,
   turn_p50_ms: .turn_latency.p50_ms, turn_p99_ms: .turn_latency.p99_ms,

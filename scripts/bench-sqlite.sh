@@ -94,10 +94,14 @@ for ((round = 1; round <= ROUNDS; round++)); do
     exit 1
   }
 done
-# One summary for all rounds: the last round's, with turns, CPU and writes summed over every
-# round's window (each window starts once that round's chats have connected).
+# One summary for all rounds: turns, CPU, writes, errors and protocol violations summed over
+# every round's window (each window starts once that round's chats have connected); the
+# other fields (latencies, memory, peer usage) are the last round's.
 jq -s '.[-1] + {
   rounds: length,
+  errors: (map(.errors | to_entries[]) | group_by(.key)
+    | map({key: .[0].key, value: (map(.value) | add)}) | from_entries),
+  protocol_violations: (map(.protocol_violations) | add),
   turns_completed: (map(.turns_completed) | add),
   turns_per_s: ((map(.turns_completed) | add) / (map(.window_s) | add) | floor),
   window_s: (map(.window_s) | add),

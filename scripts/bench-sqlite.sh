@@ -96,7 +96,7 @@ for ((round = 1; round <= ROUNDS; round++)); do
 done
 # One summary for all rounds: turns, CPU, writes, errors and protocol violations summed over
 # every round's window (each window starts once that round's chats have connected); the
-# other fields (latencies, memory, peer usage) are the last round's.
+# other fields (latencies, memory, peer usage, steady_turns_per_s) are the last round's.
 jq -s '.[-1] + {
   rounds: length,
   errors: (map(.errors | to_entries[]) | group_by(.key)
@@ -131,7 +131,7 @@ if [ -n "$db" ] && command -v sqlite3 >/dev/null; then
 fi
 
 jq -c --argjson kept "$kept_kib" --arg work "$WORK" '{
-  chats, turns_per_chat, rounds, turns_per_s, errors, protocol_violations,
+  chats, turns_per_chat, rounds, turns_per_s, steady_turns_per_s, errors, protocol_violations,
   cpu_ms_per_turn: .server_usage.cpu_ms_per_turn, round_cpu_ms_per_turn,
   write_KiB_per_turn: .server_usage.write_KiB_per_turn,
   kept_KiB_per_turn: $kept,

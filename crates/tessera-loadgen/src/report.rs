@@ -35,6 +35,16 @@ impl Latency {
         let _ = self.0.add(&other.0);
     }
 
+    /// Samples recorded.
+    pub fn count(&self) -> u64 {
+        self.0.len()
+    }
+
+    /// The sample at quantile `q` (0..=1), in microseconds; `None` when empty.
+    pub fn quantile_us(&self, q: f64) -> Option<u64> {
+        (!self.0.is_empty()).then(|| self.0.value_at_quantile(q))
+    }
+
     /// `{count, p50_ms, p90_ms, p99_ms, max_ms}`.
     pub fn summary(&self) -> Value {
         let ms = |us: u64| (us as f64) / 1000.0;

@@ -121,6 +121,8 @@ struct Shared {
     gate: Semaphore,
     deadline: tokio::time::Instant,
     progress: Progress,
+    /// Origin of the turn-end times in [`ChatOutcome::turn_ends`].
+    origin: Instant,
 }
 
 #[derive(Default)]
@@ -135,6 +137,8 @@ struct Progress {
 #[derive(Default)]
 struct ChatOutcome {
     turns: Latency,
+    /// When each turn ended, as time since [`Shared::origin`] (for `steady_turns_per_s`).
+    turn_ends: Latency,
     ui: Latency,
     errors: ErrorCounts,
     turns_done: u32,
@@ -222,7 +226,19 @@ async fn shared(common: &Common) -> anyhow::Result<Arc<Shared>> {
         gate: Semaphore::new(common.connect_concurrency.max(1)),
         deadline: tokio::time::Instant::now() + Duration::from_secs(common.max_seconds.max(1)),
         progress: Progress::default(),
+        origin: Instant::now(),
     }))
+}
+
+/// Turns per second between the 10th and the 90th percentile of turn ends: the run without
+/// its ramp-up and its tail. WHY: `turns_per_s` spans first send to last turn, and in a
+/// closed-loop run with model latency the last chats finish their turns one model wait after
+/// another once the others are done, so a run's tail is bound by latency, not CPU, however
+/// cheap the server is. `None` with too few turns to tell.
+fn steady_turns_per_s(turn_ends: &Latency) -> Option<f64> {
+    let (from, to) = (turn_ends.quantile_us(0.10)?, turn_ends.quantile_us(0.90)?);
+    let span_s = to.checked_sub(from).filter(|&us| us > 0)? as f64 / 1e6;
+    (turn_ends.count() >= 100).then(|| turn_ends.count() as f64 * 0.8 / span_s)
 }
 
 fn runtime(threads: usize) -> anyhow::Result<tokio::runtime::Runtime> {
@@ -435,6 +451,7 @@ async fn drive_chat(
                     if let Some(start) = turn_started.take() {
                         out.turns.record(now - start);
                     }
+                    out.turn_ends.record(now - shared.origin);
                     out.last_end = Some(now);
                     if !open_calls.is_empty() {
                         out.error("tool_call_unanswered");
@@ -650,6 +667,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<bool> {
             .collect();
         let _ = go_tx.send(true);
         let mut turns = Latency::new();
+        let mut turn_ends = Latency::new();
         let mut ui = Latency::new();
         let mut errors = ErrorCounts::new();
         let (mut connections, mut completed, mut turns_done) = (0u64, 0u64, 0u64);
@@ -660,6 +678,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<bool> {
                 continue;
             };
             turns.merge(&outcome.turns);
+            turn_ends.merge(&outcome.turn_ends);
             ui.merge(&outcome.ui);
             for (code, n) in outcome.errors {
                 *errors.entry(code).or_default() += n;
@@ -708,6 +727,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<bool> {
             "turns_completed": turns_done,
             "window_s": (window * 1000.0).round() / 1000.0,
             "turns_per_s": (turns_done as f64 / window.max(1e-9)).round(),
+            "steady_turns_per_s": steady_turns_per_s(&turn_ends).map(f64::round),
             "turn_latency": turns.summary(),
             "ui_round_trip": ui.summary(),
             "errors": errors,
@@ -849,6 +869,28 @@ pub fn idle(args: IdleArgs) -> anyhow::Result<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn steady_rate_leaves_out_a_slow_tail() {
+        let mut ends = Latency::new();
+        // 1,000 turns, one every 10 ms (100 turns/s), then 100 more over a 10 s tail.
+        for i in 1..=1_000u64 {
+            ends.record(Duration::from_millis(10 * i));
+        }
+        for i in 1..=100u64 {
+            ends.record(Duration::from_millis(10_000 + 100 * i));
+        }
+        let steady = steady_turns_per_s(&ends).unwrap_or_default();
+        // The 10th to 90th percentile lie in the steady part (hdrhistogram keeps 3 digits).
+        assert!((steady - 100.0).abs() < 2.0, "steady rate {steady}");
+        // Over the whole window the same run did 1,100 turns in 20 s.
+        let whole = 1_100.0 / 20.0;
+        assert!(steady > whole * 1.5);
+
+        let mut few = Latency::new();
+        few.record(Duration::from_millis(5));
+        assert_eq!(steady_turns_per_s(&few), None, "too few turns to tell");
+    }
 
     #[test]
     fn source_ranges_are_loopback_only() {

@@ -15,10 +15,13 @@ impl Default for Latency {
 }
 
 impl Latency {
+    /// Longest sample kept, in microseconds (10 minutes); longer ones are recorded as this.
+    pub const MAX_US: u64 = 600_000_000;
+
     /// An empty histogram.
     pub fn new() -> Self {
         // The bounds are constants that hdrhistogram accepts; fall back to auto-resizing.
-        let hist = Histogram::new_with_bounds(1, 600_000_000, 3)
+        let hist = Histogram::new_with_bounds(1, Self::MAX_US, 3)
             .or_else(|_| Histogram::new(3))
             .unwrap_or_else(|_| unreachable_histogram());
         Self(hist)
@@ -26,7 +29,7 @@ impl Latency {
 
     /// Records one sample.
     pub fn record(&mut self, d: std::time::Duration) {
-        let us = (d.as_micros() as u64).clamp(1, 600_000_000);
+        let us = (d.as_micros() as u64).clamp(1, Self::MAX_US);
         let _ = self.0.record(us);
     }
 

@@ -131,6 +131,35 @@ struct Progress {
     finished: AtomicU64,
     failed: AtomicU64,
     turns: AtomicU64,
+    /// Failures to open a chat printed so far (see [`Shared::open_failed`]).
+    reported: AtomicU64,
+}
+
+/// Failures to open a chat printed with their cause; later ones are only counted.
+const REPORTED_FAILURES: u64 = 20;
+
+impl Shared {
+    /// `code`, after printing why chat `i` could not be opened, with the error's causes (the
+    /// first [`REPORTED_FAILURES`] only, so that a server that refuses everything does not
+    /// flood the terminal).
+    fn open_failed(
+        &self,
+        i: usize,
+        code: &'static str,
+        why: &dyn std::error::Error,
+    ) -> &'static str {
+        if self.progress.reported.fetch_add(1, Ordering::Relaxed) < REPORTED_FAILURES {
+            let mut text = why.to_string();
+            let mut cause = why.source();
+            while let Some(next) = cause {
+                text.push_str(": ");
+                text.push_str(&next.to_string());
+                cause = next.source();
+            }
+            eprintln!("chat {i}: {code}: {text}");
+        }
+        code
+    }
 }
 
 /// The result of one chat.
@@ -265,7 +294,7 @@ async fn open_chat(shared: &Shared, i: usize) -> Result<Socket, &'static str> {
         .json(&json!({"workflow": shared.workflow, "context": shared.context}))
         .send()
         .await
-        .map_err(|_| "create_failed")?;
+        .map_err(|e| shared.open_failed(i, "create_failed", &e))?;
     if !response.status().is_success() {
         return Err(if response.status().as_u16() == 429 {
             "create_rate_limited"
@@ -273,7 +302,10 @@ async fn open_chat(shared: &Shared, i: usize) -> Result<Socket, &'static str> {
             "create_refused"
         });
     }
-    let body: Value = response.json().await.map_err(|_| "create_bad_body")?;
+    let body: Value = response
+        .json()
+        .await
+        .map_err(|e| shared.open_failed(i, "create_bad_body", &e))?;
     let path = body["ws_url"].as_str().ok_or("create_bad_body")?;
     let url = format!("{}{path}?last_seq=0", shared.ws_base);
     let socket = if shared.server.is_ipv4() {
@@ -281,17 +313,17 @@ async fn open_chat(shared: &Shared, i: usize) -> Result<Socket, &'static str> {
     } else {
         TcpSocket::new_v6()
     }
-    .map_err(|_| "socket_failed")?;
+    .map_err(|e| shared.open_failed(i, "socket_failed", &e))?;
     if !shared.sources.is_empty() && shared.server.is_ipv4() {
         let ip = shared.sources[i % shared.sources.len()];
         socket
             .bind(SocketAddr::new(IpAddr::V4(ip), 0))
-            .map_err(|_| "bind_failed")?;
+            .map_err(|e| shared.open_failed(i, "bind_failed", &e))?;
     }
     let stream = socket
         .connect(shared.server)
         .await
-        .map_err(|_| "connect_failed")?;
+        .map_err(|e| shared.open_failed(i, "connect_failed", &e))?;
     let _ = stream.set_nodelay(true);
     let mut request = url.into_client_request().map_err(|_| "bad_url")?;
     let header = user.parse().map_err(|_| "bad_user")?;
@@ -301,7 +333,7 @@ async fn open_chat(shared: &Shared, i: usize) -> Result<Socket, &'static str> {
         .write_buffer_size(0);
     let (socket, _) = tokio_tungstenite::client_async_with_config(request, stream, Some(config))
         .await
-        .map_err(|_| "handshake_failed")?;
+        .map_err(|e| shared.open_failed(i, "handshake_failed", &e))?;
     Ok(socket)
 }
 

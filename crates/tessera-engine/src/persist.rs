@@ -19,7 +19,7 @@ use serde_json::{Map, Value};
 use tessera_llm::{Message, Role};
 use tessera_protocol::{PendingUiCall, ServerEvent, ToolCallEvent};
 use tessera_store::{
-    ChatRecord, ChatState, ChatStore, ChatWriteBatch, PendingUiRecord, STATUS_COMPLETED,
+    ChatRecord, ChatState, ChatStore, ChatWriteBatch, JsonText, PendingUiRecord, STATUS_COMPLETED,
     StoreError, StoredChat, StoredEvent, StoredMessage, ToolClaim,
 };
 
@@ -316,7 +316,7 @@ impl From<TranscriptRow<'_>> for StoredMessage {
             agent: row.message.name.as_deref().map(str::to_owned),
             content: row.message.content_str().to_owned(),
             ui_hidden: row.ui_hidden,
-            raw: serde_json::to_value(row.message).unwrap_or(Value::Null),
+            raw: JsonText::new(row.message).unwrap_or_else(|_| JsonText::null()),
         }
     }
 }
@@ -332,7 +332,9 @@ impl From<StoredMessage> for RestoredMessage {
     /// A row whose full LLM message does not decode keeps its text as a user message: the
     /// history stays readable and the model still sees what was said.
     fn from(row: StoredMessage) -> Self {
-        let message = serde_json::from_value(row.raw)
+        let message = row
+            .raw
+            .parse()
             .unwrap_or_else(|_| Message::text(Role::User, row.content.as_str()));
         Self {
             message,

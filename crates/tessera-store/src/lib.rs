@@ -44,8 +44,8 @@ mod writer;
 pub use error::StoreError;
 pub use lease::{Lease, LeaseStore};
 pub use model::{
-    ChatRecord, ChatState, PendingUiRecord, STATUS_AWAITING_USER, STATUS_COMPLETED, StoredChat,
-    StoredEvent, StoredMessage, ToolClaim,
+    ChatRecord, ChatState, JsonText, PendingUiRecord, STATUS_AWAITING_USER, STATUS_COMPLETED,
+    StoredChat, StoredEvent, StoredMessage, ToolClaim,
 };
 pub use pg::PgStore;
 pub use sqlite::SqliteStore;

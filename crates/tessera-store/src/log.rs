@@ -17,8 +17,8 @@
 use rusqlite::{Connection, OptionalExtension, params};
 use sqlx::{Row, SqlitePool};
 
-use crate::convert::{json_from_sql, sql_to_u64, u64_to_sql};
-use crate::{ChatState, StoreError, StoredEvent, StoredMessage};
+use crate::convert::{sql_to_u64, u64_to_sql};
+use crate::{ChatState, JsonText, StoreError, StoredEvent, StoredMessage};
 
 /// A chat's `chat_heads` row: where its log and its chain of unindexed tool claims stand.
 pub(crate) struct Heads {
@@ -203,11 +203,9 @@ fn pack_events(events: &[&StoredEvent]) -> Result<Vec<u8>, StoreError> {
 fn pack_messages(messages: &[&StoredMessage]) -> Result<Vec<u8>, StoreError> {
     let mut out = Vec::new();
     // Scratch buffers reused for every message.
-    let (mut agent, mut raw) = (Vec::new(), Vec::new());
+    let mut agent = Vec::new();
     for m in messages {
         u64_to_sql(m.idx, "message idx")?;
-        raw.clear();
-        serde_json::to_writer(&mut raw, &m.raw)?;
         put_number(&mut out, m.idx);
         put_field(&mut out, m.message_id.as_bytes());
         put_field(&mut out, m.role.as_bytes());
@@ -222,7 +220,7 @@ fn pack_messages(messages: &[&StoredMessage]) -> Result<Vec<u8>, StoreError> {
         put_field(&mut out, &agent);
         put_field(&mut out, m.content.as_bytes());
         put_field(&mut out, if m.ui_hidden { b"1" } else { b"0" });
-        put_field(&mut out, &raw);
+        put_field(&mut out, m.raw.get().as_bytes());
     }
     Ok(out)
 }
@@ -357,7 +355,8 @@ fn unpack_messages(packed: &[u8], out: &mut Vec<StoredMessage>) -> Result<(), St
             agent,
             content,
             ui_hidden,
-            raw: json_from_sql(raw, "message raw")?,
+            raw: JsonText::from_text(raw.to_owned())
+                .map_err(|e| StoreError::Corrupt(format!("message raw: {e}")))?,
         });
     }
     Ok(())
@@ -500,7 +499,8 @@ mod tests {
             agent: agent.map(str::to_owned),
             content: "multi-byte: héllo, 12:34, \"quoted\"".to_owned(),
             ui_hidden: idx % 2 == 1,
-            raw: json!({"role": "assistant", "content": "x:1"}),
+            raw: JsonText::new(&json!({"role": "assistant", "content": "x:1"}))
+                .unwrap_or_else(|e| panic!("{e}")),
         }
     }
 

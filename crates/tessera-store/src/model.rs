@@ -4,7 +4,9 @@
 //! state and rebuilds its state from them after a restart, whatever backend sits behind
 //! [`crate::ChatStore`].
 
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 /// Status of a chat waiting for the user's next message; the state every new chat starts in.
@@ -88,7 +90,51 @@ pub struct StoredMessage {
     /// Hidden from the UI transcript (still part of the model history).
     pub ui_hidden: bool,
     /// The full LLM message as JSON, used to rebuild the model history.
-    pub raw: Value,
+    pub raw: JsonText,
+}
+
+/// A JSON document kept as its text: stored as is, parsed only by whoever reads it.
+///
+/// WHY not a `Value`: every transcript row the engine queues was turned into a `Value` tree
+/// (a map and a string per field) only for the store to write it out as text again. One
+/// string instead: 547 allocations per LoadTest turn instead of 557-577 (README, fifth
+/// session).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct JsonText(Box<RawValue>);
+
+impl JsonText {
+    /// `value` serialized.
+    pub fn new<T: Serialize + ?Sized>(value: &T) -> Result<Self, serde_json::Error> {
+        serde_json::value::to_raw_value(value).map(Self)
+    }
+
+    /// `text`, checked to be one JSON document.
+    pub fn from_text(text: String) -> Result<Self, serde_json::Error> {
+        RawValue::from_string(text).map(Self)
+    }
+
+    /// JSON `null`.
+    pub fn null() -> Self {
+        Self(RawValue::NULL.to_owned())
+    }
+
+    /// The JSON text.
+    pub fn get(&self) -> &str {
+        self.0.get()
+    }
+
+    /// The document parsed as a `T`.
+    pub fn parse<T: DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
+        serde_json::from_str(self.get())
+    }
+}
+
+/// Equal when the texts are: what the store keeps is the text.
+impl PartialEq for JsonText {
+    fn eq(&self, other: &Self) -> bool {
+        self.get() == other.get()
+    }
 }
 
 /// One entry of the per-chat event log replayed to reconnecting clients.
@@ -127,4 +173,34 @@ pub enum ToolClaim {
     AlreadyStarted,
     /// It already ran; here is its recorded result (if one was recorded).
     AlreadyCompleted(Option<Value>),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn json_text_keeps_the_text_and_parses_on_demand() {
+        let value = json!({"role": "assistant", "content": "a \"quoted\" é"});
+        let text = JsonText::new(&value).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(text.parse::<Value>().ok(), Some(value.clone()));
+        // Serialized as the document itself, not as a string holding it.
+        let wrapped = serde_json::to_string(&json!({"raw": text})).unwrap_or_default();
+        assert_eq!(
+            serde_json::from_str::<Value>(&wrapped).ok(),
+            Some(json!({"raw": value}))
+        );
+        let again = JsonText::from_text(text.get().to_owned()).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(again, text);
+        assert_ne!(JsonText::null(), text);
+        assert_eq!(JsonText::null().get(), "null");
+    }
+
+    #[test]
+    fn json_text_refuses_what_is_not_one_json_document() {
+        assert!(JsonText::from_text("{\"role\":".to_owned()).is_err());
+        assert!(JsonText::from_text("1 2".to_owned()).is_err());
+        assert!(JsonText::from_text(String::new()).is_err());
+    }
 }

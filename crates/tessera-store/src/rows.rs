@@ -11,7 +11,8 @@ use tessera_tools::{ArtifactRef, StoredArtifact, Task};
 
 use crate::convert::{json_from_sql, sql_to_u32, sql_to_u64};
 use crate::{
-    ChatRecord, ChatState, PendingUiRecord, StoreError, StoredChat, StoredEvent, StoredMessage,
+    ChatRecord, ChatState, JsonText, PendingUiRecord, StoreError, StoredChat, StoredEvent,
+    StoredMessage,
 };
 
 /// What the decoders need of a backend's row: named columns of these Rust types.
@@ -87,7 +88,8 @@ where
         agent: row.col("agent")?,
         content: row.col("content")?,
         ui_hidden: row.col("ui_hidden")?,
-        raw: json_from_sql(&raw, "message raw")?,
+        raw: JsonText::from_text(raw)
+            .map_err(|e| StoreError::Corrupt(format!("message raw: {e}")))?,
     })
 }
 

@@ -155,7 +155,7 @@ fn initial_context(workflow: &Workflow, last: &Map<String, Value>) -> Map<String
 fn model_from(messages: &[StoredMessage]) -> Value {
     let mut agents: BTreeMap<String, Vec<Value>> = BTreeMap::new();
     for stored in messages {
-        let Ok(message) = serde_json::from_value::<Message>(stored.raw.clone()) else {
+        let Ok(message) = stored.raw.parse::<Message>() else {
             continue;
         };
         let Some(agent) = message

@@ -253,7 +253,7 @@ impl<'a> Messages<'a> {
             self.agent.push(message.agent.as_deref());
             self.content.push(&message.content);
             self.ui_hidden.push(message.ui_hidden);
-            self.raw.push(serde_json::to_string(&message.raw)?);
+            self.raw.push(message.raw.get().to_owned());
         }
         Ok(())
     }

@@ -246,7 +246,7 @@ async fn apply_batch(
         m.agent.push(message.agent.as_deref());
         m.content.push(&message.content);
         m.ui_hidden.push(message.ui_hidden);
-        m.raw.push(serde_json::to_string(&message.raw)?);
+        m.raw.push(message.raw.get().to_owned());
     }
     let mut e = EventColumns::default();
     for event in &batch.events {

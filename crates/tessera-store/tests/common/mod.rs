@@ -14,8 +14,8 @@ use futures::future::BoxFuture;
 use serde_json::{Value, json};
 use tessera_store::testing::PgTestSchema;
 use tessera_store::{
-    ChatRecord, ChatState, ChatStore, ChatWriteBatch, PendingUiRecord, PgStore, SqliteStore,
-    StoreError, StoredEvent, StoredMessage,
+    ChatRecord, ChatState, ChatStore, ChatWriteBatch, JsonText, PendingUiRecord, PgStore,
+    SqliteStore, StoreError, StoredEvent, StoredMessage,
 };
 use tessera_tools::{ArtifactRef, ArtifactStore, StoredArtifact, Task, TaskFilter, TaskStore};
 
@@ -370,7 +370,7 @@ pub fn message(idx: u64) -> StoredMessage {
         agent: (idx % 2 == 1).then(|| "triage".to_owned()),
         content: format!("message {idx}"),
         ui_hidden: idx == 3,
-        raw: json!({"role": "user", "content": format!("message {idx}")}),
+        raw: JsonText::new(&json!({"role": "user", "content": format!("message {idx}")})).unwrap(),
     }
 }
 

@@ -5,7 +5,7 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use crate::StoreError;
+use crate::{JsonText, StoreError};
 
 /// A caller's u64 as an SQLite INTEGER.
 pub(crate) fn u64_to_sql(v: u64, what: &str) -> Result<i64, StoreError> {
@@ -26,6 +26,11 @@ pub(crate) fn sql_to_u32(v: i64, what: &str) -> Result<u32, StoreError> {
 /// Parse stored JSON text.
 pub(crate) fn json_from_sql(text: &str, what: &str) -> Result<serde_json::Value, StoreError> {
     serde_json::from_str(text).map_err(|e| StoreError::Corrupt(format!("{what}: {e}")))
+}
+
+/// [`json_from_sql`] kept as text: checked to be one JSON document, not parsed into a tree.
+pub(crate) fn json_text_from_sql(text: String, what: &str) -> Result<JsonText, StoreError> {
+    JsonText::from_text(text).map_err(|e| StoreError::Corrupt(format!("{what}: {e}")))
 }
 
 /// Wall clock, Unix milliseconds (0 if the clock is before 1970).

@@ -17,8 +17,8 @@
 use rusqlite::{Connection, OptionalExtension, params};
 use sqlx::{Row, SqlitePool};
 
-use crate::convert::{sql_to_u64, u64_to_sql};
-use crate::{ChatState, JsonText, StoreError, StoredEvent, StoredMessage};
+use crate::convert::{json_text_from_sql, sql_to_u64, u64_to_sql};
+use crate::{ChatState, StoreError, StoredEvent, StoredMessage};
 
 /// A chat's `chat_heads` row: where its log and its chain of unindexed tool claims stand.
 pub(crate) struct Heads {
@@ -202,7 +202,7 @@ fn pack_events(events: &[&StoredEvent]) -> Result<Vec<u8>, StoreError> {
 
 fn pack_messages(messages: &[&StoredMessage]) -> Result<Vec<u8>, StoreError> {
     let mut out = Vec::new();
-    // Scratch buffers reused for every message.
+    // Scratch buffer for the agent field, reused for every message.
     let mut agent = Vec::new();
     for m in messages {
         u64_to_sql(m.idx, "message idx")?;
@@ -355,8 +355,7 @@ fn unpack_messages(packed: &[u8], out: &mut Vec<StoredMessage>) -> Result<(), St
             agent,
             content,
             ui_hidden,
-            raw: JsonText::from_text(raw.to_owned())
-                .map_err(|e| StoreError::Corrupt(format!("message raw: {e}")))?,
+            raw: json_text_from_sql(raw.to_owned(), "message raw")?,
         });
     }
     Ok(())
@@ -489,6 +488,7 @@ pub(crate) fn delete(conn: &Connection, chat_id: &str) -> Result<(), StoreError>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::JsonText;
     use serde_json::json;
 
     fn message(idx: u64, agent: Option<&str>) -> StoredMessage {

@@ -9,10 +9,9 @@ use serde_json::Value;
 use sqlx::{ColumnIndex, Decode, Row, Type};
 use tessera_tools::{ArtifactRef, StoredArtifact, Task};
 
-use crate::convert::{json_from_sql, sql_to_u32, sql_to_u64};
+use crate::convert::{json_from_sql, json_text_from_sql, sql_to_u32, sql_to_u64};
 use crate::{
-    ChatRecord, ChatState, JsonText, PendingUiRecord, StoreError, StoredChat, StoredEvent,
-    StoredMessage,
+    ChatRecord, ChatState, PendingUiRecord, StoreError, StoredChat, StoredEvent, StoredMessage,
 };
 
 /// What the decoders need of a backend's row: named columns of these Rust types.
@@ -88,8 +87,7 @@ where
         agent: row.col("agent")?,
         content: row.col("content")?,
         ui_hidden: row.col("ui_hidden")?,
-        raw: JsonText::from_text(raw)
-            .map_err(|e| StoreError::Corrupt(format!("message raw: {e}")))?,
+        raw: json_text_from_sql(raw, "message raw")?,
     })
 }
 

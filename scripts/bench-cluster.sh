@@ -8,6 +8,7 @@
 #   postgres ms/turn every `postgres` process's CPU over the same window (`run --peer-comm`)
 #   nats ms/turn     the `nats-server` process's CPU over the same window (cluster setups)
 #   WAL KiB/turn     pg_current_wal_lsn() difference over the whole run (opening the chats too)
+#   kept KiB/turn    how much the database grew over the same span (pg_database_size)
 #   p50/p99          the worst node's turn latency; RSS: the largest node's peak RSS
 # and appends each run's figures as one JSON line to $WORK/results.jsonl.
 #
@@ -15,6 +16,7 @@
 #   SETUPS="sqlite pg1" REPEAT=2 scripts/bench-cluster.sh
 #   RUN_ARGS="--ui --think-ms 2000" SETUPS=pg1 scripts/bench-cluster.sh   # UI round trips
 #   BUILD=0 TESSERA=/path/to/tessera scripts/bench-cluster.sh             # another build
+#   LATENCY_MS=100 SETUPS=pg1 CHATS=3000 TURNS=20 scripts/bench-cluster.sh  # model latency
 #
 # Needs: a release build (built here unless BUILD=0), PostgreSQL at $PG_URL (a scratch
 # database: it is dropped and re-created for each run), NATS with JetStream at $NATS_URL, `jq`
@@ -33,6 +35,7 @@ TURNS=${TURNS:-10}
 SETUPS=${SETUPS:-"sqlite pg1 pg2 pg3"}
 REPEAT=${REPEAT:-1}
 RUN_ARGS=${RUN_ARGS:-}
+LATENCY_MS=${LATENCY_MS:-0}
 BUILD=${BUILD:-1}
 WORK=${WORK:-$(mktemp -d /tmp/tessera-bench.XXXXXX)}
 mkdir -p "$WORK"
@@ -49,12 +52,16 @@ TESSERA=${TESSERA:-target/release/tessera}
 # shellcheck source=scripts/bench-lib.sh
 source scripts/bench-lib.sh
 
-"$LOADGEN" mock-llm --port 0 --latency-ms 0 >"$WORK/mock.log" 2>&1 &
+"$LOADGEN" mock-llm --port 0 --latency-ms "$LATENCY_MS" >"$WORK/mock.log" 2>&1 &
 pids+=($!)
 MOCK=$(wait_listening "$WORK/mock.log")
 
 wal_lsn() {
   psql -qtA "$PG_URL" -c "SELECT pg_current_wal_lsn()"
+}
+
+db_size() {
+  psql -qtA "$PG_URL" -c "SELECT pg_database_size(current_database())"
 }
 
 run_setup() {
@@ -90,8 +97,11 @@ run_setup() {
     pids+=($!)
     urls+=("http://$(wait_listening "$dir/server.log")")
   done
-  local per_node=$((CHATS / nodes)) wal_before="" wal_after=""
-  if [ -n "$store_url" ]; then wal_before=$(wal_lsn); fi
+  local per_node=$((CHATS / nodes)) wal_before="" wal_after="" size_before=""
+  if [ -n "$store_url" ]; then
+    wal_before=$(wal_lsn)
+    size_before=$(db_size)
+  fi
   local gens=() peers=()
   if [ -n "$store_url" ]; then peers+=(--peer-comm postgres); fi
   if ((nodes > 1)); then peers+=(--peer-comm nats-server); fi
@@ -107,14 +117,15 @@ run_setup() {
     wait "$pid" || failed=1
   done
   if ((failed)); then any_failed=1; fi
-  local wal_bytes=null
+  local wal_bytes=null kept_bytes=null
   if [ -n "$store_url" ]; then
     wal_after=$(wal_lsn)
     wal_bytes=$(psql -qtA "$PG_URL" -c "SELECT pg_wal_lsn_diff('$wal_after', '$wal_before')::BIGINT")
+    kept_bytes=$(($(db_size) - size_before))
   fi
   # One summary of the run's load generators: CPU summed over nodes, a service's CPU from the
   # load generator that saw the most (their windows overlap), latency of the worst node.
-  jq -s -c --arg setup "$setup" --argjson run "$run" --argjson wal "$wal_bytes" \
+  jq -s -c --arg setup "$setup" --argjson run "$run" --argjson wal "$wal_bytes" --argjson kept "$kept_bytes" \
     --argjson failed "$failed" --arg load "$(cut -d' ' -f1-3 /proc/loadavg)" '
     (map(.turns_completed) | add) as $turns
     | def per_turn(f): if $turns > 0 then (f * 1000 / $turns * 1000 | round) / 1000 else null end;
@@ -129,6 +140,10 @@ run_setup() {
      tessera_written_KiB_per_turn: ((map(.server_usage.write_KiB_per_turn * .turns_completed)
        | add) / $turns * 100 | round / 100),
      wal_KiB_per_turn: (if $wal then ($wal / 1024 / $turns * 100 | round / 100) else null end),
+     kept_KiB_per_turn: (if $kept then ($kept / 1024 / $turns * 100 | round / 100) else null end),
+     postgres_written_KiB_per_turn: (if .[0].peer_usage.postgres then
+       (map(.peer_usage.postgres.write_KiB_per_turn * .turns_completed) | max) / $turns
+       * 100 | round / 100 else null end),
      turn_p50_ms: (map(.turn_latency.p50_ms) | max),
      turn_p99_ms: (map(.turn_latency.p99_ms) | max),
      ui_p50_ms: (map(.ui_round_trip.p50_ms // null) | max),
@@ -138,7 +153,8 @@ run_setup() {
     | tee -a "$WORK/results.jsonl" \
     | jq -r '"\(.setup) #\(.run): \(.turns_per_s) turns/s  tessera \(.tessera_ms_per_turn) ms/turn"
         + "  postgres \(.postgres_ms_per_turn // "-") ms/turn  nats \(.nats_ms_per_turn // "-")"
-        + " ms/turn  WAL \(.wal_KiB_per_turn // "-") KiB/turn  p50 \(.turn_p50_ms) p99"
+        + " ms/turn  WAL \(.wal_KiB_per_turn // "-") KiB/turn  kept \(.kept_KiB_per_turn // "-")"
+        + " KiB/turn  p50 \(.turn_p50_ms) p99"
         + " \(.turn_p99_ms) ms  UI p50 \(.ui_p50_ms // "-") p99 \(.ui_p99_ms // "-") ms"
         + "  RSS \(.peak_rss_MiB) MiB  load \(.load)"
         + (if .failed_check then "  (a load generator reported a failed check)" else "" end)'

@@ -27,8 +27,10 @@ pub struct ServerConfig {
     pub limits: Limits,
     /// Tenants and their API keys; empty (and no JWT) means dev mode (one tenant, no key).
     pub tenants: Vec<TenantConfig>,
-    /// HTTP worker threads; 0 means one per core.
+    /// HTTP (and WebSocket) worker threads; 0 means half the cores, at least one.
     pub http_workers: usize,
+    /// Engine threads (actix arbiters) the chats are spread over; 0 means one per core.
+    pub engine_threads: usize,
     /// JWTs, browser origins and WebSocket tickets.
     pub auth: AuthConfig,
     /// The key that encrypts the chats' secret vaults at rest.
@@ -337,6 +339,7 @@ impl Default for ServerConfig {
             limits: Limits::default(),
             tenants: Vec::new(),
             http_workers: 0,
+            engine_threads: 0,
             auth: AuthConfig::default(),
             secrets: SecretsConfig::default(),
             retention: RetentionConfig::default(),
@@ -526,6 +529,11 @@ impl ServerConfig {
                 .parse()
                 .with_context(|| format!("TESSERA_HTTP_WORKERS={v:?} is not a number"))?;
         }
+        if let Some(v) = env("TESSERA_ENGINE_THREADS") {
+            config.engine_threads = v
+                .parse()
+                .with_context(|| format!("TESSERA_ENGINE_THREADS={v:?} is not a number"))?;
+        }
         if let Some(v) = env("TESSERA_NATS_URL").filter(|v| !v.is_empty()) {
             config.cluster.nats_url = Some(v);
         }
@@ -658,6 +666,21 @@ mod tests {
             ServerConfig::default().cluster.node_id(),
             "a fresh id per process"
         );
+        Ok(())
+    }
+
+    #[test]
+    fn thread_counts_come_from_the_file_or_the_environment() -> anyhow::Result<()> {
+        let parsed: ServerConfig = toml::from_str("http_workers = 3\nengine_threads = 2")?;
+        assert_eq!((parsed.http_workers, parsed.engine_threads), (3, 2));
+        let config = ServerConfig::load(None, |k| {
+            (k == "TESSERA_ENGINE_THREADS").then(|| "1".to_owned())
+        })?;
+        assert_eq!((config.http_workers, config.engine_threads), (0, 1));
+        let bad = ServerConfig::load(None, |k| {
+            (k == "TESSERA_ENGINE_THREADS").then(|| "two".to_owned())
+        });
+        assert!(bad.is_err_and(|e| e.to_string().contains("TESSERA_ENGINE_THREADS")));
         Ok(())
     }
 

@@ -141,9 +141,6 @@ run_setup() {
        | add) / $turns * 100 | round / 100),
      wal_KiB_per_turn: (if $wal then ($wal / 1024 / $turns * 100 | round / 100) else null end),
      kept_KiB_per_turn: (if $kept then ($kept / 1024 / $turns * 100 | round / 100) else null end),
-     postgres_written_KiB_per_turn: (if .[0].peer_usage.postgres then
-       (map(.peer_usage.postgres.write_KiB_per_turn * .turns_completed) | max) / $turns
-       * 100 | round / 100 else null end),
      turn_p50_ms: (map(.turn_latency.p50_ms) | max),
      turn_p99_ms: (map(.turn_latency.p99_ms) | max),
      ui_p50_ms: (map(.ui_round_trip.p50_ms // null) | max),

@@ -65,20 +65,37 @@ struct Settings {
 /// request is dropped before the wait, and no router runs: the mock, whose CPU sits on the
 /// cores the server is measured on, costs ~15% less per turn at 0 ms and ~20% less at 100 ms
 /// (README, fifth session). Each answer at latency is still a wake-up and a write of its own.
+/// Pending connections the mock's socket queues.
+const LISTEN_BACKLOG: i32 = 4096;
+
+/// A listening socket on 127.0.0.1:`port` with room for [`LISTEN_BACKLOG`] pending connections.
+///
+/// WHY: `std`'s `bind` listens with a backlog of 128, and the builder's `backlog` applies only
+/// to sockets it binds itself. At 100 ms model latency a server opens thousands of model
+/// connections within a second; a full queue dropped 133 of them in a 3,000-chat run, and each
+/// such call waited a second for its connection to be retried.
+fn listen(port: u16) -> anyhow::Result<std::net::TcpListener> {
+    let listener = std::net::TcpListener::bind(("127.0.0.1", port))
+        .with_context(|| format!("cannot listen on 127.0.0.1:{port}"))?;
+    // Listening again on a listening socket sets its backlog.
+    socket2::SockRef::from(&listener)
+        .listen(LISTEN_BACKLOG)
+        .context("cannot set the listen backlog")?;
+    Ok(listener)
+}
+
 pub fn run(args: MockArgs) -> anyhow::Result<()> {
     let settings = Arc::new(Settings {
         latency: Duration::from_millis(args.latency_ms),
         split_words: args.stream,
         hasher: RandomState::new(),
     });
-    let listener = std::net::TcpListener::bind(("127.0.0.1", args.port))
-        .with_context(|| format!("cannot listen on 127.0.0.1:{}", args.port))?;
+    let listener = listen(args.port)?;
     let addr = listener.local_addr().context("listener address")?;
     let system = actix_rt::System::new();
     system.block_on(async move {
         let server = actix_server::Server::build()
             .workers(args.workers.max(1))
-            .backlog(4096)
             .max_concurrent_connections(100_000)
             .listen("mock-llm", listener, move || {
                 let settings = Arc::clone(&settings);
@@ -566,6 +583,21 @@ mod tests {
             split_words: true,
             hasher: RandomState::new(),
         }
+    }
+
+    #[test]
+    fn the_listener_queues_a_burst_of_connections_nobody_accepts_yet() -> anyhow::Result<()> {
+        // std's backlog of 128 would leave the 130th connect waiting for a retried SYN.
+        let listener = listen(0)?;
+        let addr = listener.local_addr()?;
+        let mut clients = Vec::new();
+        for i in 0..600 {
+            let client = std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(500))
+                .with_context(|| format!("connection {i} was not queued"))?;
+            clients.push(client);
+        }
+        assert_eq!(clients.len(), 600);
+        Ok(())
     }
 
     fn answer_for(body: &Value) -> Answer {

@@ -27,7 +27,7 @@ pub struct ServerConfig {
     pub limits: Limits,
     /// Tenants and their API keys; empty (and no JWT) means dev mode (one tenant, no key).
     pub tenants: Vec<TenantConfig>,
-    /// HTTP (and WebSocket) worker threads; 0 means half the cores, at least one.
+    /// HTTP (and WebSocket) worker threads; 0 means one per core.
     pub http_workers: usize,
     /// Engine threads (actix arbiters) the chats are spread over; 0 means one per core.
     pub engine_threads: usize,

@@ -445,12 +445,11 @@ pub async fn run(
         cluster,
     });
     let draining = state.cluster.as_ref().map(|c| c.node.clone());
-    // WHY half the cores by default: a socket's frames cost a fraction of what the engine
-    // does for them, and each worker thread more means more cross-thread wake-ups per event.
-    // On 2 cores, 1 worker against 2 cost 4-10% less CPU per turn at 100 to 10,000 chats
-    // (README, "Sixth session").
+    // One per core by default. On 2 cores one worker cost 4-12% less CPU per turn, but a
+    // 10,000-chat ramp then got `408` on some handshakes in 3 of 12 runs (README, "Sixth
+    // session"), so fewer workers stays a setting until that is understood.
     let workers = if config.http_workers == 0 {
-        std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1))
+        std::thread::available_parallelism().map_or(1, |n| n.get())
     } else {
         config.http_workers
     };

@@ -57,14 +57,6 @@ struct Settings {
     hasher: RandomState,
 }
 
-/// Runs the mock until killed (or `exit_after_s`).
-///
-/// WHY actix-http and not an actix-web `App`: with model latency, thousands of requests wait
-/// on their timers at once, and an actix-web handler keeps its `HttpRequest` until it returns;
-/// past the 128 requests actix-web pools, every request allocated and freed its own. Here the
-/// request is dropped before the wait, and no router runs: the mock, whose CPU sits on the
-/// cores the server is measured on, costs ~15% less per turn at 0 ms and ~20% less at 100 ms
-/// (README, fifth session). Each answer at latency is still a wake-up and a write of its own.
 /// Pending connections the mock's socket queues.
 const LISTEN_BACKLOG: i32 = 4096;
 
@@ -84,6 +76,14 @@ fn listen(port: u16) -> anyhow::Result<std::net::TcpListener> {
     Ok(listener)
 }
 
+/// Runs the mock until killed (or `exit_after_s`).
+///
+/// WHY actix-http and not an actix-web `App`: with model latency, thousands of requests wait
+/// on their timers at once, and an actix-web handler keeps its `HttpRequest` until it returns;
+/// past the 128 requests actix-web pools, every request allocated and freed its own. Here the
+/// request is dropped before the wait, and no router runs: the mock, whose CPU sits on the
+/// cores the server is measured on, costs ~15% less per turn at 0 ms and ~20% less at 100 ms
+/// (README, fifth session). Each answer at latency is still a wake-up and a write of its own.
 pub fn run(args: MockArgs) -> anyhow::Result<()> {
     let settings = Arc::new(Settings {
         latency: Duration::from_millis(args.latency_ms),

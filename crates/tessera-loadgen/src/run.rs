@@ -142,10 +142,13 @@ impl Shared {
     /// `code`, after printing why chat `i` could not be opened, with the error's causes (the
     /// first [`REPORTED_FAILURES`] only, so that a server that refuses everything does not
     /// flood the terminal).
+    /// Reports why chat `i` could not be opened (for the first few only), with the time since
+    /// `since`: the step's start (the handshake's is the connect's end).
     fn open_failed(
         &self,
         i: usize,
         code: &'static str,
+        since: Instant,
         why: &dyn std::error::Error,
     ) -> &'static str {
         if self.progress.reported.fetch_add(1, Ordering::Relaxed) < REPORTED_FAILURES {
@@ -156,7 +159,8 @@ impl Shared {
                 text.push_str(&next.to_string());
                 cause = next.source();
             }
-            eprintln!("chat {i}: {code}: {text}");
+            let ms = since.elapsed().as_secs_f64() * 1e3;
+            eprintln!("chat {i}: {code} after {ms:.1} ms: {text}");
         }
         code
     }
@@ -286,6 +290,7 @@ fn runtime(threads: usize) -> anyhow::Result<tokio::runtime::Runtime> {
 /// has not yet been read (the caller reads everything).
 async fn open_chat(shared: &Shared, i: usize) -> Result<Socket, &'static str> {
     let _permit = shared.gate.acquire().await.map_err(|_| "closed")?;
+    let started = Instant::now();
     let user = format!("loadgen-{i}");
     let response = shared
         .http
@@ -294,7 +299,7 @@ async fn open_chat(shared: &Shared, i: usize) -> Result<Socket, &'static str> {
         .json(&json!({"workflow": shared.workflow, "context": shared.context}))
         .send()
         .await
-        .map_err(|e| shared.open_failed(i, "create_failed", &e))?;
+        .map_err(|e| shared.open_failed(i, "create_failed", started, &e))?;
     if !response.status().is_success() {
         return Err(if response.status().as_u16() == 429 {
             "create_rate_limited"
@@ -305,7 +310,7 @@ async fn open_chat(shared: &Shared, i: usize) -> Result<Socket, &'static str> {
     let body: Value = response
         .json()
         .await
-        .map_err(|e| shared.open_failed(i, "create_bad_body", &e))?;
+        .map_err(|e| shared.open_failed(i, "create_bad_body", started, &e))?;
     let path = body["ws_url"].as_str().ok_or("create_bad_body")?;
     let url = format!("{}{path}?last_seq=0", shared.ws_base);
     let socket = if shared.server.is_ipv4() {
@@ -313,17 +318,18 @@ async fn open_chat(shared: &Shared, i: usize) -> Result<Socket, &'static str> {
     } else {
         TcpSocket::new_v6()
     }
-    .map_err(|e| shared.open_failed(i, "socket_failed", &e))?;
+    .map_err(|e| shared.open_failed(i, "socket_failed", started, &e))?;
     if !shared.sources.is_empty() && shared.server.is_ipv4() {
         let ip = shared.sources[i % shared.sources.len()];
         socket
             .bind(SocketAddr::new(IpAddr::V4(ip), 0))
-            .map_err(|e| shared.open_failed(i, "bind_failed", &e))?;
+            .map_err(|e| shared.open_failed(i, "bind_failed", started, &e))?;
     }
     let stream = socket
         .connect(shared.server)
         .await
-        .map_err(|e| shared.open_failed(i, "connect_failed", &e))?;
+        .map_err(|e| shared.open_failed(i, "connect_failed", started, &e))?;
+    let connected = Instant::now();
     let _ = stream.set_nodelay(true);
     let mut request = url.into_client_request().map_err(|_| "bad_url")?;
     let header = user.parse().map_err(|_| "bad_user")?;
@@ -333,7 +339,7 @@ async fn open_chat(shared: &Shared, i: usize) -> Result<Socket, &'static str> {
         .write_buffer_size(0);
     let (socket, _) = tokio_tungstenite::client_async_with_config(request, stream, Some(config))
         .await
-        .map_err(|e| shared.open_failed(i, "handshake_failed", &e))?;
+        .map_err(|e| shared.open_failed(i, "handshake_failed", connected, &e))?;
     Ok(socket)
 }
 

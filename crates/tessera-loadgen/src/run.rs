@@ -139,11 +139,10 @@ struct Progress {
 const REPORTED_FAILURES: u64 = 20;
 
 impl Shared {
-    /// `code`, after printing why chat `i` could not be opened, with the error's causes (the
-    /// first [`REPORTED_FAILURES`] only, so that a server that refuses everything does not
-    /// flood the terminal).
-    /// Reports why chat `i` could not be opened (for the first few only), with the time since
-    /// `since`: the step's start (the handshake's is the connect's end).
+    /// `code`, after printing why chat `i` could not be opened: the error's causes and the time
+    /// since `since`, the failed step's start (the handshake's is the connect's end). Only the
+    /// first [`REPORTED_FAILURES`] are printed, so that a server that refuses everything does
+    /// not flood the terminal.
     fn open_failed(
         &self,
         i: usize,

@@ -240,7 +240,7 @@ struct Messages<'a> {
     agent: Vec<Option<&'a str>>,
     content: Vec<&'a str>,
     ui_hidden: Vec<bool>,
-    raw: Vec<String>,
+    raw: Vec<&'a str>,
 }
 
 impl<'a> Messages<'a> {
@@ -253,7 +253,7 @@ impl<'a> Messages<'a> {
             self.agent.push(message.agent.as_deref());
             self.content.push(&message.content);
             self.ui_hidden.push(message.ui_hidden);
-            self.raw.push(message.raw.get().to_owned());
+            self.raw.push(message.raw.get());
         }
         Ok(())
     }

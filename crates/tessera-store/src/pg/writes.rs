@@ -246,7 +246,7 @@ async fn apply_batch(
         m.agent.push(message.agent.as_deref());
         m.content.push(&message.content);
         m.ui_hidden.push(message.ui_hidden);
-        m.raw.push(message.raw.get().to_owned());
+        m.raw.push(message.raw.get());
     }
     let mut e = EventColumns::default();
     for event in &batch.events {
@@ -357,7 +357,7 @@ struct MessageColumns<'a> {
     agent: Vec<Option<&'a str>>,
     content: Vec<&'a str>,
     ui_hidden: Vec<bool>,
-    raw: Vec<String>,
+    raw: Vec<&'a str>,
 }
 
 #[derive(Default)]

@@ -327,6 +327,7 @@ impl WsConnection {
                 .map(|result, act, ctx| match result {
                     Ok(id) => act.subscription = Some(id),
                     Err(_) => {
+                        tracing::warn!(chat_id = %act.chat_id, "cannot subscribe: the chat is not running");
                         act.send_error(ctx, ErrorCode::Internal, "the chat is not running", false);
                         ctx.close(Some(ws::CloseReason {
                             code: ws::CloseCode::Error,

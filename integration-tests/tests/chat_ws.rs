@@ -504,3 +504,43 @@ async fn the_demo_model_does_what_the_user_asks() {
     let (answer, _) = exchange(&mut ws, "one two three").await;
     assert!(answer.starts_with("Your message has 3 word(s)"), "{answer}");
 }
+
+/// The kernel's thread names of process `pid` (`/proc/PID/task/*/comm`).
+fn thread_names(pid: u32) -> Vec<String> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        panic!("the server's threads must be listed");
+    };
+    tasks
+        .filter_map(|task| task.ok())
+        .filter_map(|task| std::fs::read_to_string(task.path().join("comm")).ok())
+        .map(|name| name.trim_end().to_owned())
+        .collect()
+}
+
+/// A CPU split by thread (`top -H`, `perf --sort comm`, the load generator's
+/// `cpu_percent_by_thread`) tells the HTTP workers from the engine's arbiters: actix names
+/// both `actix-rt|system` as the kernel shows it.
+#[tokio::test]
+async fn http_workers_and_engine_threads_carry_their_own_names() {
+    let server = TestServer::start(ServerOptions::default()).await;
+    // Once a chat has run, every worker and arbiter has started and named itself.
+    let chat = server.create_chat("Generator", "u1").await;
+    let mut ws = WsClient::connect(&server.ws_url(&chat, 0), "u1").await;
+    ws.until("chat.input_request").await;
+    let Some(pid) = server.pid() else {
+        panic!("the server runs");
+    };
+    let names = thread_names(pid);
+    assert!(
+        names.iter().any(|n| n == "tessera-http"),
+        "an HTTP worker: {names:?}"
+    );
+    assert!(
+        names.iter().any(|n| n == "tessera-engine"),
+        "an engine arbiter: {names:?}"
+    );
+    assert!(
+        !names.iter().any(|n| n == "actix-rt|system"),
+        "no thread left under actix's name: {names:?}"
+    );
+}

@@ -79,7 +79,23 @@ impl Engine {
         } else {
             config.arbiters
         };
-        let arbiters: Vec<Arbiter> = (0..count).map(|_| Arbiter::new()).collect();
+        // Each thread names itself for CPU splits by thread; they are named before chats run
+        // (waited for below: an arbiter runs the closure at once, it has nothing queued yet).
+        let (named, all_named) = std::sync::mpsc::channel::<()>();
+        let arbiters: Vec<Arbiter> = (0..count)
+            .map(|_| {
+                let arbiter = Arbiter::new();
+                let named = named.clone();
+                arbiter.spawn_fn(move || {
+                    crate::thread_name::name_current_thread(crate::thread_name::ENGINE_THREAD);
+                    let _ = named.send(());
+                });
+                arbiter
+            })
+            .collect();
+        drop(named);
+        // Ends once every closure has run or been dropped with its arbiter.
+        while all_named.recv().is_ok() {}
         let handles = arbiters.iter().map(Arbiter::handle).collect();
         Self::start_on(workflows, builtins, config, hooks, arbiters, handles)
     }

@@ -32,6 +32,7 @@ pub mod secrets;
 pub mod session;
 mod shard;
 mod status;
+pub mod thread_name;
 pub mod transcript;
 pub mod turn;
 

@@ -455,6 +455,10 @@ pub async fn run(
         config.http_workers
     };
     let server = HttpServer::new(move || {
+        // Runs on each worker thread: names it apart from the engine's (CPU splits by thread).
+        tessera_engine::thread_name::name_current_thread(
+            tessera_engine::thread_name::HTTP_WORKER_THREAD,
+        );
         App::new()
             .app_data(state.clone())
             .app_data(web::JsonConfig::default().limit(256 * 1024))

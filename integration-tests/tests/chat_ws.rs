@@ -524,7 +524,7 @@ fn thread_names(pid: u32) -> Vec<String> {
 async fn http_workers_and_engine_threads_carry_their_own_names() {
     let server = TestServer::start(ServerOptions::default()).await;
     // Once a chat has run, every worker and arbiter has started and named itself.
-    let chat = server.create_chat("Generator", "u1").await;
+    let chat = server.create_chat("TodoAssistant", "u1").await;
     let mut ws = WsClient::connect(&server.ws_url(&chat, 0), "u1").await;
     ws.until("chat.input_request").await;
     let Some(pid) = server.pid() else {

@@ -53,8 +53,42 @@ enum Command {
     Soak(soak::SoakArgs),
 }
 
+/// Grows this process's file descriptor table to its limit while the process has one thread.
+///
+/// WHY: the kernel grows the table by doubling as sockets open, and in a process with several
+/// threads every growth first waits for an RCU grace period (`expand_files`). With the disk
+/// busy, a packet capture of a 10,000-chat ramp showed this process silent for 6 s between
+/// a TCP connect and its WebSocket request, so the server rightly closed the connection with
+/// `408` after 5 s (README, "Seventh session"); a runtime thread was seen waiting in
+/// `expand_files`. In a process with one thread the table grows without that wait.
+fn reserve_fd_table() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit only writes the struct it is given.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return;
+    }
+    let Ok(top) = libc::c_int::try_from(limit.rlim_cur.min(1 << 20)) else {
+        return;
+    };
+    let top = top - 1;
+    if top <= 2 {
+        return;
+    }
+    // SAFETY: duplicates stderr onto the highest allowed number, unused at start, and closes
+    // that copy at once; only the table's size remains.
+    unsafe {
+        if libc::dup2(2, top) == top {
+            libc::close(top);
+        }
+    }
+}
+
 fn main() -> anyhow::Result<()> {
     tune_allocator();
+    reserve_fd_table();
     let cli = Cli::parse();
     match cli.command {
         Command::MockLlm(args) => mock::run(args),
@@ -77,5 +111,44 @@ fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
+    }
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+
+    /// The size of this process's file descriptor table (`FDSize` in `/proc/self/status`).
+    fn fd_table_size() -> u64 {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix("FDSize:"))
+            .and_then(|size| size.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    #[test]
+    fn the_fd_table_is_grown_to_the_limit_up_front() {
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit only writes the struct it is given.
+        assert_eq!(
+            unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) },
+            0
+        );
+        reserve_fd_table();
+        assert!(
+            fd_table_size() >= limit.rlim_cur.min(1 << 20),
+            "FDSize {} below the limit {}",
+            fd_table_size(),
+            limit.rlim_cur
+        );
+        // The copy it made is closed again: the highest number is free.
+        let top = libc::c_int::try_from(limit.rlim_cur.min(1 << 20)).unwrap_or(0) - 1;
+        // SAFETY: fcntl(F_GETFD) only queries the descriptor number.
+        assert_eq!(unsafe { libc::fcntl(top, libc::F_GETFD) }, -1);
     }
 }

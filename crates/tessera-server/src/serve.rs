@@ -446,9 +446,10 @@ pub async fn run(
     });
     let draining = state.cluster.as_ref().map(|c| c.node.clone());
     // One per core by default. On 2 cores one worker cost 4-12% less CPU per turn, but a
-    // 10,000-chat ramp then got `408` on some handshakes in 4 of 28 runs: a worker stalled
-    // for seconds makes actix-http's cached clock stale, and the next connections' head
-    // deadlines are already past (README, "Sixth session"). Fewer workers stays a setting.
+    // 10,000-chat ramp then lost some handshakes to `408` (README, "Sixth session"). A packet
+    // capture later showed the load generator silent for 6 s after connecting, so the server
+    // timed those out rightly, and two workers lose them too ("Seventh session"); fewer
+    // workers by default has not been measured again since. It stays a setting.
     let workers = if config.http_workers == 0 {
         std::thread::available_parallelism().map_or(1, |n| n.get())
     } else {

@@ -77,10 +77,11 @@ fn reserve_fd_table() {
     if top <= 2 {
         return;
     }
-    // SAFETY: duplicates stderr onto the highest allowed number, unused at start, and closes
-    // that copy at once; only the table's size remains.
+    // SAFETY: only when the highest allowed number is free (F_GETFD fails on it), duplicates
+    // stderr onto it and closes that copy at once: no descriptor in use is touched, and only
+    // the table's size remains.
     unsafe {
-        if libc::dup2(2, top) == top {
+        if libc::fcntl(top, libc::F_GETFD) == -1 && libc::dup2(2, top) == top {
             libc::close(top);
         }
     }

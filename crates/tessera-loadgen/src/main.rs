@@ -62,21 +62,9 @@ enum Command {
 /// `408` after 5 s (README, "Seventh session"); a runtime thread was seen waiting in
 /// `expand_files`. In a process with one thread the table grows without that wait.
 fn reserve_fd_table() {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit only writes the struct it is given.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
-        return;
-    }
-    let Ok(top) = libc::c_int::try_from(limit.rlim_cur.min(1 << 20)) else {
+    let Some(top) = highest_fd_allowed().filter(|top| *top > 2) else {
         return;
     };
-    let top = top - 1;
-    if top <= 2 {
-        return;
-    }
     // SAFETY: only when the highest allowed number is free (F_GETFD fails on it), duplicates
     // stderr onto it and closes that copy at once: no descriptor in use is touched, and only
     // the table's size remains.
@@ -85,6 +73,22 @@ fn reserve_fd_table() {
             libc::close(top);
         }
     }
+}
+
+/// The highest descriptor number this process may open (its soft `RLIMIT_NOFILE` − 1, at most
+/// 2^20 − 1), if the limit can be read.
+fn highest_fd_allowed() -> Option<libc::c_int> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit only writes the struct it is given.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return None;
+    }
+    libc::c_int::try_from(limit.rlim_cur.min(1 << 20))
+        .ok()
+        .map(|count| count - 1)
 }
 
 fn main() -> anyhow::Result<()> {
@@ -131,24 +135,16 @@ mod tests {
 
     #[test]
     fn the_fd_table_is_grown_to_the_limit_up_front() {
-        let mut limit = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: 0,
+        let Some(top) = highest_fd_allowed() else {
+            panic!("the descriptor limit must be readable");
         };
-        // SAFETY: getrlimit only writes the struct it is given.
-        assert_eq!(
-            unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) },
-            0
-        );
         reserve_fd_table();
         assert!(
-            fd_table_size() >= limit.rlim_cur.min(1 << 20),
-            "FDSize {} below the limit {}",
-            fd_table_size(),
-            limit.rlim_cur
+            fd_table_size() > u64::try_from(top).unwrap_or(u64::MAX),
+            "FDSize {} does not reach descriptor {top}",
+            fd_table_size()
         );
         // The copy it made is closed again: the highest number is free.
-        let top = libc::c_int::try_from(limit.rlim_cur.min(1 << 20)).unwrap_or(0) - 1;
         // SAFETY: fcntl(F_GETFD) only queries the descriptor number.
         assert_eq!(unsafe { libc::fcntl(top, libc::F_GETFD) }, -1);
     }

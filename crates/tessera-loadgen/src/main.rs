@@ -56,11 +56,10 @@ enum Command {
 /// Grows this process's file descriptor table to its limit while the process has one thread.
 ///
 /// WHY: the kernel grows the table by doubling as sockets open, and in a process with several
-/// threads every growth first waits for an RCU grace period (`expand_files`). With the disk
-/// busy, a packet capture of a 10,000-chat ramp showed this process silent for 6 s between
-/// a TCP connect and its WebSocket request, so the server rightly closed the connection with
-/// `408` after 5 s (README, "Seventh session"); a runtime thread was seen waiting in
-/// `expand_files`. In a process with one thread the table grows without that wait.
+/// threads every growth first waits for an RCU grace period (`expand_files`), which a busy
+/// disk can make long; one was seen there during a 10,000-chat ramp. In a process with one
+/// thread the table grows without that wait. (That ramp's `408`s had another cause: 5 GiB of
+/// per-chat histograms zeroed while connecting; see `report::Samples`.)
 fn reserve_fd_table() {
     let Some(top) = highest_fd_allowed().filter(|top| *top > 2) else {
         return;

@@ -26,7 +26,9 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 
-use crate::report::{ErrorCounts, Latency, PeerUsage, ServerUsage, print_table, proc_status_kib};
+use crate::report::{
+    ErrorCounts, Latency, PeerUsage, Samples, ServerUsage, print_table, proc_status_kib,
+};
 
 /// Options shared by `run` and `idle`.
 #[derive(Debug, Clone, clap::Args)]
@@ -168,10 +170,10 @@ impl Shared {
 /// The result of one chat.
 #[derive(Default)]
 struct ChatOutcome {
-    turns: Latency,
+    turns: Samples,
     /// When each turn ended, as time since [`Shared::origin`] (for `steady_turns_per_s`).
-    turn_ends: Latency,
-    ui: Latency,
+    turn_ends: Samples,
+    ui: Samples,
     errors: ErrorCounts,
     turns_done: u32,
     connected: bool,
@@ -718,9 +720,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<bool> {
                 *errors.entry("task_panicked".into()).or_default() += 1;
                 continue;
             };
-            turns.merge(&outcome.turns);
-            turn_ends.merge(&outcome.turn_ends);
-            ui.merge(&outcome.ui);
+            turns.merge_samples(&outcome.turns);
+            turn_ends.merge_samples(&outcome.turn_ends);
+            ui.merge_samples(&outcome.ui);
             for (code, n) in outcome.errors {
                 *errors.entry(code).or_default() += n;
             }

@@ -12,6 +12,10 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# A build or the previous run's deleted database can leave gigabytes of dirty pages, and their
+# writeback would compete with this run's fsyncs and CPU: start with them written.
+sync
+
 # The address a child prints on its first "listening on http://ADDR" line.
 wait_listening() {
   local log=$1 deadline=$((SECONDS + 60))

@@ -155,14 +155,14 @@ async fn a_dead_nodes_chat_is_taken_over_on_postgres_and_its_old_epoch_is_fenced
 
     // The dead node's write-behind still holding a batch at epoch 1: refused.
     let stale = ChatWriteBatch {
-        state: Some(ChatState::initial(1)),
+        state: Some(Arc::new(ChatState::initial(1))),
         epoch: Some(1),
         ..ChatWriteBatch::default()
     };
     let refused = store_a.apply_batch("c1", Arc::new(stale)).await;
     assert!(matches!(refused, Err(StoreError::Fenced(_))), "{refused:?}");
     let current = ChatWriteBatch {
-        state: Some(ChatState::initial(2)),
+        state: Some(Arc::new(ChatState::initial(2))),
         epoch: Some(2),
         ..ChatWriteBatch::default()
     };

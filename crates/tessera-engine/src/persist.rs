@@ -48,7 +48,7 @@ pub struct WriteBehind {
     epoch: Option<i64>,
     /// The state last handed to a flush: a flush whose state is unchanged leaves the chat's
     /// row alone (rewriting it dirtied a page of the `chats` table in every group commit).
-    sent_state: Option<ChatState>,
+    sent_state: Option<Arc<ChatState>>,
 }
 
 impl WriteBehind {
@@ -138,8 +138,8 @@ impl WriteBehind {
         if !self.has_queued() || self.sent_state.as_ref().is_some_and(|s| row.matches(s)) {
             return;
         }
-        let state = ChatState::from(row);
-        self.sent_state = Some(state.clone());
+        let state = Arc::new(ChatState::from(row));
+        self.sent_state = Some(Arc::clone(&state));
         self.queued.state = Some(state);
     }
 

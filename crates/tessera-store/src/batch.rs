@@ -2,6 +2,8 @@
 //! transcript, pending UI calls and state as one unit, and the writer thread commits many
 //! chats' units in one transaction (see `writer`).
 
+use std::sync::Arc;
+
 use rusqlite::{Connection, params};
 
 use crate::{ChatState, PendingUiRecord, StoreError, StoredEvent, StoredMessage};
@@ -17,8 +19,9 @@ pub struct ChatWriteBatch {
     pub put_pending: Vec<PendingUiRecord>,
     /// Correlation ids of UI calls that ended.
     pub remove_pending: Vec<String>,
-    /// The chat's latest state, if it changed.
-    pub state: Option<ChatState>,
+    /// The chat's latest state, if it changed. Shared: the engine keeps the state it sent to
+    /// tell whether the next one changed, and copying a state copies its context.
+    pub state: Option<Arc<ChatState>>,
     /// The writer's lease epoch in a cluster: the batch is refused with
     /// [`StoreError::Fenced`] once the chat's lease has a newer one. `None` (single node, and
     /// always on SQLite) checks nothing. Not a write: [`ChatWriteBatch::is_empty`] ignores it.
@@ -49,7 +52,7 @@ pub(crate) fn apply(
             chat_id,
             &batch.events,
             &batch.messages,
-            batch.state.as_ref(),
+            batch.state.as_deref(),
         )?;
     }
     if !batch.put_pending.is_empty() {

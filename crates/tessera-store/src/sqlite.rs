@@ -293,7 +293,7 @@ impl SqliteStore {
         self.apply_batch(
             chat_id,
             Arc::new(ChatWriteBatch {
-                state: Some(state),
+                state: Some(Arc::new(state)),
                 ..ChatWriteBatch::default()
             }),
         )

@@ -758,7 +758,7 @@ async fn a_group_of_turn_writes_ends_as_the_writes_one_by_one(db: TestDb) {
                 messages: vec![message(0), message(1)],
                 events: (1..=4).map(event).collect(),
                 put_pending: vec![pending("a"), pending("b")],
-                state: Some(state("running", 1)),
+                state: Some(Arc::new(state("running", 1))),
                 ..ChatWriteBatch::default()
             }),
         ));
@@ -774,7 +774,7 @@ async fn a_group_of_turn_writes_ends_as_the_writes_one_by_one(db: TestDb) {
                 events: (from..=8).map(event).collect(),
                 put_pending: vec![pending("c")],
                 remove_pending: vec!["a".to_owned()],
-                state: Some(state(STATUS_AWAITING_USER, 2)),
+                state: Some(Arc::new(state(STATUS_AWAITING_USER, 2))),
                 ..ChatWriteBatch::default()
             }),
         ));
@@ -1313,7 +1313,7 @@ async fn orphaned_chats_are_open_chats_without_a_live_lease(db: TestDb) {
 fn events_at(epoch: Option<i64>, seqs: std::ops::RangeInclusive<u64>) -> Arc<ChatWriteBatch> {
     Arc::new(ChatWriteBatch {
         events: seqs.map(event).collect(),
-        state: Some(state("running", 2)),
+        state: Some(Arc::new(state("running", 2))),
         epoch,
         ..ChatWriteBatch::default()
     })

@@ -353,10 +353,10 @@ async fn a_version_6_database_upgrades_keeping_its_chats_and_rows() {
         .apply_batch(
             "open",
             Arc::new(ChatWriteBatch {
-                state: Some(ChatState {
+                state: Some(Arc::new(ChatState {
                     status: STATUS_COMPLETED.to_owned(),
                     ..ChatState::initial(9)
-                }),
+                })),
                 ..ChatWriteBatch::default()
             }),
         )

@@ -271,7 +271,7 @@ async fn apply_batch(
         p.created_at_ms.push(record.created_at_ms);
         p.timeout_at_ms.push(record.timeout_at_ms);
     }
-    let state = batch.state.as_ref();
+    let state = batch.state.as_deref();
     let context = state
         .map(|s| serde_json::to_string(&s.context))
         .transpose()?;

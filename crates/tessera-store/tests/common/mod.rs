@@ -144,7 +144,7 @@ impl TestStore {
         self.batch(
             chat_id,
             ChatWriteBatch {
-                state: Some(state),
+                state: Some(Arc::new(state)),
                 ..ChatWriteBatch::default()
             },
         )

@@ -298,7 +298,7 @@ async fn sigterm_stores_what_clients_saw(postgres: bool) {
         .events_after(&chat, 0, u32::MAX)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    let last_stored = stored.last().map(|e| (e.seq, e.event_type.as_str()));
+    let last_stored = stored.last().map(|e| (e.seq, &*e.event_type));
     assert_eq!(
         last_stored,
         Some((seen, "chat.tool_call")),

@@ -107,14 +107,14 @@ impl WriteBehind {
         &mut self,
         seq: u64,
         event: &ServerEvent,
-        text: &str,
+        text: Arc<str>,
         turn_key: impl FnOnce() -> String,
     ) {
         let queue = &mut self.queued;
         queue.events.push(StoredEvent {
             seq,
-            event_type: event.type_name().to_owned(),
-            json: text.to_owned(),
+            event_type: event.type_name().into(),
+            json: text,
         });
         match event {
             ServerEvent::ToolCall(ToolCallEvent::AwaitingUi(call)) => {
@@ -445,7 +445,7 @@ pub struct RestoredChat {
     pub state: RestoredState,
     pub messages: Vec<RestoredMessage>,
     /// Each logged event's text, in seq order from 1.
-    pub events: Vec<String>,
+    pub events: Vec<Arc<str>>,
     /// The pending UI calls, oldest first.
     pub pending: Vec<ResumableUiCall>,
 }
@@ -619,7 +619,7 @@ mod tests {
             turn: 1,
         };
         let mut flush_with = |seq: u64, status: &ChatStatus| {
-            queue.queue_event(seq, &event, "{}", String::new);
+            queue.queue_event(seq, &event, Arc::from("{}"), String::new);
             queue.queue_state(StateRow {
                 status,
                 current_agent: "A",

@@ -306,7 +306,7 @@ impl ChatSession {
         let seq = self.last_seq();
         self.last_active = std::time::Instant::now();
         if self.persist.is_some() {
-            self.persist_event(seq, &event, &text);
+            self.persist_event(seq, &event, Arc::clone(&text));
         }
         if let Some(held) = &mut self.held {
             let typed = (!self.watchers.is_empty()).then(|| event.clone());
@@ -413,7 +413,7 @@ impl ChatSession {
     }
 
     /// Queues an event (and its pending-UI bookkeeping) for the store.
-    fn persist_event(&mut self, seq: u64, event: &ServerEvent, text: &str) {
+    fn persist_event(&mut self, seq: u64, event: &ServerEvent, text: Arc<str>) {
         let Some(persist) = &mut self.persist else {
             return;
         };

@@ -322,8 +322,8 @@ fn unpack_events(packed: &[u8], out: &mut Vec<StoredEvent>) -> Result<(), StoreE
     while !fields.is_empty() {
         out.push(StoredEvent {
             seq: fields.number()?,
-            event_type: fields.text()?,
-            json: fields.text()?,
+            event_type: fields.text()?.into(),
+            json: fields.text()?.into(),
         });
     }
     Ok(())
@@ -519,13 +519,13 @@ mod tests {
         let events = [
             StoredEvent {
                 seq: 7,
-                event_type: "chat.text".to_owned(),
-                json: r#"{"text":"a:b 10:"}"#.to_owned(),
+                event_type: "chat.text".into(),
+                json: r#"{"text":"a:b 10:"}"#.into(),
             },
             StoredEvent {
                 seq: 8,
-                event_type: String::new(),
-                json: "not json at all".to_owned(),
+                event_type: "".into(),
+                json: "not json at all".into(),
             },
         ];
         let packed = pack_events(&events.iter().collect::<Vec<_>>()).unwrap();

@@ -4,6 +4,9 @@
 //! state and rebuilds its state from them after a restart, whatever backend sits behind
 //! [`crate::ChatStore`].
 
+use std::borrow::Cow;
+use std::sync::Arc;
+
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -142,10 +145,12 @@ impl PartialEq for JsonText {
 pub struct StoredEvent {
     /// Sequence number, unique per chat.
     pub seq: u64,
-    /// Event type tag, for filtering without parsing `json`.
-    pub event_type: String,
-    /// The serialized event, exactly as sent.
-    pub json: String,
+    /// Event type tag, for filtering without parsing `json`. Borrowed when it is one of the
+    /// engine's own type names (every event it writes), owned when read back.
+    pub event_type: Cow<'static, str>,
+    /// The serialized event, exactly as sent. Shared with the text the engine sent to its
+    /// clients.
+    pub json: Arc<str>,
 }
 
 /// A UI tool call waiting for the user's answer.

@@ -4,6 +4,8 @@
 //! text, integers as 64-bit), so one decoder per record serves both and the checks on what
 //! is read (negative numbers, JSON that does not parse) are written once.
 
+use std::borrow::Cow;
+
 use bytes::Bytes;
 use serde_json::Value;
 use sqlx::{ColumnIndex, Decode, Row, Type};
@@ -101,8 +103,8 @@ where
 {
     Ok(StoredEvent {
         seq: sql_to_u64(row.col("seq")?, "event seq")?,
-        event_type: row.col("event_type")?,
-        json: row.col("json")?,
+        event_type: Cow::Owned(row.col::<String>("event_type")?),
+        json: row.col::<String>("json")?.into(),
     })
 }
 

@@ -295,7 +295,7 @@ async fn duplicate_seq_is_an_error_and_leaves_the_log_unchanged(db: TestDb) {
     let before = store.events_after("c1", 0, 100).await.unwrap();
 
     let mut clash = event(2);
-    clash.json = r#"{"overwritten":true}"#.to_owned();
+    clash.json = r#"{"overwritten":true}"#.into();
     // New seqs before and after the clash must not be kept either.
     let err = store
         .append_events("c1", vec![event(4), clash, event(5)])

@@ -93,8 +93,8 @@ async fn the_wal_stays_bounded_under_steady_writes() {
     for seq in 1..=960u64 {
         let event = tessera_store::StoredEvent {
             seq,
-            event_type: "chat.text".to_owned(),
-            json: payload.clone(),
+            event_type: "chat.text".into(),
+            json: payload.clone().into(),
         };
         let batch = ChatWriteBatch {
             events: vec![event],
@@ -204,7 +204,10 @@ async fn a_schema_3_file_keeps_its_logs_transcripts_and_claims_in_the_write_orde
 
     // Everything written under schema 3 reads back, per chat and in order.
     let seqs = |events: Vec<tessera_store::StoredEvent>| -> Vec<(u64, String)> {
-        events.into_iter().map(|e| (e.seq, e.json)).collect()
+        events
+            .into_iter()
+            .map(|e| (e.seq, e.json.to_string()))
+            .collect()
     };
     assert_eq!(
         seqs(store.events_after("a", 0, 10).await.unwrap()),

@@ -84,10 +84,13 @@ pub fn record(
 ) -> TestFile {
     let events: Vec<(String, Value)> = events
         .iter()
-        .filter(|e| !IGNORED_EVENTS.contains(&e.event_type.as_str()))
+        .filter(|e| !IGNORED_EVENTS.contains(&&*e.event_type))
         .filter_map(|e| {
             let mut v: Value = serde_json::from_str(&e.json).ok()?;
-            Some((e.event_type.clone(), v.get_mut("data").map(Value::take)?))
+            Some((
+                e.event_type.clone().into_owned(),
+                v.get_mut("data").map(Value::take)?,
+            ))
         })
         .collect();
     let context = recordable_context(workflow, &chat.state.context);

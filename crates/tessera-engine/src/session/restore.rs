@@ -164,7 +164,7 @@ impl ChatSession {
 
 /// The invocation keys of turn `turn_key`'s agent tools with an event of type `kind` in
 /// `events` (the stored envelopes).
-fn tool_events_of_turn(events: &[String], turn_key: &str, kind: &str) -> Vec<String> {
+fn tool_events_of_turn(events: &[Arc<str>], turn_key: &str, kind: &str) -> Vec<String> {
     let prefix = format!("{turn_key}:");
     events
         .iter()
@@ -179,7 +179,7 @@ fn tool_events_of_turn(events: &[String], turn_key: &str, kind: &str) -> Vec<Str
 
 /// The turn key and data of the log's last `chat.structured_output_ready` that asked for an
 /// auto tool (`events`: the stored envelopes in seq order).
-fn last_auto_tool_request(events: &[String]) -> Option<(String, Value)> {
+fn last_auto_tool_request(events: &[Arc<str>]) -> Option<(String, Value)> {
     let text = events
         .iter()
         .rev()
@@ -197,8 +197,10 @@ fn last_auto_tool_request(events: &[String]) -> Option<(String, Value)> {
 mod tests {
     use super::tool_events_of_turn;
 
-    fn envelope(seq: u64, kind: &str, data: serde_json::Value) -> String {
-        serde_json::json!({"type": kind, "seq": seq, "chat_id": "c", "data": data}).to_string()
+    fn envelope(seq: u64, kind: &str, data: serde_json::Value) -> std::sync::Arc<str> {
+        serde_json::json!({"type": kind, "seq": seq, "chat_id": "c", "data": data})
+            .to_string()
+            .into()
     }
 
     /// A turn re-run after a takeover announces only what its log lacks: the keys come from

@@ -377,7 +377,7 @@ pub fn message(idx: u64) -> StoredMessage {
 pub fn event(seq: u64) -> StoredEvent {
     StoredEvent {
         seq,
-        event_type: "chat.text".to_owned(),
-        json: format!(r#"{{"type":"chat.text","seq":{seq}}}"#),
+        event_type: "chat.text".into(),
+        json: format!(r#"{{"type":"chat.text","seq":{seq}}}"#).into(),
     }
 }

@@ -14,6 +14,8 @@
 //! consecutive, context JSON, updated_at_ms). Migration 8 writes events and messages in the
 //! same format in SQL, so both must change together.
 
+use std::sync::Arc;
+
 use rusqlite::{Connection, OptionalExtension, params};
 use sqlx::{Row, SqlitePool};
 
@@ -299,6 +301,11 @@ impl<'a> Fields<'a> {
         owned_text(self.next()?)
     }
 
+    /// The next field as shared text, copied once.
+    fn shared_text(&mut self) -> Result<Arc<str>, StoreError> {
+        utf8(self.next()?).map(Arc::from)
+    }
+
     fn number<T: std::str::FromStr>(&mut self) -> Result<T, StoreError> {
         parse_decimal(self.next()?).ok_or_else(|| corrupt("a number field that is not a number"))
     }
@@ -310,7 +317,11 @@ fn parse_decimal<T: std::str::FromStr>(bytes: &[u8]) -> Option<T> {
 }
 
 fn owned_text(bytes: &[u8]) -> Result<String, StoreError> {
-    String::from_utf8(bytes.to_vec()).map_err(|_| corrupt("a text field that is not UTF-8"))
+    utf8(bytes).map(str::to_owned)
+}
+
+fn utf8(bytes: &[u8]) -> Result<&str, StoreError> {
+    std::str::from_utf8(bytes).map_err(|_| corrupt("a text field that is not UTF-8"))
 }
 
 fn corrupt(what: &str) -> StoreError {
@@ -323,7 +334,7 @@ fn unpack_events(packed: &[u8], out: &mut Vec<StoredEvent>) -> Result<(), StoreE
         out.push(StoredEvent {
             seq: fields.number()?,
             event_type: fields.text()?.into(),
-            json: fields.text()?.into(),
+            json: fields.shared_text()?,
         });
     }
     Ok(())

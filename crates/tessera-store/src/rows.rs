@@ -5,6 +5,7 @@
 //! is read (negative numbers, JSON that does not parse) are written once.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use serde_json::Value;
@@ -99,12 +100,14 @@ where
     R: Row,
     &'static str: ColumnIndex<R>,
     String: Decode<'r, R::Database> + Type<R::Database>,
+    &'r str: Decode<'r, R::Database> + Type<R::Database>,
     i64: Decode<'r, R::Database> + Type<R::Database>,
 {
     Ok(StoredEvent {
         seq: sql_to_u64(row.col("seq")?, "event seq")?,
         event_type: Cow::Owned(row.col::<String>("event_type")?),
-        json: row.col::<String>("json")?.into(),
+        // Borrowed from the row, then copied once into the shared text.
+        json: Arc::from(row.col::<&str>("json")?),
     })
 }
 

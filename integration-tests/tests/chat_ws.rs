@@ -204,14 +204,24 @@ async fn reconnect_mid_ui_wait_replays_once_and_the_answer_is_accepted_once() {
     again.send(answer(&corr, "success", json!({}))).await;
     let ack = again.until("chat.ack").await;
     assert_eq!(ack["data"]["kind"], "tool_response");
+    // The tool's response comes from the agent's side and the ack from the socket's: either
+    // may arrive first, so wait for the response before answering again.
+    let plan_response = |e: &Value| e["data"]["tool_name"] == "action_plan";
+    if !again
+        .of("chat.tool_response")
+        .into_iter()
+        .any(plan_response)
+    {
+        again.until_match("chat.tool_response", plan_response).await;
+    }
     again.send(answer(&corr, "success", json!({}))).await;
     let refused = again.until("chat.error").await;
     assert_eq!(refused["data"]["code"], "unknown_correlation");
     assert_eq!(
         again
             .of("chat.tool_response")
-            .iter()
-            .filter(|e| e["data"]["tool_name"] == "action_plan")
+            .into_iter()
+            .filter(|e| plan_response(e))
             .count(),
         1
     );

@@ -226,7 +226,7 @@ async fn a_postgres_restart_under_load_loses_nothing_acknowledged_and_the_server
             .unwrap_or_else(|e| panic!("{e}"))
         {
             if message.role == "user" {
-                stored.insert((chat.clone(), message.content));
+                stored.insert((chat.clone(), message.content.to_string()));
             }
         }
     }

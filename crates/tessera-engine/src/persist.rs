@@ -312,9 +312,9 @@ impl From<TranscriptRow<'_>> for StoredMessage {
         StoredMessage {
             idx: row.idx,
             message_id: row.message_id.to_owned(),
-            role: role.to_owned(),
-            agent: row.message.name.as_deref().map(str::to_owned),
-            content: row.message.content_str().to_owned(),
+            role: role.into(),
+            agent: row.message.name.clone(),
+            content: row.message.content.clone().unwrap_or_else(|| Arc::from("")),
             ui_hidden: row.ui_hidden,
             raw: JsonText::new(row.message).unwrap_or_else(|_| JsonText::null()),
         }
@@ -335,7 +335,7 @@ impl From<StoredMessage> for RestoredMessage {
         let message = row
             .raw
             .parse()
-            .unwrap_or_else(|_| Message::text(Role::User, row.content.as_str()));
+            .unwrap_or_else(|_| Message::text(Role::User, row.content));
         Self {
             message,
             message_id: row.message_id,
@@ -567,7 +567,7 @@ mod tests {
             message_id: "msg_1",
             ui_hidden: true,
         });
-        assert_eq!((stored.idx, stored.role.as_str()), (3, "assistant"));
+        assert_eq!((stored.idx, &*stored.role), (3, "assistant"));
         assert_eq!(stored.agent.as_deref(), Some("Planner"));
         let back = RestoredMessage::from(stored);
         assert_eq!(back.message, message);

@@ -362,7 +362,7 @@ async fn failed_flushes_are_retried_and_lose_nothing() {
     let messages = store.inner.all_messages(&chat_id).await.unwrap_or_default();
     let idx: Vec<u64> = messages.iter().map(|m| m.idx).collect();
     assert_eq!(idx, (0..messages.len() as u64).collect::<Vec<_>>());
-    let contents: Vec<&str> = messages.iter().map(|m| m.content.as_str()).collect();
+    let contents: Vec<&str> = messages.iter().map(|m| &*m.content).collect();
     assert_eq!(contents.first(), Some(&"go"), "{contents:?}");
     assert_eq!(contents.last(), Some(&"done"), "{contents:?}");
     assert!(messages.len() >= snapshot.transcript.len());

@@ -345,13 +345,13 @@ fn unpack_messages(packed: &[u8], out: &mut Vec<StoredMessage>) -> Result<(), St
     while !fields.is_empty() {
         let idx = fields.number()?;
         let message_id = fields.text()?;
-        let role = fields.text()?;
+        let role = fields.text()?.into();
         let agent = match fields.next()? {
             [b'-'] => None,
-            [b'+', name @ ..] => Some(owned_text(name)?),
+            [b'+', name @ ..] => Some(utf8(name).map(Arc::from)?),
             _ => return Err(corrupt("an agent field without its marker")),
         };
-        let content = fields.text()?;
+        let content = fields.shared_text()?;
         let ui_hidden = match fields.next()? {
             b"0" => false,
             b"1" => true,
@@ -506,9 +506,9 @@ mod tests {
         StoredMessage {
             idx,
             message_id: format!("m{idx}"),
-            role: "assistant".to_owned(),
-            agent: agent.map(str::to_owned),
-            content: "multi-byte: héllo, 12:34, \"quoted\"".to_owned(),
+            role: "assistant".into(),
+            agent: agent.map(Arc::from),
+            content: "multi-byte: héllo, 12:34, \"quoted\"".into(),
             ui_hidden: idx % 2 == 1,
             raw: JsonText::new(&json!({"role": "assistant", "content": "x:1"}))
                 .unwrap_or_else(|e| panic!("{e}")),

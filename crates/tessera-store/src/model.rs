@@ -84,12 +84,12 @@ pub struct StoredMessage {
     pub idx: u64,
     /// Stable message id shown to clients.
     pub message_id: String,
-    /// `user`, `assistant`, `tool`, `system`.
-    pub role: String,
-    /// Agent that wrote it, for assistant/tool messages.
-    pub agent: Option<String>,
-    /// Display text.
-    pub content: String,
+    /// `user`, `assistant`, `tool`, `system` (borrowed when the engine writes it).
+    pub role: Cow<'static, str>,
+    /// Agent that wrote it, for assistant/tool messages. Shared with the engine's message.
+    pub agent: Option<Arc<str>>,
+    /// Display text. Shared with the engine's message.
+    pub content: Arc<str>,
     /// Hidden from the UI transcript (still part of the model history).
     pub ui_hidden: bool,
     /// The full LLM message as JSON, used to rebuild the model history.

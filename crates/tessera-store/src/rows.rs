@@ -79,6 +79,7 @@ where
     R: Row,
     &'static str: ColumnIndex<R>,
     String: Decode<'r, R::Database> + Type<R::Database>,
+    &'r str: Decode<'r, R::Database> + Type<R::Database>,
     i64: Decode<'r, R::Database> + Type<R::Database>,
     bool: Decode<'r, R::Database> + Type<R::Database>,
 {
@@ -86,9 +87,9 @@ where
     Ok(StoredMessage {
         idx: sql_to_u64(row.col("idx")?, "message idx")?,
         message_id: row.col("message_id")?,
-        role: row.col("role")?,
-        agent: row.col("agent")?,
-        content: row.col("content")?,
+        role: Cow::Owned(row.col::<String>("role")?),
+        agent: row.col::<Option<&str>>("agent")?.map(Arc::from),
+        content: Arc::from(row.col::<&str>("content")?),
         ui_hidden: row.col("ui_hidden")?,
         raw: json_text_from_sql(raw, "message raw")?,
     })

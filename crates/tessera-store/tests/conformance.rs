@@ -205,7 +205,7 @@ async fn messages_are_ordered_paged_and_never_overwritten(db: TestDb) {
 
     // A batch with one duplicate idx is rejected as a whole.
     let mut dup = message(5);
-    dup.content = "overwrite attempt".to_owned();
+    dup.content = "overwrite attempt".into();
     assert!(matches!(
         store.append_messages("c1", vec![message(10), dup]).await,
         Err(StoreError::Conflict(_))

@@ -333,7 +333,10 @@ async fn a_version_6_database_upgrades_keeping_its_chats_and_rows() {
     assert_eq!(open, ["open"]);
     assert_eq!(store.count_open_chats("acme").await.unwrap(), 1);
     assert_eq!(store.last_seq("open").await.unwrap(), 2);
-    assert_eq!(store.all_messages("done").await.unwrap()[0].content, "bye");
+    assert_eq!(
+        &*store.all_messages("done").await.unwrap()[0].content,
+        "bye"
+    );
     assert_eq!(
         store.claim_tool("open", "k", None).await.unwrap(),
         ToolClaim::AlreadyCompleted(Some(json!(42)))

@@ -219,10 +219,7 @@ async fn a_schema_3_file_keeps_its_logs_transcripts_and_claims_in_the_write_orde
     );
     let transcript = store.all_messages("a").await.unwrap();
     assert_eq!(
-        transcript
-            .iter()
-            .map(|m| m.content.as_str())
-            .collect::<Vec<_>>(),
+        transcript.iter().map(|m| &*m.content).collect::<Vec<_>>(),
         vec!["hi", "hello"]
     );
     assert!(store.all_messages("b").await.unwrap().is_empty());

@@ -366,9 +366,9 @@ pub fn message(idx: u64) -> StoredMessage {
         } else {
             "assistant"
         }
-        .to_owned(),
-        agent: (idx % 2 == 1).then(|| "triage".to_owned()),
-        content: format!("message {idx}"),
+        .into(),
+        agent: (idx % 2 == 1).then(|| "triage".into()),
+        content: format!("message {idx}").into(),
         ui_hidden: idx == 3,
         raw: JsonText::new(&json!({"role": "user", "content": format!("message {idx}")})).unwrap(),
     }

@@ -1200,8 +1200,11 @@ async fn a_client_that_never_reads_is_cut_off_and_its_backlog_dropped() {
     std::fs::write(&path, manifest.to_string()).unwrap_or_else(|e| panic!("{e}"));
     let srv = Srv::start(Opts {
         workflows: Some(workflows.path().to_path_buf()),
+        // Room for one whole turn's events (~27) queued at once, so that the reading client
+        // is never cut off while the test process is slow to read (it was, once, at 8); the
+        // stalled client still passes it within a few rounds once its socket is full.
         env: vec![
-            ("TESSERA_OUTBOUND_QUEUE".into(), "8".into()),
+            ("TESSERA_OUTBOUND_QUEUE".into(), "64".into()),
             ("TESSERA_MESSAGES_PER_MINUTE".into(), "100000".into()),
             (
                 "TESSERA_MESSAGES_PER_MINUTE_PER_TENANT".into(),

@@ -18,7 +18,7 @@ use tessera_llm::{ToolCall, Usage};
 use tessera_tools::{BuiltinRegistry, InMemoryArtifactStore, InMemoryTaskStore, ToolServices};
 use tokio::sync::mpsc;
 
-use crate::report::{proc_status_kib, process_cpu_seconds};
+use crate::report::{proc_status_number, process_cpu_seconds};
 
 /// Options of `engine-bench`.
 #[derive(Debug, Clone, clap::Args)]
@@ -262,7 +262,7 @@ async fn bench(
     let wall = started.elapsed().as_secs_f64();
     let cpu = process_cpu_seconds() - cpu_start;
     let turns = args.chats as f64 * f64::from(args.turns);
-    let peak = proc_status_kib("self", "VmHWM").map_or(0.0, |k| k as f64 / 1024.0);
+    let peak = proc_status_number("self", "VmHWM").map_or(0.0, |k| k as f64 / 1024.0);
     let round = |v: f64, digits: i32| {
         let f = 10f64.powi(digits);
         (v * f).round() / f

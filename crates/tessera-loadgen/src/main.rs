@@ -122,14 +122,9 @@ fn main() -> anyhow::Result<()> {
 mod tests {
     use super::*;
 
-    /// The size of this process's file descriptor table (`FDSize` in `/proc/self/status`).
+    /// The size of this process's file descriptor table.
     fn fd_table_size() -> u64 {
-        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-        status
-            .lines()
-            .find_map(|line| line.strip_prefix("FDSize:"))
-            .and_then(|size| size.trim().parse().ok())
-            .unwrap_or(0)
+        crate::report::proc_status_number("self", "FDSize").unwrap_or(0)
     }
 
     #[test]

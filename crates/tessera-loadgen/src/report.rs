@@ -8,12 +8,6 @@ use serde_json::{Value, json};
 /// A latency histogram in microseconds (1 µs .. 10 min, 3 significant digits).
 pub struct Latency(Histogram<u64>);
 
-impl Default for Latency {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 impl Latency {
     /// Longest sample kept, in microseconds (10 minutes); longer ones are recorded as this.
     pub const MAX_US: u64 = 600_000_000;
@@ -95,8 +89,8 @@ fn unreachable_histogram() -> Histogram<u64> {
     }
 }
 
-/// A `kB` field of `/proc/<pid>/status` (`VmRSS`, `VmHWM`), in KiB.
-pub fn proc_status_kib(pid: &str, field: &str) -> Option<u64> {
+/// A numeric field of `/proc/<pid>/status`: `VmRSS` and `VmHWM` in KiB, `FDSize` as a count.
+pub fn proc_status_number(pid: &str, field: &str) -> Option<u64> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     text.lines()
         .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))

@@ -27,7 +27,7 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 
 use crate::report::{
-    ErrorCounts, Latency, PeerUsage, Samples, ServerUsage, print_table, proc_status_kib,
+    ErrorCounts, Latency, PeerUsage, Samples, ServerUsage, print_table, proc_status_number,
 };
 
 /// Options shared by `run` and `idle`.
@@ -648,8 +648,8 @@ fn server_memory(pid: Option<u32>) -> Value {
     };
     let mib = |kib: Option<u64>| kib.map(|k| (k as f64 / 1024.0 * 10.0).round() / 10.0);
     json!({
-        "peak_rss_MiB": mib(proc_status_kib(&pid, "VmHWM")),
-        "rss_MiB": mib(proc_status_kib(&pid, "VmRSS")),
+        "peak_rss_MiB": mib(proc_status_number(&pid, "VmHWM")),
+        "rss_MiB": mib(proc_status_number(&pid, "VmRSS")),
     })
 }
 
@@ -832,7 +832,7 @@ pub fn idle(args: IdleArgs) -> anyhow::Result<bool> {
     rt.block_on(async move {
         let shared = shared(&common).await?;
         let pid = common.server_pid.map(|p| p.to_string());
-        let before = pid.as_deref().and_then(|p| proc_status_kib(p, "VmRSS"));
+        let before = pid.as_deref().and_then(|p| proc_status_number(p, "VmRSS"));
         let (release_tx, release_rx) = watch::channel(false);
         let mut tasks = Vec::with_capacity(common.chats);
         for i in 0..common.chats {
@@ -875,7 +875,7 @@ pub fn idle(args: IdleArgs) -> anyhow::Result<bool> {
         eprintln!();
         tokio::time::sleep(Duration::from_secs(args.settle_s)).await;
         let connected = shared.progress.connected.load(Ordering::Relaxed);
-        let after = pid.as_deref().and_then(|p| proc_status_kib(p, "VmRSS"));
+        let after = pid.as_deref().and_then(|p| proc_status_number(p, "VmRSS"));
         let per_chat = match (before, after) {
             (Some(b), Some(a)) if connected > 0 => {
                 Some(((a.saturating_sub(b)) as f64 / connected as f64 * 100.0).round() / 100.0)

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use serde_json::{Value, json};
 
-use crate::report::proc_status_kib;
+use crate::report::proc_status_number;
 
 /// Options of `soak`.
 #[derive(Debug, Clone, clap::Args)]
@@ -191,7 +191,7 @@ pub fn run(args: SoakArgs) -> anyhow::Result<bool> {
         idle: args.idle,
     });
     let pid = args.server_pid.to_string();
-    let rss = || proc_status_kib(&pid, "VmRSS").unwrap_or(0);
+    let rss = || proc_status_number(&pid, "VmRSS").unwrap_or(0);
     let samples = runtime.block_on(async {
         let mut samples = vec![Sample {
             chats: 0,
@@ -242,7 +242,7 @@ pub fn run(args: SoakArgs) -> anyhow::Result<bool> {
         "chats_finished": finished,
         "chats_failed": failed,
         "seconds": (started.elapsed().as_secs_f64() * 10.0).round() / 10.0,
-        "server_peak_rss_MiB": proc_status_kib(&pid, "VmHWM").map(mib),
+        "server_peak_rss_MiB": proc_status_number(&pid, "VmHWM").map(mib),
         "samples": samples.iter().map(|s| json!({
             "chats": s.chats,
             "seconds": (s.seconds * 10.0).round() / 10.0,

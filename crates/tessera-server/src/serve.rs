@@ -445,11 +445,10 @@ pub async fn run(
         cluster,
     });
     let draining = state.cluster.as_ref().map(|c| c.node.clone());
-    // One per core by default. On 2 cores one worker cost 4-12% less CPU per turn, but a
-    // 10,000-chat ramp then lost some handshakes to `408` (README, "Sixth session"). A packet
-    // capture later showed the load generator silent for 6 s after connecting, so the server
-    // timed those out rightly, and two workers lose them too ("Seventh session"); fewer
-    // workers by default has not been measured again since. It stays a setting.
+    // One per core by default. On 2 cores one worker costs 3-10% less CPU per turn, but it
+    // neither flattens the cost from 1,000 to 10,000 chats nor helps at model latency (README,
+    // "Eighth session"), and a larger machine needs more. The `408`s once blamed on one worker
+    // were the load generator's stall. It stays a setting.
     let workers = if config.http_workers == 0 {
         std::thread::available_parallelism().map_or(1, |n| n.get())
     } else {

@@ -79,9 +79,11 @@ impl Actor for TurnEnds {
 impl Handler<Deliver> for TurnEnds {
     type Result = ();
 
-    fn handle(&mut self, Deliver(text): Deliver, _: &mut Self::Context) {
-        if text.starts_with("{\"type\":\"chat.input_request\"") {
-            let _ = self.0.send(());
+    fn handle(&mut self, Deliver(batch): Deliver, _: &mut Self::Context) {
+        for text in batch {
+            if text.starts_with("{\"type\":\"chat.input_request\"") {
+                let _ = self.0.send(());
+            }
         }
     }
 }

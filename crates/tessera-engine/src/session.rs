@@ -37,10 +37,19 @@ use crate::{EngineConfig, EngineError, plan::CompiledWorkflow};
 use routing::Route;
 use visibility::{HeldEvent, HeldEvents};
 
-/// An event, serialized once, on its way to a subscriber.
+/// Events, each serialized once, on their way to a subscriber, in seq order: one batch per
+/// burst (what the chat published while working through its mailbox), so a burst costs one
+/// message and one socket write rather than one per event.
 #[derive(Message, Clone)]
 #[rtype(result = "()")]
-pub struct Deliver(pub Arc<str>);
+pub struct Deliver(pub Vec<Arc<str>>);
+
+impl Deliver {
+    /// A batch of one event.
+    pub fn one(text: Arc<str>) -> Self {
+        Self(vec![text])
+    }
+}
 
 /// Attach a subscriber; it receives `chat.session`, every logged event after `after_seq`,
 /// then `chat.resume_boundary`, then live events.
@@ -165,6 +174,8 @@ pub struct GetContext;
 struct Subscriber {
     id: u64,
     recipient: Recipient<Deliver>,
+    /// Published since the burst began, sent at its end ([`EndOfBurst`]).
+    pending: Vec<Arc<str>>,
 }
 
 /// The chat actor.
@@ -194,6 +205,10 @@ pub struct ChatSession {
     /// Durable writes, when the engine has a store.
     persist: Option<WriteBehind>,
     flush_requested: bool,
+    /// The requested flush starts at the end of the burst (not after a back-off).
+    flush_at_burst_end: bool,
+    /// An [`EndOfBurst`] is in the mailbox.
+    burst_end_sent: bool,
     /// Answered once the write-behind queue is idle (see [`WhenStored`]).
     stored_waiters: Vec<tokio::sync::oneshot::Sender<()>>,
     self_addr: Option<Addr<ChatSession>>,
@@ -215,7 +230,14 @@ pub struct ChatSession {
     last_active: std::time::Instant,
 }
 
-/// Flush queued durable writes (sent to self so writes batch per mailbox turn).
+/// The end of a burst, sent to self by its first event or write, so it arrives after the
+/// messages already waiting: each subscriber gets what the burst published as one batch, and
+/// what it queued for the store starts its flush (writes batch per mailbox turn).
+#[derive(Message)]
+#[rtype(result = "()")]
+struct EndOfBurst;
+
+/// Flush queued durable writes: a retry after a failed flush's back-off.
 #[derive(Message)]
 #[rtype(result = "()")]
 struct FlushWrites;
@@ -258,6 +280,8 @@ impl ChatSession {
                 .clone()
                 .map(|store| WriteBehind::new(store, id.chat_id.clone())),
             flush_requested: false,
+            flush_at_burst_end: false,
+            burst_end_sent: false,
             stored_waiters: Vec::new(),
             self_addr: None,
             restored: None,
@@ -334,11 +358,15 @@ impl ChatSession {
         self.fan_out(seq, &text, Some(&event));
     }
 
-    /// Sends a logged event to every subscriber and (when typed) every watcher.
+    /// Sends a logged event to every subscriber (with the rest of its burst) and, when typed,
+    /// to every watcher (at once).
     fn fan_out(&mut self, seq: u64, text: &Arc<str>, event: Option<&ServerEvent>) {
         self.subscribers.retain(|s| s.recipient.connected());
-        for subscriber in &self.subscribers {
-            subscriber.recipient.do_send(Deliver(text.clone()));
+        if !self.subscribers.is_empty() {
+            for subscriber in &mut self.subscribers {
+                subscriber.pending.push(Arc::clone(text));
+            }
+            self.end_burst_soon();
         }
         if let Some(event) = event
             && !self.watchers.is_empty()
@@ -384,9 +412,34 @@ impl ChatSession {
         }
     }
 
-    /// Sends a connection-scoped event (seq 0: not part of the chat log, never replayed).
+    /// Sends a connection-scoped event (seq 0: not part of the chat log, never replayed) to a
+    /// recipient that is not (yet) a subscriber, so nothing of its own is pending.
     fn send_direct(&self, recipient: &Recipient<Deliver>, event: &ServerEvent) {
-        recipient.do_send(Deliver(envelope_json(0, &self.chat_id_json, event)));
+        recipient.do_send(Deliver::one(envelope_json(0, &self.chat_id_json, event)));
+    }
+
+    /// Sends each subscriber the events published since the burst began.
+    fn deliver_pending(&mut self) {
+        for subscriber in &mut self.subscribers {
+            if !subscriber.pending.is_empty() {
+                let batch = std::mem::take(&mut subscriber.pending);
+                subscriber.recipient.do_send(Deliver(batch));
+            }
+        }
+    }
+
+    /// Makes sure an [`EndOfBurst`] is on its way (before the actor runs, delivers at once).
+    fn end_burst_soon(&mut self) {
+        if self.burst_end_sent {
+            return;
+        }
+        match &self.self_addr {
+            Some(addr) => {
+                self.burst_end_sent = true;
+                addr.do_send(EndOfBurst);
+            }
+            None => self.deliver_pending(),
+        }
     }
 
     /// Room for exactly `n` more messages. A chat keeps its transcript for its whole life, and
@@ -423,11 +476,10 @@ impl ChatSession {
     }
 
     fn request_flush(&mut self) {
-        if !self.flush_requested
-            && let Some(addr) = &self.self_addr
-        {
+        if !self.flush_requested && self.self_addr.is_some() {
             self.flush_requested = true;
-            addr.do_send(FlushWrites);
+            self.flush_at_burst_end = true;
+            self.end_burst_soon();
         }
     }
 
@@ -801,6 +853,8 @@ impl Actor for ChatSession {
     }
 
     fn stopped(&mut self, _ctx: &mut Self::Context) {
+        // A burst cut short by the stop (its `EndOfBurst` is never handled).
+        self.deliver_pending();
         self.shard
             .chats_in_memory
             .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
@@ -814,10 +868,29 @@ impl Actor for ChatSession {
     }
 }
 
+impl Handler<EndOfBurst> for ChatSession {
+    type Result = ();
+
+    fn handle(&mut self, _: EndOfBurst, ctx: &mut Self::Context) {
+        self.burst_end_sent = false;
+        self.deliver_pending();
+        if std::mem::take(&mut self.flush_at_burst_end) {
+            self.flush_writes(ctx);
+        }
+    }
+}
+
 impl Handler<FlushWrites> for ChatSession {
     type Result = ();
 
     fn handle(&mut self, _: FlushWrites, ctx: &mut Self::Context) {
+        self.flush_writes(ctx);
+    }
+}
+
+impl ChatSession {
+    /// Hands the store what the write-behind queue holds (one flush at a time).
+    fn flush_writes(&mut self, ctx: &mut Context<Self>) {
         self.flush_requested = false;
         // The state goes with each flush, built once here rather than on every event.
         if let Some(persist) = self.persist.as_mut() {
@@ -873,6 +946,7 @@ impl Handler<FlushDone> for ChatSession {
             Some(NextFlush::After(delay)) => {
                 // Marked requested so new events do not retry before the back-off is over.
                 self.flush_requested = true;
+                self.flush_at_burst_end = false;
                 ctx.notify_later(FlushWrites, delay);
             }
             Some(NextFlush::Idle) | None => self.answer_stored_waiters(),
@@ -1088,10 +1162,13 @@ impl Handler<Subscribe> for ChatSession {
             // In a cluster, up to the last durable event: the held ones follow live.
             let visible = act.visible_seq();
             let from = msg.after_seq.min(visible);
-            let mut replayed = 0;
-            for text in act.log.replay_until(from, visible, &act.chat_id_json) {
-                recipient.do_send(Deliver(text));
-                replayed += 1;
+            let replay: Vec<Arc<str>> = act
+                .log
+                .replay_until(from, visible, &act.chat_id_json)
+                .collect();
+            let replayed = replay.len() as u64;
+            if !replay.is_empty() {
+                recipient.do_send(Deliver(replay));
             }
             act.send_direct(
                 &recipient,
@@ -1102,7 +1179,11 @@ impl Handler<Subscribe> for ChatSession {
                     pending_ui_calls: pending,
                 },
             );
-            act.subscribers.push(Subscriber { id, recipient });
+            act.subscribers.push(Subscriber {
+                id,
+                recipient,
+                pending: Vec::new(),
+            });
             id
         }))
     }
@@ -1125,6 +1206,8 @@ impl Handler<Unsubscribe> for ChatSession {
 
     fn handle(&mut self, Unsubscribe(id): Unsubscribe, _ctx: &mut Self::Context) {
         self.last_active = std::time::Instant::now();
+        // What the leaving subscriber was due before it left, as if sent at once.
+        self.deliver_pending();
         self.subscribers
             .retain(|s| s.id != id && s.recipient.connected());
         self.watchers.retain(|(w, r)| *w != id && r.connected());
@@ -1274,6 +1357,8 @@ impl Handler<Relinquish> for ChatSession {
         self.shard.correlator.do_send(CancelUiCalls {
             chat_id: self.id.chat_id.clone(),
         });
+        // Published (durable, in a cluster) before the move: the subscribers get it here.
+        self.deliver_pending();
         self.subscribers.clear();
         self.watchers.clear();
         ctx.stop();

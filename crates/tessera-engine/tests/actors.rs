@@ -568,3 +568,122 @@ async fn the_same_structured_output_delivered_twice_concurrently_runs_the_tool_o
     }
     assert_eq!(calls, 0, "the duplicate announced nothing");
 }
+
+/// Records each delivered batch as the `type` of each of its events.
+struct Batches(mpsc::UnboundedSender<Vec<String>>);
+
+impl Actor for Batches {
+    type Context = Context<Self>;
+}
+
+impl Handler<tessera_engine::session::Deliver> for Batches {
+    type Result = ();
+
+    fn handle(
+        &mut self,
+        tessera_engine::session::Deliver(batch): tessera_engine::session::Deliver,
+        _: &mut Self::Context,
+    ) {
+        let types = batch
+            .iter()
+            .map(|text| {
+                serde_json::from_str::<Value>(text)
+                    .ok()
+                    .and_then(|event| event["type"].as_str().map(str::to_owned))
+                    .unwrap_or_default()
+            })
+            .collect();
+        let _ = self.0.send(types);
+    }
+}
+
+async fn subscribe_batches(
+    chat: &tessera_engine::ChatHandle,
+    after_seq: u64,
+) -> mpsc::UnboundedReceiver<Vec<String>> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let sent = chat
+        .addr
+        .send(tessera_engine::session::Subscribe {
+            recipient: Batches(tx).start().recipient(),
+            after_seq,
+        })
+        .await;
+    assert!(sent.is_ok(), "subscribe must reach the session");
+    rx
+}
+
+/// The next batch holding an event of `kind` (the timeout only stops a broken test).
+async fn batch_with(rx: &mut mpsc::UnboundedReceiver<Vec<String>>, kind: &str) -> Vec<String> {
+    loop {
+        match tokio::time::timeout(Duration::from_secs(10), rx.recv()).await {
+            Ok(Some(batch)) if batch.iter().any(|t| t == kind) => return batch,
+            Ok(Some(_)) => {}
+            Ok(None) => panic!("delivery closed while waiting for {kind}"),
+            Err(_) => panic!("no batch with {kind}"),
+        }
+    }
+}
+
+#[actix::test]
+async fn what_one_handler_publishes_reaches_a_subscriber_as_one_batch_in_order() {
+    let h = harness(EngineConfig::default(), default_script);
+    let chat = h
+        .engine
+        .start_chat(NewChat {
+            tenant: "t1".into(),
+            user: "u1".into(),
+            workflow: "EngineTest".into(),
+            context: Map::new(),
+            chat_id: None,
+        })
+        .await;
+    let Ok(chat) = chat else {
+        panic!("chat must start")
+    };
+    let mut batches = subscribe_batches(&chat, 0).await;
+    batch_with(&mut batches, "chat.input_request").await;
+    assert_eq!(chat.addr.send(say("hi")).await.ok(), Some(Ok(())));
+    // The turn's end publishes the answer and the next input request from one handler: they
+    // travel together, the answer first.
+    let end = batch_with(&mut batches, "chat.input_request").await;
+    let text_at = end.iter().position(|t| t == "chat.text");
+    let request_at = end.iter().position(|t| t == "chat.input_request");
+    assert!(
+        matches!((text_at, request_at), (Some(t), Some(r)) if t < r),
+        "answer and input request in one batch, in order: {end:?}"
+    );
+}
+
+#[actix::test]
+async fn a_late_subscriber_gets_its_replay_as_one_batch_between_session_and_boundary() {
+    let h = harness(EngineConfig::default(), default_script);
+    let mut first = connect(&h, "t1").await;
+    first.until("chat.input_request").await;
+    assert_eq!(
+        first.chat.addr.send(say("use tool")).await.ok(),
+        Some(Ok(()))
+    );
+    first.until("chat.input_request").await;
+    let logged = first
+        .seen
+        .iter()
+        .filter(|e| e["seq"].as_u64() > Some(0))
+        .count();
+    let mut batches = subscribe_batches(&first.chat, 0).await;
+    let mut received = Vec::new();
+    for _ in 0..3 {
+        match tokio::time::timeout(Duration::from_secs(10), batches.recv()).await {
+            Ok(Some(batch)) => received.push(batch),
+            _ => panic!("expected session, replay and boundary; got {received:?}"),
+        }
+    }
+    assert_eq!(received[0], ["chat.session"]);
+    assert_eq!(received[1].len(), logged, "the whole log in one batch");
+    assert!(
+        received[1]
+            .iter()
+            .all(|t| t != "chat.session" && t != "chat.resume_boundary")
+    );
+    assert_eq!(received[2], ["chat.resume_boundary"]);
+}

@@ -133,10 +133,17 @@ impl Driver {
 impl Handler<Deliver> for Driver {
     type Result = ();
 
-    fn handle(&mut self, Deliver(text): Deliver, _: &mut Self::Context) {
-        if !text.starts_with("{\"type\":\"chat.input_request\"") {
-            return;
+    fn handle(&mut self, Deliver(batch): Deliver, _: &mut Self::Context) {
+        for text in batch {
+            if text.starts_with("{\"type\":\"chat.input_request\"") {
+                self.input_requested();
+            }
         }
+    }
+}
+
+impl Driver {
+    fn input_requested(&mut self) {
         self.requests_seen += 1;
         // The first input request is the chat's initial one (replayed on subscribe).
         if self.requests_seen == 1 {

@@ -99,12 +99,15 @@ impl Actor for ChatRelay {
 impl Handler<Deliver> for ChatRelay {
     type Result = ();
 
-    fn handle(&mut self, Deliver(text): Deliver, _: &mut Self::Context) {
-        let seq = serde_json::from_str::<SeqOnly>(&text).map_or(0, |s| s.seq);
-        if seq == 0 {
+    fn handle(&mut self, Deliver(batch): Deliver, _: &mut Self::Context) {
+        let Some(outbound) = &self.outbound else {
             return;
-        }
-        if let Some(outbound) = &self.outbound {
+        };
+        for text in batch {
+            let seq = serde_json::from_str::<SeqOnly>(&text).map_or(0, |s| s.seq);
+            if seq == 0 {
+                continue;
+            }
             let _ = outbound.send(LiveEvent {
                 seq,
                 envelope: Bytes::copy_from_slice(text.as_bytes()),
@@ -334,14 +337,15 @@ impl RemoteFeed {
                 event: &event,
             }
             .to_json();
-            act.recipient.do_send(Deliver(Arc::from(text.as_str())));
+            act.recipient
+                .do_send(Deliver::one(Arc::from(text.as_str())));
         }));
     }
 
     fn deliver(&mut self, envelope: &[u8]) {
         let text = String::from_utf8_lossy(envelope);
         self.recipient
-            .do_send(Deliver(std::sync::Arc::from(text.as_ref())));
+            .do_send(Deliver::one(std::sync::Arc::from(text.as_ref())));
         self.next_seq += 1;
     }
 

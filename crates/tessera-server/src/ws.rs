@@ -186,13 +186,13 @@ impl Outbox {
 impl Handler<Deliver> for Outbox {
     type Result = ();
 
-    fn handle(&mut self, Deliver(text): Deliver, ctx: &mut Self::Context) {
+    fn handle(&mut self, Deliver(batch): Deliver, ctx: &mut Self::Context) {
         let backlog = {
             let mut queue = lock(&self.queue);
             if queue.closed {
                 return;
             }
-            queue.items.push_back(text);
+            queue.items.extend(batch);
             if !queue.flush_pending {
                 queue.flush_pending = true;
                 self.conn.do_send(Flush);
@@ -257,6 +257,8 @@ pub struct WsConnection {
     hub: Addr<ConnectionHub>,
     hub_id: Option<u64>,
     queue: SharedQueue,
+    /// The queue's events being written to the socket (kept, empty, between flushes).
+    draining: VecDeque<Arc<str>>,
     outbox: Option<Addr<Outbox>>,
     /// Set when the inbound [`FrameGuard`] ended the stream.
     guard: GuardVerdict,
@@ -288,6 +290,7 @@ impl WsConnection {
             hub: shared.hub,
             hub_id: None,
             queue: SharedQueue::default(),
+            draining: VecDeque::new(),
             outbox: None,
             guard: GuardVerdict::default(),
             pong_expected: false,
@@ -612,12 +615,13 @@ impl Handler<Flush> for WsConnection {
     type Result = ();
 
     fn handle(&mut self, _: Flush, ctx: &mut Self::Context) {
-        let items = {
+        {
             let mut queue = lock(&self.queue);
             queue.flush_pending = false;
-            std::mem::take(&mut queue.items)
-        };
-        for text in items {
+            // Swapped with the emptied buffer of the last flush, so neither side reallocates.
+            std::mem::swap(&mut queue.items, &mut self.draining);
+        }
+        for text in self.draining.drain(..) {
             ctx.text(&*text);
         }
     }

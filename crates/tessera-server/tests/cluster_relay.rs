@@ -167,8 +167,9 @@ impl actix::Actor for Collector {
 impl actix::Handler<tessera_engine::session::Deliver> for Collector {
     type Result = ();
     fn handle(&mut self, msg: tessera_engine::session::Deliver, _: &mut Self::Context) {
-        self.0
-            .push(serde_json::from_str(&msg.0).unwrap_or_default());
+        for text in &msg.0 {
+            self.0.push(serde_json::from_str(text).unwrap_or_default());
+        }
     }
 }
 #[derive(actix::Message)]

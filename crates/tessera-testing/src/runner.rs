@@ -144,8 +144,10 @@ impl Actor for Collector {
 
 impl Handler<Deliver> for Collector {
     type Result = ();
-    fn handle(&mut self, Deliver(text): Deliver, _: &mut Self::Context) {
-        let _ = self.0.send(text);
+    fn handle(&mut self, Deliver(batch): Deliver, _: &mut Self::Context) {
+        for text in batch {
+            let _ = self.0.send(text);
+        }
     }
 }
 

@@ -221,9 +221,11 @@ impl Actor for Collector {
 
 impl Handler<Deliver> for Collector {
     type Result = ();
-    fn handle(&mut self, Deliver(text): Deliver, _: &mut Self::Context) {
-        if let Ok(v) = serde_json::from_str(&text) {
-            let _ = self.0.send(v);
+    fn handle(&mut self, Deliver(batch): Deliver, _: &mut Self::Context) {
+        for text in batch {
+            if let Ok(v) = serde_json::from_str(&text) {
+                let _ = self.0.send(v);
+            }
         }
     }
 }

@@ -15,6 +15,7 @@ use std::cell::RefCell;
 use std::collections::hash_map::RandomState;
 use std::fmt;
 use std::hash::{BuildHasher, Hasher};
+use std::ops::ControlFlow;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -492,13 +493,25 @@ impl Inner {
                     sent_at.elapsed().as_secs_f64(),
                 );
             }
-            for data in parser.push(&chunk).map_err(Failure::fatal)? {
-                if data.trim() == "[DONE]" {
-                    done = true;
-                    break;
-                }
-                assembler.apply(&data, on_delta).map_err(Failure::fatal)?;
+            let mut invalid = None;
+            let flow = parser
+                .push_each(&chunk, |data| {
+                    if data.trim() == "[DONE]" {
+                        return ControlFlow::Break(());
+                    }
+                    match assembler.apply(data, on_delta) {
+                        Ok(()) => ControlFlow::Continue(()),
+                        Err(error) => {
+                            invalid = Some(error);
+                            ControlFlow::Break(())
+                        }
+                    }
+                })
+                .map_err(Failure::fatal)?;
+            if let Some(error) = invalid {
+                return Err(Failure::fatal(error));
             }
+            done = flow.is_break();
         }
         if !done && let Some(data) = parser.finish() {
             if data.trim() == "[DONE]" {

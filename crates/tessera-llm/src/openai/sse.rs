@@ -4,6 +4,8 @@
 //! `\r\n` pair, even inside a multi-byte UTF-8 character. This parser is pure (bytes in, event
 //! payloads out, no I/O) so that every split point can be unit-tested.
 
+use std::ops::ControlFlow;
+
 use crate::LlmError;
 
 /// Largest single event (pending line plus accumulated data) accepted, so that a broken or
@@ -39,6 +41,23 @@ impl SseParser {
     /// order. Errors only when one event grows beyond [`MAX_EVENT_BYTES`].
     pub fn push(&mut self, chunk: &[u8]) -> Result<Vec<String>, LlmError> {
         let mut events = Vec::new();
+        // Never breaks: every event is collected.
+        let _ = self.push_each(chunk, |data| {
+            events.push(data.to_owned());
+            ControlFlow::Continue(())
+        })?;
+        Ok(events)
+    }
+
+    /// Feed the next chunk of the body; calls `on_event` with the payload of each event it
+    /// completes, in order, until `on_event` breaks (the rest of the chunk is then left
+    /// unread). The payload is lent from a buffer reused for the next event, so a stream costs
+    /// no allocation per event. Errors only when one event grows beyond [`MAX_EVENT_BYTES`].
+    pub fn push_each(
+        &mut self,
+        chunk: &[u8],
+        mut on_event: impl FnMut(&str) -> ControlFlow<()>,
+    ) -> Result<ControlFlow<()>, LlmError> {
         let mut rest = chunk;
         if self.pending_cr {
             self.pending_cr = false;
@@ -58,28 +77,35 @@ impl SseParser {
                 }
             }
             let line = std::mem::take(&mut self.line);
-            self.process_line(&line, &mut events);
+            let flow = self.process_line(&line, &mut on_event);
             // Reuse the allocation for the next line.
             self.line = line;
             self.line.clear();
+            if flow.is_break() {
+                return Ok(flow);
+            }
             self.check_size()?;
         }
         self.line.extend_from_slice(rest);
         self.check_size()?;
-        Ok(events)
+        Ok(ControlFlow::Continue(()))
     }
 
     /// Signal the end of the body; returns the payload of a final event that was not followed
     /// by a blank line, if any.
     pub fn finish(&mut self) -> Option<String> {
-        let mut events = Vec::new();
+        let mut last = None;
+        let mut keep_last = |data: &str| {
+            last = Some(data.to_owned());
+            ControlFlow::Continue(())
+        };
         if !self.line.is_empty() {
             let line = std::mem::take(&mut self.line);
-            self.process_line(&line, &mut events);
+            let _ = self.process_line(&line, &mut keep_last);
         }
         self.pending_cr = false;
-        self.process_line(b"", &mut events);
-        events.pop()
+        let _ = self.process_line(b"", &mut keep_last);
+        last
     }
 
     fn check_size(&self) -> Result<(), LlmError> {
@@ -91,16 +117,22 @@ impl SseParser {
         Ok(())
     }
 
-    fn process_line(&mut self, line: &[u8], events: &mut Vec<String>) {
+    fn process_line(
+        &mut self,
+        line: &[u8],
+        on_event: &mut impl FnMut(&str) -> ControlFlow<()>,
+    ) -> ControlFlow<()> {
         if line.is_empty() {
             if self.has_data {
                 self.has_data = false;
-                events.push(std::mem::take(&mut self.data));
+                let flow = on_event(&self.data);
+                self.data.clear();
+                return flow;
             }
-            return;
+            return ControlFlow::Continue(());
         }
         if line[0] == b':' {
-            return; // comment / keep-alive
+            return ControlFlow::Continue(()); // comment / keep-alive
         }
         let (field, value) = match line.iter().position(|&b| b == b':') {
             Some(colon) => {
@@ -117,6 +149,7 @@ impl SseParser {
             // Invalid UTF-8 is replaced rather than fatal: the JSON parse that follows decides.
             self.data.push_str(&String::from_utf8_lossy(value));
         }
+        ControlFlow::Continue(())
     }
 }
 
@@ -254,5 +287,35 @@ mod tests {
             }
         }
         assert!(failed);
+    }
+
+    #[test]
+    fn push_each_stops_at_a_break_and_lends_each_payload_in_order() {
+        let mut parser = SseParser::new();
+        let mut seen = Vec::new();
+        let flow = parser.push_each(b"data: a\n\ndata: [DONE]\n\ndata: c\n\n", |data| {
+            seen.push(data.to_owned());
+            if data == "[DONE]" {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        });
+        assert!(matches!(flow, Ok(ControlFlow::Break(()))));
+        assert_eq!(seen, ["a", "[DONE]"], "nothing after the break is read");
+
+        let mut parser = SseParser::new();
+        let mut seen = Vec::new();
+        let flow = parser.push_each(b"data: x\ndata: y\n\ndata: z", |data| {
+            seen.push(data.to_owned());
+            ControlFlow::Continue(())
+        });
+        assert!(matches!(flow, Ok(ControlFlow::Continue(()))));
+        assert_eq!(seen, ["x\ny"]);
+        assert_eq!(
+            parser.finish().as_deref(),
+            Some("z"),
+            "the unterminated event is kept"
+        );
     }
 }

@@ -7,6 +7,7 @@ use std::borrow::Cow;
 use serde::de::IgnoredAny;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
+use smallvec::SmallVec;
 
 use crate::error::truncate_chars;
 use crate::{
@@ -496,8 +497,9 @@ struct ChunkWire<'a> {
     #[serde(borrow)]
     model: Option<Cow<'a, str>>,
     usage: Option<UsageWire>,
+    /// Inline: one choice is what we ask for, so a chunk needs no allocation of its own.
     #[serde(borrow)]
-    choices: Option<Vec<ChoiceWire<'a>>>,
+    choices: Option<SmallVec<[ChoiceWire<'a>; 1]>>,
 }
 
 #[derive(Deserialize)]
@@ -522,7 +524,7 @@ struct DeltaWire<'a> {
     #[serde(borrow)]
     refusal: Option<Cow<'a, str>>,
     #[serde(borrow)]
-    tool_calls: Option<Vec<FragmentWire<'a>>>,
+    tool_calls: Option<SmallVec<[FragmentWire<'a>; 1]>>,
 }
 
 #[derive(Deserialize)]

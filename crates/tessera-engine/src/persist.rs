@@ -145,7 +145,9 @@ impl WriteBehind {
 
     /// Takes the queued writes and returns the future that performs them, unless a flush is
     /// already running (then the writes wait for the next one) or nothing is queued.
-    pub fn start_flush(&mut self) -> Option<BoxFuture<'static, FlushOutcome>> {
+    pub fn start_flush(
+        &mut self,
+    ) -> Option<impl std::future::Future<Output = FlushOutcome> + Send + 'static> {
         if self.flushing || self.queued.is_empty() {
             return None;
         }
@@ -157,7 +159,8 @@ impl WriteBehind {
         self.in_flight = Some(batch.clone());
         let store = self.store.clone();
         let chat_id = self.chat_id.clone();
-        Some(Box::pin(async move {
+        // Not boxed: the task that runs it holds it.
+        Some(async move {
             match store.apply_batch(&chat_id, batch).await {
                 Ok(()) => FlushOutcome::Written,
                 Err(error) if error.is_transient() => {
@@ -174,7 +177,7 @@ impl WriteBehind {
                     FlushOutcome::Dropped
                 }
             }
-        }))
+        })
     }
 
     /// The flush finished: what to do next.

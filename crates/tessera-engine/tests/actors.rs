@@ -628,19 +628,7 @@ async fn batch_with(rx: &mut mpsc::UnboundedReceiver<Vec<String>>, kind: &str) -
 #[actix::test]
 async fn what_one_handler_publishes_reaches_a_subscriber_as_one_batch_in_order() {
     let h = harness(EngineConfig::default(), default_script);
-    let chat = h
-        .engine
-        .start_chat(NewChat {
-            tenant: "t1".into(),
-            user: "u1".into(),
-            workflow: "EngineTest".into(),
-            context: Map::new(),
-            chat_id: None,
-        })
-        .await;
-    let Ok(chat) = chat else {
-        panic!("chat must start")
-    };
+    let chat = start(&h, "t1").await;
     let mut batches = subscribe_batches(&chat, 0).await;
     batch_with(&mut batches, "chat.input_request").await;
     assert_eq!(chat.addr.send(say("hi")).await.ok(), Some(Ok(())));

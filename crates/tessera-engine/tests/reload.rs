@@ -7,9 +7,8 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 
 use common::*;
-use serde_json::Map;
+use tessera_engine::EngineConfig;
 use tessera_engine::session::UserInput;
-use tessera_engine::{EngineConfig, NewChat};
 use tessera_llm::ChatModel;
 
 fn model(reply: &'static str) -> Arc<dyn ChatModel> {
@@ -20,18 +19,7 @@ fn model(reply: &'static str) -> Arc<dyn ChatModel> {
 }
 
 async fn chat(h: &Harness) -> Client {
-    let chat = h
-        .engine
-        .start_chat(NewChat {
-            tenant: "t1".into(),
-            user: "u1".into(),
-            workflow: "EngineTest".into(),
-            context: Map::new(),
-            chat_id: None,
-        })
-        .await
-        .unwrap_or_else(|e| panic!("chat must start: {e}"));
-    subscribe(chat, 0).await
+    connect(h, "t1").await
 }
 
 async fn reply_to(client: &mut Client, text: &str) -> String {

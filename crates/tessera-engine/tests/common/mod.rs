@@ -280,7 +280,12 @@ impl Client {
 }
 
 pub async fn connect(h: &Harness, tenant: &str) -> Client {
-    let chat = match h
+    subscribe(start(h, tenant).await, 0).await
+}
+
+/// A new chat of the fixture workflow for `tenant`, not subscribed to.
+pub async fn start(h: &Harness, tenant: &str) -> ChatHandle {
+    match h
         .engine
         .start_chat(NewChat {
             tenant: tenant.into(),
@@ -293,8 +298,7 @@ pub async fn connect(h: &Harness, tenant: &str) -> Client {
     {
         Ok(c) => c,
         Err(e) => panic!("chat must start: {e}"),
-    };
-    subscribe(chat, 0).await
+    }
 }
 
 pub async fn subscribe(chat: ChatHandle, after_seq: u64) -> Client {

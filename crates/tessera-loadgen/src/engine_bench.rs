@@ -128,21 +128,8 @@ impl Driver {
             client_msg_id: None,
         });
     }
-}
 
-impl Handler<Deliver> for Driver {
-    type Result = ();
-
-    fn handle(&mut self, Deliver(batch): Deliver, _: &mut Self::Context) {
-        for text in batch {
-            if text.starts_with("{\"type\":\"chat.input_request\"") {
-                self.input_requested();
-            }
-        }
-    }
-}
-
-impl Driver {
+    /// A `chat.input_request` arrived: the next message, or done after the last turn.
     fn input_requested(&mut self) {
         self.requests_seen += 1;
         // The first input request is the chat's initial one (replayed on subscribe).
@@ -156,6 +143,18 @@ impl Driver {
             let _ = self.done.send(self.index);
         } else {
             self.send_input();
+        }
+    }
+}
+
+impl Handler<Deliver> for Driver {
+    type Result = ();
+
+    fn handle(&mut self, Deliver(batch): Deliver, _: &mut Self::Context) {
+        for text in batch {
+            if text.starts_with("{\"type\":\"chat.input_request\"") {
+                self.input_requested();
+            }
         }
     }
 }

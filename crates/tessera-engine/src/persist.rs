@@ -49,6 +49,8 @@ pub struct WriteBehind {
     /// The state last handed to a flush: a flush whose state is unchanged leaves the chat's
     /// row alone (rewriting it dirtied a page of the `chats` table in every group commit).
     sent_state: Option<Arc<ChatState>>,
+    /// The context's change count when `sent_state` was made (see `StateRow::context_changes`).
+    sent_context_changes: u64,
 }
 
 impl WriteBehind {
@@ -65,6 +67,7 @@ impl WriteBehind {
             persisted_seq: 0,
             epoch: None,
             sent_state: None,
+            sent_context_changes: 0,
         }
     }
 
@@ -135,9 +138,15 @@ impl WriteBehind {
     /// else is queued: the state changes only with events), unless it is the state already
     /// sent (`updated_at_ms` is thus the time of the last change).
     pub fn queue_state(&mut self, row: StateRow<'_>) {
-        if !self.has_queued() || self.sent_state.as_ref().is_some_and(|s| row.matches(s)) {
+        if !self.has_queued()
+            || self
+                .sent_state
+                .as_ref()
+                .is_some_and(|s| row.matches(s, self.sent_context_changes))
+        {
             return;
         }
+        self.sent_context_changes = row.context_changes;
         let state = Arc::new(ChatState::from(row));
         self.sent_state = Some(Arc::clone(&state));
         self.queued.state = Some(state);
@@ -354,16 +363,20 @@ pub struct StateRow<'a> {
     pub turn: u32,
     pub consecutive: u32,
     pub context: &'a Map<String, Value>,
+    /// How many times the chat's context was borrowed to change (it never goes down): equal
+    /// counts mean an equal context, which is cheaper to know than comparing the maps.
+    pub context_changes: u64,
 }
 
 impl StateRow<'_> {
-    /// True when `state` holds this row's values (its time aside).
-    fn matches(&self, state: &ChatState) -> bool {
+    /// True when `state`, made from a row whose context had `state_context_changes`, holds
+    /// this row's values (its time aside).
+    fn matches(&self, state: &ChatState, state_context_changes: u64) -> bool {
         self.turn == state.turn
             && self.consecutive == state.consecutive
             && self.status.as_str() == state.status
             && self.current_agent == state.current_agent
-            && *self.context == state.context
+            && self.context_changes == state_context_changes
     }
 }
 
@@ -585,6 +598,7 @@ mod tests {
             turn: 4,
             consecutive: 2,
             context: &context,
+            context_changes: 1,
         });
         let back = RestoredState::from(state);
         assert_eq!(back.status, status);
@@ -610,45 +624,56 @@ mod tests {
     }
 
     /// The `chats` row is rewritten only when the state changed: an unchanged state stays out
-    /// of the batch, a changed one (here the status) goes in.
+    /// of the batch, a changed one (here the status, then the context) goes in.
     #[actix_rt::test]
     async fn a_flush_carries_the_state_only_when_it_changed() {
         let store = tessera_store::SqliteStore::in_memory().await;
         let store: Arc<dyn ChatStore> = Arc::new(store.expect("scratch store"));
         let mut queue = WriteBehind::new(store, Arc::from("chat_1"));
-        let context = Map::new();
+        let mut context = Map::new();
         let event = ServerEvent::RunStart {
             agent: "A".into(),
             turn: 1,
         };
-        let mut flush_with = |seq: u64, status: &ChatStatus| {
-            queue.queue_event(seq, &event, Arc::from("{}"), String::new);
-            queue.queue_state(StateRow {
-                status,
-                current_agent: "A",
-                turn: 1,
-                consecutive: 0,
-                context: &context,
-            });
-            let started = queue.start_flush().is_some();
-            let state = queue
-                .in_flight
-                .as_ref()
-                .and_then(|batch| batch.state.as_ref())
-                .map(|state| state.status.clone());
-            queue.flush_done(FlushOutcome::Written);
-            assert!(started);
-            state
-        };
+        let mut flush_with =
+            |seq: u64, status: &ChatStatus, context: &Map<String, Value>, changes| {
+                queue.queue_event(seq, &event, Arc::from("{}"), String::new);
+                queue.queue_state(StateRow {
+                    status,
+                    current_agent: "A",
+                    turn: 1,
+                    consecutive: 0,
+                    context,
+                    context_changes: changes,
+                });
+                let started = queue.start_flush().is_some();
+                let state = queue
+                    .in_flight
+                    .as_ref()
+                    .and_then(|batch| batch.state.as_ref())
+                    .map(|state| (state.status.clone(), state.context.len()));
+                queue.flush_done(FlushOutcome::Written);
+                assert!(started);
+                state
+            };
+        let running = &ChatStatus::Running;
         assert_eq!(
-            flush_with(1, &ChatStatus::Running).as_deref(),
-            Some("running")
+            flush_with(1, running, &context, 0),
+            Some(("running".to_owned(), 0))
         );
-        assert_eq!(flush_with(2, &ChatStatus::Running), None);
+        assert_eq!(flush_with(2, running, &context, 0), None);
+        let awaiting = &ChatStatus::AwaitingUser;
         assert_eq!(
-            flush_with(3, &ChatStatus::AwaitingUser).as_deref(),
-            Some("awaiting_user")
+            flush_with(3, awaiting, &context, 0),
+            Some(("awaiting_user".to_owned(), 0))
         );
+        // Only the context changed (its change count says so): the new one is written.
+        context.insert("approved".into(), json!(true));
+        assert_eq!(
+            flush_with(4, awaiting, &context, 1),
+            Some(("awaiting_user".to_owned(), 1))
+        );
+        assert_eq!(flush_with(5, awaiting, &context, 1), None);
     }
 
     #[test]

@@ -6,6 +6,7 @@
 
 mod restore;
 mod routing;
+mod variables;
 mod visibility;
 
 use std::sync::Arc;
@@ -189,7 +190,7 @@ pub struct ChatSession {
     history: Transcript,
     /// Parallel to `history`: message id and hidden flag of each visible-kind message.
     meta: Vec<(String, bool)>,
-    context: Map<String, Value>,
+    context: variables::ContextVars,
     current_agent: Arc<str>,
     turn: u32,
     /// Turns the current agent took in a row since the user last spoke.
@@ -264,7 +265,7 @@ impl ChatSession {
             config,
             history: Transcript::default(),
             meta: Vec::new(),
-            context,
+            context: variables::ContextVars::new(context),
             current_agent,
             turn: 0,
             consecutive: 0,
@@ -542,7 +543,7 @@ impl ChatSession {
         };
         tracing::debug!(chat_id = %self.id.chat_id, tenant = %self.id.tenant, turn = self.turn, agent = %agent, "turn started");
         let runner =
-            AgentRunner::new(plan, &mut self.history, &self.context, limits, parts).start();
+            AgentRunner::new(plan, &mut self.history, self.context.get(), limits, parts).start();
         self.runner = Some(runner);
     }
 
@@ -576,7 +577,7 @@ impl ChatSession {
             &self.wf.workflow,
             &agent,
             &output.final_text,
-            &mut self.context,
+            self.context.edit(),
         );
         let final_id = message_id(&turn_key(&self.id.chat_id, &agent, self.turn));
         let count = output.new_messages.len();
@@ -700,7 +701,7 @@ impl ChatSession {
                         &self.wf.workflow,
                         &tool_name,
                         &response,
-                        &mut self.context,
+                        self.context.edit(),
                     );
                 }
                 self.route(ctx);
@@ -745,7 +746,12 @@ impl ChatSession {
     /// Applies what follows the current agent's turn (see [`routing::route`]).
     fn route(&mut self, ctx: &mut Context<Self>) {
         let agent = self.current_agent.clone();
-        match routing::route(&self.wf.workflow, &agent, &self.context, self.consecutive) {
+        match routing::route(
+            &self.wf.workflow,
+            &agent,
+            self.context.get(),
+            self.consecutive,
+        ) {
             Route::Terminate { reason } => {
                 self.publish(ServerEvent::Handoff {
                     from: agent.to_string(),
@@ -899,7 +905,8 @@ impl ChatSession {
                 current_agent: &self.current_agent,
                 turn: self.turn,
                 consecutive: self.consecutive,
-                context: &self.context,
+                context: self.context.get(),
+                context_changes: self.context.changes(),
             });
         }
         let Some(flush) = self.persist.as_mut().and_then(WriteBehind::start_flush) else {
@@ -1419,6 +1426,7 @@ impl Handler<GetSnapshot> for ChatSession {
         Box::pin(pending.into_actor(self).map(|pending, act, _| {
             let visible: Map<String, Value> = act
                 .context
+                .get()
                 .iter()
                 .filter(|(k, _)| routing::client_visible(&act.wf.workflow, k))
                 .map(|(k, v)| (k.clone(), v.clone()))
@@ -1464,6 +1472,6 @@ impl Handler<GetContext> for ChatSession {
     type Result = MessageResult<GetContext>;
 
     fn handle(&mut self, _: GetContext, _ctx: &mut Self::Context) -> Self::Result {
-        MessageResult(self.context.clone())
+        MessageResult(self.context.get().clone())
     }
 }

@@ -37,7 +37,7 @@ impl ChatSession {
         stored: RestoredChat,
     ) -> Self {
         let mut session = Self::new(stored.identity, wf, shard, config, Map::new());
-        session.context = stored.state.context;
+        session.context = super::variables::ContextVars::new(stored.state.context);
         session.current_agent = Arc::from(stored.state.current_agent.as_str());
         session.turn = stored.state.turn;
         session.consecutive = stored.state.consecutive;

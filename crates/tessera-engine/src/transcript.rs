@@ -159,15 +159,20 @@ mod tests {
         assert_eq!(changed.len(), 1);
     }
 
-    /// Encodes a head the way a request encoder would: each message's text, joined.
+    /// Encodes a head the way a request encoder would: each message's text, joined by "|".
     fn join(prefix: &Messages) -> String {
         let head = prefix.head();
-        let text = prefix.head_wire().get_or_encode(head.len(), |base| {
-            let (start, base) = base.unwrap_or((0, ""));
-            let added: Vec<&str> = head[start..].iter().map(Message::content_str).collect();
-            Ok::<_, ()>([base, &added.join("|")].join(if base.is_empty() { "" } else { "|" }))
+        let pieces = prefix.head_wire().get_or_encode(head.len(), |base| {
+            let added: Vec<&str> = head[base.unwrap_or(0)..]
+                .iter()
+                .map(Message::content_str)
+                .collect();
+            let separator = if base.is_some() { "|" } else { "" };
+            Ok::<_, ()>(format!("{separator}{}", added.join("|")))
         });
-        text.map(|t| t.into_owned()).unwrap_or_default()
+        pieces
+            .map(|pieces| pieces.iter().map(|p| String::from_utf8_lossy(p)).collect())
+            .unwrap_or_default()
     }
 
     #[test]
@@ -179,14 +184,23 @@ mod tests {
         drop(first);
         transcript.push(user("b"));
         let second = transcript.request_prefix(Arc::from("sys"));
-        // Started from the first turn's encoding: only "b" was added to it.
-        let base = second
-            .head_wire()
-            .get_or_encode(3, |base| Ok::<_, ()>(format!("{base:?}")));
-        assert_eq!(
-            base.map(|t| t.into_owned()),
-            Ok(r#"Some((2, "sys|a"))"#.to_owned())
-        );
+        // Started from the first turn's encoding: only "b" was asked for, and the first
+        // turn's piece is kept as it is in front of it.
+        let mut asked = None;
+        let pieces = second.head_wire().get_or_encode(3, |base| {
+            asked = Some(base);
+            Ok::<_, ()>("|b".to_owned())
+        });
+        assert_eq!(asked, Some(Some(2)));
+        let pieces: Vec<String> = pieces
+            .map(|pieces| {
+                pieces
+                    .iter()
+                    .map(|p| String::from_utf8_lossy(p).into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        assert_eq!(pieces, ["sys|a", "|b"]);
         drop(second);
         transcript.push(user("c"));
         let changed = transcript.request_prefix(Arc::from("sys 2"));

@@ -19,12 +19,13 @@ use std::ops::ControlFlow;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use bytes::Bytes;
 use futures::future::BoxFuture;
 use reqwest::header::{self, HeaderMap, HeaderValue};
 
 pub use self::sse::{MAX_EVENT_BYTES, SseParser};
-use self::wire::{StreamAssembler, encode_request, parse_completion, provider_error_message};
+use self::wire::{
+    RequestBody, StreamAssembler, encode_request, parse_completion, provider_error_message,
+};
 use crate::error::{BODY_EXCERPT_CHARS, is_retryable_status, truncate_chars};
 use crate::{ChatModel, ChatRequest, ChatResponse, DeltaSink, LlmError};
 
@@ -308,7 +309,6 @@ impl Inner {
             .clone()
             .unwrap_or_else(|| self.config.default_model.clone());
         let body = encode_request(&request, &model)
-            .map(Bytes::from)
             .map_err(|e| LlmError::Config(format!("cannot encode the request: {e}")))?;
         let mut sink = deltas;
         let mut on_delta = |text: &str| {
@@ -321,10 +321,9 @@ impl Inner {
         loop {
             let started = Instant::now();
             let result = if request.stream {
-                self.attempt_stream(body.clone(), &model, &mut on_delta)
-                    .await
+                self.attempt_stream(&body, &model, &mut on_delta).await
             } else {
-                self.attempt_plain(body.clone(), &model).await
+                self.attempt_plain(&body, &model).await
             };
             let latency_ms = started.elapsed().as_millis() as u64;
             let failure = match result {
@@ -368,7 +367,7 @@ impl Inner {
         }
     }
 
-    fn post(self: &Arc<Self>, body: Bytes, stream: bool) -> reqwest::RequestBuilder {
+    fn post(self: &Arc<Self>, body: &RequestBody, stream: bool) -> reqwest::RequestBuilder {
         let accept = if stream {
             "text/event-stream"
         } else {
@@ -383,13 +382,13 @@ impl Inner {
         for (name, value) in tessera_telemetry::outgoing_headers() {
             request = request.header(name, value);
         }
-        request.body(body)
+        request.body(body.to_http())
     }
 
     /// One non-streamed attempt; the timeout covers connect, headers and the whole body.
     async fn attempt_plain(
         self: &Arc<Self>,
-        body: Bytes,
+        body: &RequestBody,
         model: &str,
     ) -> Result<ChatResponse, Failure> {
         let timeout = self.config.request_timeout;
@@ -419,7 +418,7 @@ impl Inner {
     /// One streamed attempt. Retryable only until the first byte of a successful body arrives.
     async fn attempt_stream(
         self: &Arc<Self>,
-        body: Bytes,
+        body: &RequestBody,
         model: &str,
         on_delta: &mut (dyn FnMut(&str) + Send),
     ) -> Result<ChatResponse, Failure> {

@@ -4,6 +4,7 @@
 use std::borrow::Cow;
 use std::sync::{Arc, OnceLock};
 
+use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -91,10 +92,15 @@ impl PartialEq for WireCache {
     }
 }
 
-/// The wire encoding of a request's whole `head` (see [`Messages`]) in one piece, made by the
-/// first request that needs it and shared by its clones. It is built from the encoding of an
-/// earlier, shorter head that this head extends, so a chat's transcript is copied into each
-/// request body as one block, and only the messages added since are looked up one by one.
+/// The wire encoding of a request's whole `head` (see [`Messages`]), made by the first request
+/// that needs it and shared by its clones. It is kept in pieces: the encoding of an earlier,
+/// shorter head that this head extends, then what the messages added since encode to. A
+/// request body sends the pieces as they are (see the OpenAI client's `RequestBody`).
+///
+/// WHY pieces, not one string: joining the earlier encoding and the new messages into one
+/// string copied the whole transcript once per turn, and copying it into the body once more
+/// per request; each copy reads the transcript's encoding, cold once the chats outgrow the
+/// caches (README, eleventh session). The socket write reads the pieces anyway.
 #[derive(Clone, Default)]
 pub struct WirePrefix {
     this: Arc<OnceLock<EncodedPrefix>>,
@@ -103,10 +109,15 @@ pub struct WirePrefix {
 }
 
 struct EncodedPrefix {
-    /// How many messages `text` encodes.
+    /// How many messages `pieces` encode.
     messages: usize,
-    text: Box<str>,
+    /// The encoding, in order: the pieces joined end to end are the whole.
+    pieces: Vec<Bytes>,
 }
+
+/// At most this many pieces per head: the body's pieces go to the socket in one vectored write
+/// (hyper queues up to 16 buffers, and a body has two more than its head).
+const MAX_HEAD_PIECES: usize = 12;
 
 impl WirePrefix {
     /// The cache for a head that extends the one this cache is for: its messages, then more.
@@ -123,7 +134,8 @@ impl WirePrefix {
     }
 
     /// The same cache without its base: what a head's owner keeps between requests, so that
-    /// the earlier encoding is freed with the last request that may still need it.
+    /// the earlier encoding's own pieces list is freed with the last request that may still
+    /// need it (the pieces themselves are shared).
     pub fn without_base(&self) -> Self {
         Self {
             this: Arc::clone(&self.this),
@@ -131,30 +143,57 @@ impl WirePrefix {
         }
     }
 
-    /// The encoding of a head of `messages` messages: the cached one, or `encode`'s, given the
-    /// base's message count and text when there is a base to extend. A cache already holding
-    /// another head's encoding (not expected) is left as it is and the result is not kept.
+    /// The encoding of a head of `messages` messages, in pieces: the cached one, or the base's
+    /// pieces followed by `encode`'s text. `encode` is given how many of the first messages the
+    /// base already encodes (`None` when there is no base: encode them all); its text must be
+    /// what follows the base's (with any separator in front). A cache already holding another
+    /// head's encoding (not expected) is left as it is and the result is not kept.
     pub fn get_or_encode<E>(
         &self,
         messages: usize,
-        encode: impl FnOnce(Option<(usize, &str)>) -> Result<String, E>,
-    ) -> Result<Cow<'_, str>, E> {
+        encode: impl FnOnce(Option<usize>) -> Result<String, E>,
+    ) -> Result<Cow<'_, [Bytes]>, E> {
         if let Some(done) = self.this.get() {
             if done.messages == messages {
-                return Ok(Cow::Borrowed(&done.text));
+                return Ok(Cow::Borrowed(&done.pieces));
             }
-            return encode(None).map(Cow::Owned);
+            return Ok(Cow::Owned(pieces_after(&[], encode(None)?)));
         }
         let base = self
             .base
             .as_ref()
             .and_then(|base| base.get())
-            .filter(|base| base.messages <= messages)
-            .map(|base| (base.messages, &*base.text));
-        let text = encode(base)?.into_boxed_str();
-        let done = self.this.get_or_init(|| EncodedPrefix { messages, text });
-        Ok(Cow::Borrowed(&done.text))
+            .filter(|base| base.messages > 0 && base.messages <= messages);
+        let pieces = match base {
+            Some(base) => pieces_after(&base.pieces, encode(Some(base.messages))?),
+            None => pieces_after(&[], encode(None)?),
+        };
+        let done = self.this.get_or_init(|| EncodedPrefix { messages, pieces });
+        Ok(Cow::Borrowed(&done.pieces))
     }
+}
+
+/// `base`'s pieces (shared, not copied), then `added` as a piece of its own; over
+/// [`MAX_HEAD_PIECES`], the two neighbours smallest together become one. A chat's turns add
+/// pieces of similar size, so what is copied stays a few turns' worth, whatever the length.
+fn pieces_after(base: &[Bytes], added: String) -> Vec<Bytes> {
+    let mut pieces = Vec::with_capacity((base.len() + 1).min(MAX_HEAD_PIECES + 1));
+    pieces.extend(base.iter().cloned());
+    if !added.is_empty() {
+        pieces.push(Bytes::from(added));
+    }
+    while pieces.len() > MAX_HEAD_PIECES {
+        let at = (0..pieces.len() - 1)
+            .min_by_key(|&i| pieces[i].len() + pieces[i + 1].len())
+            .unwrap_or(0);
+        let second = pieces.remove(at + 1);
+        let first = &pieces[at];
+        let mut joined = Vec::with_capacity(first.len() + second.len());
+        joined.extend_from_slice(first);
+        joined.extend_from_slice(&second);
+        pieces[at] = Bytes::from(joined);
+    }
+    pieces
 }
 
 impl std::fmt::Debug for WirePrefix {
@@ -479,6 +518,57 @@ pub type DeltaSink = Box<dyn FnMut(&str) + Send>;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn text(pieces: &[Bytes]) -> String {
+        pieces.iter().map(|p| String::from_utf8_lossy(p)).collect()
+    }
+
+    /// The encoding of "m0".."m{n-1}" joined by ",", extended from the base's.
+    fn encode_upto(n: usize) -> impl FnOnce(Option<usize>) -> Result<String, ()> {
+        move |base| {
+            let added: Vec<String> = (base.unwrap_or(0)..n).map(|i| format!("m{i}")).collect();
+            let separator = if base.is_some() { "," } else { "" };
+            Ok(format!("{separator}{}", added.join(",")))
+        }
+    }
+
+    #[test]
+    fn an_extended_head_shares_the_earlier_pieces_and_adds_only_its_own() {
+        let first = WirePrefix::default();
+        let one = first
+            .get_or_encode(2, encode_upto(2))
+            .map(|p| p.into_owned());
+        let one = one.unwrap_or_default();
+        assert_eq!(text(&one), "m0,m1");
+        let second = first.extended();
+        let two = second
+            .get_or_encode(3, encode_upto(3))
+            .map(|p| p.into_owned());
+        let two = two.unwrap_or_default();
+        assert_eq!(text(&two), "m0,m1,m2");
+        assert_eq!(two.len(), 2);
+        // The first piece is the earlier encoding itself, not a copy of it.
+        assert_eq!(two[0].as_ptr(), one[0].as_ptr());
+        // Asked again for the same head: the cached pieces, `encode` not called.
+        let again = second.get_or_encode(3, |_| Err::<String, ()>(()));
+        assert_eq!(again.map(|p| text(&p)), Ok("m0,m1,m2".to_owned()));
+    }
+
+    #[test]
+    fn a_long_head_keeps_at_most_its_cap_of_pieces_and_the_same_text() {
+        let mut prefix = WirePrefix::default();
+        for n in 1..=100 {
+            prefix = prefix.extended();
+            let pieces = prefix
+                .get_or_encode(n, encode_upto(n))
+                .map(|p| p.into_owned());
+            let pieces = pieces.unwrap_or_default();
+            let expected: Vec<String> = (0..n).map(|i| format!("m{i}")).collect();
+            assert_eq!(text(&pieces), expected.join(","), "{n} messages");
+            assert!(pieces.len() <= MAX_HEAD_PIECES, "{} pieces", pieces.len());
+            assert!(pieces.iter().all(|p| !p.is_empty()));
+        }
+    }
 
     fn user(text: &str) -> Message {
         Message::text(Role::User, text)

@@ -735,3 +735,114 @@ async fn one_client_serves_concurrent_chats() {
     }
     assert_eq!(request_count(&server).await, 8);
 }
+
+/// A chat's transcript over many turns, each turn's request built on the last one's head (as
+/// a chat session does), goes out in pieces: each request arrives as one JSON body with its
+/// exact `Content-Length` and every message in order.
+#[tokio::test]
+async fn a_transcript_sent_in_pieces_arrives_whole_with_its_length() {
+    use tessera_llm::{Messages, WirePrefix};
+    let server = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(
+            ResponseTemplate::new(200).set_body_json(completion(json!({"content": "ok"}))),
+        )
+        .mount(&server)
+        .await;
+    let client = client(&server);
+    let mut head = vec![Message::text(Role::System, "You write.")];
+    let mut prefix = WirePrefix::default();
+    // More turns than a head keeps pieces, so pieces are also joined on the way.
+    let turns = 30;
+    for turn in 0..turns {
+        head.push(Message::text(
+            Role::User,
+            format!("question {turn} \"quoted\""),
+        ));
+        prefix = prefix.extended();
+        let messages = Messages::new(Arc::new(head.clone()), prefix.clone(), Arc::default());
+        let response = client
+            .complete(ChatRequest::new("Writer", messages), None)
+            .await
+            .expect("completion");
+        head.push(Message::assistant("Writer", format!("answer {turn}")));
+        assert_eq!(response.message.content.as_deref(), Some("ok"));
+    }
+    let requests = server.received_requests().await.expect("recording");
+    assert_eq!(requests.len(), turns);
+    for (turn, request) in requests.iter().enumerate() {
+        let length = request
+            .headers
+            .get("content-length")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<usize>().ok());
+        assert_eq!(length, Some(request.body.len()), "turn {turn}");
+        assert!(request.headers.get("transfer-encoding").is_none());
+        let body: Value = serde_json::from_slice(&request.body).expect("json body");
+        let messages = body["messages"].as_array().cloned().unwrap_or_default();
+        // The system message, then `turn` questions and answers, then this turn's question.
+        assert_eq!(messages.len(), 2 + 2 * turn, "turn {turn}");
+        for (i, message) in messages.iter().enumerate().skip(1) {
+            let expected = if i % 2 == 1 {
+                json!({"role": "user", "content": format!("question {} \"quoted\"", i / 2)})
+            } else {
+                json!({"role": "assistant", "content": format!("answer {}", i / 2 - 1), "name": "Writer"})
+            };
+            assert_eq!(message, &expected, "turn {turn}, message {i}");
+        }
+    }
+}
+
+/// A body in pieces is sent whole again when its first attempt fails.
+#[tokio::test]
+async fn a_retried_request_sends_the_same_body_in_pieces() {
+    use tessera_llm::{Messages, WirePrefix};
+    let server = MockServer::start().await;
+    let first = WirePrefix::default();
+    let mut head = vec![
+        Message::text(Role::System, "You write."),
+        Message::text(Role::User, "one"),
+    ];
+    let client = client(&server);
+    // Turn 1 encodes the head; turn 2's head is in two pieces (turn 1's, then its own).
+    let one = Messages::new(Arc::new(head.clone()), first.clone(), Arc::default());
+    Mock::given(method("POST"))
+        .respond_with(
+            ResponseTemplate::new(200).set_body_json(completion(json!({"content": "ok"}))),
+        )
+        .mount(&server)
+        .await;
+    client
+        .complete(ChatRequest::new("Writer", one), None)
+        .await
+        .expect("turn 1");
+    server.reset().await;
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(500).set_body_string("oops"))
+        .up_to_n_times(1)
+        .with_priority(1)
+        .mount(&server)
+        .await;
+    Mock::given(method("POST"))
+        .respond_with(
+            ResponseTemplate::new(200).set_body_json(completion(json!({"content": "ok"}))),
+        )
+        .with_priority(2)
+        .mount(&server)
+        .await;
+    head.push(Message::assistant("Writer", "ok"));
+    head.push(Message::text(Role::User, "two"));
+    let two = Messages::new(Arc::new(head), first.extended(), Arc::default());
+    client
+        .complete(ChatRequest::new("Writer", two), None)
+        .await
+        .expect("turn 2, after one retry");
+    let requests = server.received_requests().await.expect("recording");
+    assert_eq!(requests.len(), 2);
+    assert_eq!(requests[0].body, requests[1].body);
+    let body: Value = serde_json::from_slice(&requests[1].body).expect("json body");
+    assert_eq!(
+        body["messages"][3],
+        json!({"role": "user", "content": "two"})
+    );
+}

@@ -3,6 +3,9 @@
 //! server, and so that no provider quirk can make the client panic.
 
 use std::borrow::Cow;
+use std::sync::Arc;
+
+use bytes::Bytes;
 
 use serde::de::IgnoredAny;
 use serde::{Deserialize, Serialize};
@@ -22,46 +25,124 @@ const BAD_BODY_EXCERPT_CHARS: usize = 120;
 // Request
 // ---------------------------------------------------------------------------------------------
 
-/// The request body as bytes: the messages' encodings, the tools' encoding, then the rest of the
+/// The request body: the messages' encodings, the tools' encoding, then the rest of the
 /// request, serialized here. A message is encoded once over its chat's life (see
 /// [`WireCache`]), an agent's tool list once, and the request's shared head (a chat's
-/// transcript) is copied in as one piece (see [`crate::WirePrefix`]): a long transcript costs
-/// one block copy per request, not a lookup per message.
-pub(crate) fn encode_request(request: &ChatRequest, model: &str) -> serde_json::Result<Vec<u8>> {
+/// transcript) is not copied at all: its pieces (see [`crate::WirePrefix`]) are parts of the
+/// body, written to the socket as they are.
+pub(crate) fn encode_request(
+    request: &ChatRequest,
+    model: &str,
+) -> serde_json::Result<RequestBody> {
     // Always an object with at least `model`: `{"model":...}`.
     let rest = serde_json::to_vec(&WireRequest::new(request, model))?;
     let messages = &request.messages;
     let head = messages.head();
-    let head_text = messages
+    let head_pieces = messages
         .head_wire()
         .get_or_encode(head.len(), |base| join_head(head, base))?;
     let tail = messages
         .tail()
         .iter()
         .map(encode_message)
-        .collect::<Result<Vec<&str>, _>>()?;
+        .collect::<Result<SmallVec<[&str; 4]>, _>>()?;
     let tools = encode_tools(&request.tools)?;
-    // Sized exactly: a long transcript's body is not copied again each time it would grow.
+    // Everything after the head in one part, sized exactly.
     let tail_len: usize = tail.iter().map(|text| text.len() + 1).sum();
     let tools_len = tools.map_or(0, |text| text.len() + 10);
-    let mut body = Vec::with_capacity(16 + head_text.len() + tail_len + tools_len + rest.len());
-    body.extend_from_slice(b"{\"messages\":[");
-    body.extend_from_slice(head_text.as_bytes());
-    let mut first = head_text.is_empty();
+    let mut after = Vec::with_capacity(2 + tail_len + tools_len + rest.len());
+    let mut first = head_pieces.iter().all(Bytes::is_empty);
     for text in tail {
         if !std::mem::take(&mut first) {
-            body.push(b',');
+            after.push(b',');
         }
-        body.extend_from_slice(text.as_bytes());
+        after.extend_from_slice(text.as_bytes());
     }
-    body.extend_from_slice(b"],");
+    after.extend_from_slice(b"],");
     if let Some(tools) = tools {
-        body.extend_from_slice(b"\"tools\":");
-        body.extend_from_slice(tools.as_bytes());
-        body.push(b',');
+        after.extend_from_slice(b"\"tools\":");
+        after.extend_from_slice(tools.as_bytes());
+        after.push(b',');
     }
-    body.extend_from_slice(rest.get(1..).unwrap_or_default());
-    Ok(body)
+    after.extend_from_slice(rest.get(1..).unwrap_or_default());
+    let mut parts = Vec::with_capacity(head_pieces.len() + 2);
+    parts.push(Bytes::from_static(b"{\"messages\":["));
+    parts.extend(
+        head_pieces
+            .iter()
+            .filter(|piece| !piece.is_empty())
+            .cloned(),
+    );
+    parts.push(Bytes::from(after));
+    Ok(RequestBody::new(parts))
+}
+
+/// A request body in parts that are sent one after the other without being joined; cloning it
+/// (for a retry) shares them. Its length is known, so it goes out with a `Content-Length`.
+#[derive(Clone, Debug)]
+pub(crate) struct RequestBody {
+    parts: Arc<[Bytes]>,
+    len: u64,
+}
+
+impl RequestBody {
+    fn new(parts: Vec<Bytes>) -> Self {
+        let len = parts.iter().map(|part| part.len() as u64).sum();
+        Self {
+            parts: parts.into(),
+            len,
+        }
+    }
+
+    /// The whole body in one buffer (tests and diagnostics; a request never joins it).
+    #[cfg(test)]
+    pub(crate) fn to_vec(&self) -> Vec<u8> {
+        self.parts
+            .iter()
+            .flat_map(|part| part.iter().copied())
+            .collect()
+    }
+
+    /// The body for one attempt.
+    pub(crate) fn to_http(&self) -> reqwest::Body {
+        reqwest::Body::wrap(BodyParts {
+            parts: Arc::clone(&self.parts),
+            next: 0,
+            remaining: self.len,
+        })
+    }
+}
+
+/// One attempt's read of a [`RequestBody`]: its parts as data frames, in order.
+struct BodyParts {
+    parts: Arc<[Bytes]>,
+    next: usize,
+    remaining: u64,
+}
+
+impl http_body::Body for BodyParts {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        let Some(part) = self.parts.get(self.next).cloned() else {
+            return std::task::Poll::Ready(None);
+        };
+        self.next += 1;
+        self.remaining -= part.len() as u64;
+        std::task::Poll::Ready(Some(Ok(http_body::Frame::data(part))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.remaining == 0
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        http_body::SizeHint::with_exact(self.remaining)
+    }
 }
 
 /// The tools as the provider reads them, encoded once per list (an agent's list is shared by
@@ -94,21 +175,18 @@ fn encode_message(message: &Message) -> serde_json::Result<&str> {
         .get_or_encode(|| serde_json::to_string(&WireMessage::new(message)))
 }
 
-/// `head`'s messages encoded and joined by commas, starting from `base` (the encoding of its
-/// first `n` messages) when given.
-fn join_head(head: &[Message], base: Option<(usize, &str)>) -> serde_json::Result<String> {
-    let (start, base) = base.unwrap_or((0, ""));
+/// `head`'s messages encoded and joined by commas, from message `base` on (with a comma in
+/// front, to follow the encoding of the messages before it) when given.
+fn join_head(head: &[Message], base: Option<usize>) -> serde_json::Result<String> {
     let added = head
-        .get(start..)
+        .get(base.unwrap_or(0)..)
         .unwrap_or_default()
         .iter()
         .map(encode_message)
         .collect::<Result<Vec<&str>, _>>()?;
-    let mut text =
-        String::with_capacity(base.len() + added.iter().map(|t| t.len() + 1).sum::<usize>());
-    text.push_str(base);
+    let mut text = String::with_capacity(added.iter().map(|t| t.len() + 1).sum::<usize>());
     for encoded in added {
-        if !text.is_empty() {
+        if base.is_some() || !text.is_empty() {
             text.push(',');
         }
         text.push_str(encoded);
@@ -831,7 +909,7 @@ mod tests {
 
     fn encode(request: &ChatRequest) -> Value {
         encode_request(request, "m")
-            .and_then(|body| serde_json::from_slice(&body))
+            .and_then(|body| serde_json::from_slice(&body.to_vec()))
             .unwrap_or(Value::Null)
     }
 
@@ -871,7 +949,9 @@ mod tests {
     }
 
     fn body(messages: Messages) -> Vec<u8> {
-        encode_request(&ChatRequest::new("A", messages), "m").unwrap_or_default()
+        encode_request(&ChatRequest::new("A", messages), "m")
+            .map(|body| body.to_vec())
+            .unwrap_or_default()
     }
 
     #[test]
@@ -895,6 +975,32 @@ mod tests {
         // The cached head serves the turn's next request as it is.
         let again = body(Messages::new(head, second, Arc::default()));
         assert_eq!(again, body(Messages::from(chat(3))));
+    }
+
+    #[test]
+    fn a_body_holds_the_head_pieces_themselves_not_a_copy() {
+        let first = WirePrefix::default();
+        body(Messages::new(
+            Arc::new(chat(1)),
+            first.clone(),
+            Arc::default(),
+        ));
+        let second = first.extended();
+        let request = ChatRequest::new(
+            "A",
+            Messages::new(Arc::new(chat(2)), second.clone(), Arc::default()),
+        );
+        let sent = encode_request(&request, "m").map(|body| body.parts);
+        let sent = sent.unwrap_or_else(|_| Arc::from(Vec::new()));
+        let pieces = second.get_or_encode(9, |_| Err::<String, ()>(()));
+        let pieces = pieces.map(|p| p.into_owned()).unwrap_or_default();
+        // The opening, turn 1's piece, turn 2's piece, then the rest of the request.
+        assert_eq!((sent.len(), pieces.len()), (4, 2));
+        assert_eq!(sent[1].as_ptr(), pieces[0].as_ptr());
+        assert_eq!(sent[2].as_ptr(), pieces[1].as_ptr());
+        let fresh = body(Messages::from(chat(2)));
+        let whole: Vec<u8> = sent.iter().flat_map(|p| p.iter().copied()).collect();
+        assert_eq!(whole, fresh);
     }
 
     #[test]

@@ -368,15 +368,17 @@ impl Inner {
     }
 
     fn post(self: &Arc<Self>, body: &RequestBody, stream: bool) -> reqwest::RequestBuilder {
+        // Static values: a header given as `&str` is copied into an allocation per request.
+        let json = HeaderValue::from_static("application/json");
         let accept = if stream {
-            "text/event-stream"
+            HeaderValue::from_static("text/event-stream")
         } else {
-            "application/json"
+            json.clone()
         };
         let mut request = self
             .http()
             .post(self.endpoint.clone())
-            .header(header::CONTENT_TYPE, "application/json")
+            .header(header::CONTENT_TYPE, json)
             .header(header::ACCEPT, accept);
         // The caller's `chat` span, when traces are exported: the provider can join the trace.
         for (name, value) in tessera_telemetry::outgoing_headers() {

@@ -443,13 +443,11 @@ impl ChatSession {
         }
     }
 
-    /// Room for exactly `n` more messages. A chat keeps its transcript for its whole life, and
-    /// growth by doubling leaves up to half of it unused (about 0.5 MiB per 1,000 chats after
-    /// five turns of the load test). The reallocation this costs once or twice per turn moves
-    /// only the messages' fixed-size parts (their text is shared).
+    /// Room for `n` more messages in the transcript and its ids, with headroom
+    /// ([`crate::transcript::reserve_with_headroom`]).
     fn reserve_messages(&mut self, n: usize) {
-        self.history.reserve_exact(n);
-        self.meta.reserve_exact(n);
+        self.history.reserve(n);
+        crate::transcript::reserve_with_headroom(&mut self.meta, n);
     }
 
     fn push_message(&mut self, message: Message, message_id: String, hidden: bool) {

@@ -80,6 +80,21 @@ async fn request_count(server: &MockServer) -> usize {
         .len()
 }
 
+/// Answers the first request with `first`, and every later one with `then`.
+async fn fail_once_then(server: &MockServer, first: ResponseTemplate, then: ResponseTemplate) {
+    Mock::given(method("POST"))
+        .respond_with(first)
+        .up_to_n_times(1)
+        .with_priority(1)
+        .mount(server)
+        .await;
+    Mock::given(method("POST"))
+        .respond_with(then)
+        .with_priority(2)
+        .mount(server)
+        .await;
+}
+
 #[tokio::test]
 async fn plain_completion() {
     let server = MockServer::start().await;
@@ -401,23 +416,14 @@ async fn server_ignoring_stream_flag_still_works() {
 #[tokio::test]
 async fn rate_limit_with_retry_after_then_success() {
     let server = MockServer::start().await;
-    Mock::given(method("POST"))
-        .respond_with(
-            ResponseTemplate::new(429)
-                .insert_header("retry-after", "1")
-                .set_body_string("slow down"),
-        )
-        .up_to_n_times(1)
-        .with_priority(1)
-        .mount(&server)
-        .await;
-    Mock::given(method("POST"))
-        .respond_with(
-            ResponseTemplate::new(200).set_body_json(completion(json!({"content": "finally"}))),
-        )
-        .with_priority(2)
-        .mount(&server)
-        .await;
+    fail_once_then(
+        &server,
+        ResponseTemplate::new(429)
+            .insert_header("retry-after", "1")
+            .set_body_string("slow down"),
+        ResponseTemplate::new(200).set_body_json(completion(json!({"content": "finally"}))),
+    )
+    .await;
 
     // backoff_max is 50 ms, so only an honoured Retry-After can explain a wait near 1 s
     // (the cap is 4 × backoff_max = 200 ms, so raise backoff_max for this test).
@@ -464,19 +470,12 @@ async fn rate_limited_after_retries_exhausted() {
 #[tokio::test]
 async fn server_error_then_success() {
     let server = MockServer::start().await;
-    Mock::given(method("POST"))
-        .respond_with(ResponseTemplate::new(500).set_body_string("oops"))
-        .up_to_n_times(1)
-        .with_priority(1)
-        .mount(&server)
-        .await;
-    Mock::given(method("POST"))
-        .respond_with(
-            ResponseTemplate::new(200).set_body_json(completion(json!({"content": "recovered"}))),
-        )
-        .with_priority(2)
-        .mount(&server)
-        .await;
+    fail_once_then(
+        &server,
+        ResponseTemplate::new(500).set_body_string("oops"),
+        ResponseTemplate::new(200).set_body_json(completion(json!({"content": "recovered"}))),
+    )
+    .await;
     let response = client(&server)
         .complete(request(), None)
         .await
@@ -488,19 +487,14 @@ async fn server_error_then_success() {
 #[tokio::test]
 async fn streamed_request_is_retried_before_any_body_byte() {
     let server = MockServer::start().await;
-    Mock::given(method("POST"))
-        .respond_with(ResponseTemplate::new(503))
-        .up_to_n_times(1)
-        .with_priority(1)
-        .mount(&server)
-        .await;
     let events =
         [json!({"choices": [{"index": 0, "delta": {"content": "ok"}, "finish_reason": "stop"}]})];
-    Mock::given(method("POST"))
-        .respond_with(sse_response(sse(&events)))
-        .with_priority(2)
-        .mount(&server)
-        .await;
+    fail_once_then(
+        &server,
+        ResponseTemplate::new(503),
+        sse_response(sse(&events)),
+    )
+    .await;
     let (sink, seen) = recording_sink();
     let mut req = request();
     req.stream = true;
@@ -817,19 +811,12 @@ async fn a_retried_request_sends_the_same_body_in_pieces() {
         .await
         .expect("turn 1");
     server.reset().await;
-    Mock::given(method("POST"))
-        .respond_with(ResponseTemplate::new(500).set_body_string("oops"))
-        .up_to_n_times(1)
-        .with_priority(1)
-        .mount(&server)
-        .await;
-    Mock::given(method("POST"))
-        .respond_with(
-            ResponseTemplate::new(200).set_body_json(completion(json!({"content": "ok"}))),
-        )
-        .with_priority(2)
-        .mount(&server)
-        .await;
+    fail_once_then(
+        &server,
+        ResponseTemplate::new(500).set_body_string("oops"),
+        ResponseTemplate::new(200).set_body_json(completion(json!({"content": "ok"}))),
+    )
+    .await;
     head.push(Message::assistant("Writer", "ok"));
     head.push(Message::text(Role::User, "two"));
     let two = Messages::new(Arc::new(head), first.extended(), Arc::default());

@@ -132,7 +132,7 @@ impl http_body::Body for BodyParts {
             return std::task::Poll::Ready(None);
         };
         self.next += 1;
-        self.remaining -= part.len() as u64;
+        self.remaining = self.remaining.saturating_sub(part.len() as u64);
         std::task::Poll::Ready(Some(Ok(http_body::Frame::data(part))))
     }
 

@@ -143,8 +143,8 @@ impl WirePrefix {
         }
     }
 
-    /// The encoding of a head of `messages` messages, in pieces: the cached one, or the base's
-    /// pieces followed by `encode`'s text. `encode` is given how many of the first messages the
+    /// The encoding of a head of `messages` messages, in pieces (none of them empty): the
+    /// cached one, or the base's pieces followed by `encode`'s text. `encode` is given how many of the first messages the
     /// base already encodes (`None` when there is no base: encode them all); its text must be
     /// what follows the base's (with any separator in front). A cache already holding another
     /// head's encoding (not expected) is left as it is and the result is not kept.

@@ -51,7 +51,7 @@ pub(crate) fn encode_request(
     let tail_len: usize = tail.iter().map(|text| text.len() + 1).sum();
     let tools_len = tools.map_or(0, |text| text.len() + 10);
     let mut after = Vec::with_capacity(2 + tail_len + tools_len + rest.len());
-    let mut first = head_pieces.iter().all(Bytes::is_empty);
+    let mut first = head_pieces.is_empty();
     for text in tail {
         if !std::mem::take(&mut first) {
             after.push(b',');
@@ -67,12 +67,7 @@ pub(crate) fn encode_request(
     after.extend_from_slice(rest.get(1..).unwrap_or_default());
     let mut parts = Vec::with_capacity(head_pieces.len() + 2);
     parts.push(Bytes::from_static(b"{\"messages\":["));
-    parts.extend(
-        head_pieces
-            .iter()
-            .filter(|piece| !piece.is_empty())
-            .cloned(),
-    );
+    parts.extend(head_pieces.iter().cloned());
     parts.push(Bytes::from(after));
     Ok(RequestBody::new(parts))
 }

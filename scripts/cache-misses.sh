@@ -12,11 +12,20 @@
 #   CHATS=100 ROUNDS=10 scripts/cache-misses.sh          # the same turns while the chats fit
 #   TESSERA=/tmp/other-tessera scripts/cache-misses.sh   # another build
 #   TOP=40 LL=8388608,16,64 scripts/cache-misses.sh      # more sites, a smaller cache
+#   CHATS=1500 CALLERS=1 scripts/cache-misses.sh         # by caller, under callgrind (~4 min)
+#   CALLERS='__memcpy_avx_unaligned_erms' TOP=20 scripts/cache-misses.sh
 #
 # Output: one line of totals per turn (Ir instructions; D1mr/DLmr first- and last-level read
 # misses; D1mw/DLmw write misses), then the TOP functions by last-level misses per turn. The
-# cachegrind file stays in WORK (`cg_annotate WORK/cachegrind.out`; for callers, the same run
-# under `valgrind --tool=callgrind --cache-sim=yes` and `callgrind_annotate --tree=caller`).
+# cachegrind file stays in WORK (`cg_annotate WORK/cachegrind.out`).
+#
+# With CALLERS the server runs under callgrind instead (same cache model), and for each of its
+# patterns (Python regexes, one per line, matched against callgrind_annotate's file:function
+# names; `1` for memcpy and vector growth) the matching function and its TOP callers are
+# printed with their inclusive last-level read / write misses per turn. WHY: the totals move by
+# a few misses per turn from run to run (which thread ran when changes what is cold), so a
+# change worth ~10 misses cannot be told from them; a caller's misses in one place are steadier.
+# The callgrind file stays in WORK (`callgrind_annotate --tree=caller WORK/callgrind.out`).
 #
 # The server runs ~40x slower under cachegrind, so the load generator's clients see slow turns;
 # the counts are per turn and do not depend on it. Needs valgrind (`apt-get install valgrind`),
@@ -36,17 +45,66 @@ mkdir -p "$WORK"
 command -v valgrind >/dev/null || { echo "needs valgrind (apt-get install valgrind)" >&2; exit 1; }
 command -v python3 >/dev/null || { echo "needs python3" >&2; exit 1; }
 
-# bench-sqlite.sh starts "$TESSERA serve ..."; this wrapper runs that under cachegrind. `exec`
-# keeps the pid, so the script's CPU and shutdown handling apply to the simulated server.
-cat >"$WORK/tessera-under-cachegrind" <<EOF
+CALLERS=${CALLERS:-}
+if [ "$CALLERS" = 1 ]; then
+  CALLERS='__memcpy_avx_unaligned_erms
+raw_vec/mod.rs:alloc::raw_vec::RawVecInner<A>::finish_grow \['
+fi
+tool=cachegrind
+[ -n "$CALLERS" ] && tool=callgrind
+# bench-sqlite.sh starts "$TESSERA serve ..."; this wrapper runs that under cachegrind
+# (callgrind with CALLERS). `exec` keeps the pid, so the script's CPU and shutdown handling
+# apply to the simulated server.
+cat >"$WORK/tessera-under-$tool" <<EOF
 #!/usr/bin/env bash
-exec valgrind --tool=cachegrind --cache-sim=yes --LL=$LL --D1=32768,8,64 --I1=32768,8,64 \\
-  --cachegrind-out-file="$WORK/cachegrind.out" "$TESSERA_BIN" "\$@"
+exec valgrind --tool=$tool --cache-sim=yes --LL=$LL --D1=32768,8,64 --I1=32768,8,64 \\
+  --$tool-out-file="$WORK/$tool.out" "$TESSERA_BIN" "\$@"
 EOF
-chmod +x "$WORK/tessera-under-cachegrind"
+chmod +x "$WORK/tessera-under-$tool"
 
-TESSERA="$WORK/tessera-under-cachegrind" WORK="$WORK" scripts/bench-sqlite.sh >"$WORK/bench.txt"
+TESSERA="$WORK/tessera-under-$tool" WORK="$WORK" scripts/bench-sqlite.sh >"$WORK/bench.txt"
 turns=$((CHATS * TURNS * ROUNDS))
+
+if [ -n "$CALLERS" ]; then
+  callgrind_annotate --inclusive=yes --tree=caller --show=DLmr,DLmw --sort=DLmr \
+    "$WORK/callgrind.out" >"$WORK/callers.txt"
+  python3 - "$WORK/callers.txt" "$turns" "$TOP" "$CALLERS" <<'PY'
+import re, sys
+
+path, turns, top, funcs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+lines = open(path).read().split("\n")
+number = r"([\d,]+|\.)\s*(?:\([^)]*\))?"
+value = lambda v: 0 if v == "." else int(v.replace(",", ""))
+for line in lines:
+    if "PROGRAM TOTALS" in line:
+        m = re.match(r"\s*" + number + r"\s+" + number, line)
+        if m:
+            print(f"all: {value(m.group(1)) / turns:.1f} / {value(m.group(2)) / turns:.1f} "
+                  f"last-level read / write misses per turn ({turns} turns)")
+for pattern in filter(None, (p.strip() for p in funcs.split("\n"))):
+    # In --tree=caller output a function's line has a '*'; the lines above it, up to a blank
+    # one, are its callers ('<').
+    found = [i for i, l in enumerate(lines) if "*" in l and re.search(pattern, l)]
+    if not found:
+        print(f"\n{pattern}: not found")
+        continue
+    i = found[0]
+    m = re.match(r"\s*" + number + r"\s+" + number, lines[i])
+    name = lines[i].split("*", 1)[1].strip()
+    print(f"\n{value(m.group(1)) / turns:8.1f} {value(m.group(2)) / turns:8.1f}  {name[:150]}")
+    callers = []
+    j = i - 1
+    while j >= 0 and lines[j].strip():
+        c = re.match(r"\s*" + number + r"\s+" + number + r"\s+<\s+(.*)$", lines[j])
+        if c:
+            callers.append((value(c.group(1)) / turns, value(c.group(2)) / turns, c.group(3)))
+        j -= 1
+    for r, w, caller in sorted(callers, key=lambda c: -(c[0] + c[1]))[:top]:
+        print(f"{r:8.1f} {w:8.1f}    < {caller.split(':', 1)[-1][:150]}")
+PY
+  echo "callgrind output: $WORK/callgrind.out"
+  exit 0
+fi
 
 python3 - "$WORK/cachegrind.out" "$turns" "$TOP" <<'EOF'
 import re, subprocess, sys

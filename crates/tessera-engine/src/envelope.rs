@@ -7,7 +7,7 @@ use std::cell::Cell;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use tessera_protocol::{Envelope, ServerEvent, format_unix_millis, json_string};
+use tessera_protocol::{Envelope, ServerEvent, json_string, write_unix_millis};
 
 thread_local! {
     /// The last timestamp formatted on this thread, as a JSON string, and the Unix millisecond
@@ -36,9 +36,20 @@ fn unix_millis() -> i64 {
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
-/// The timestamp of `ms` as a JSON string, as `rfc3339_now` formats it.
+/// The timestamp of `ms` as a JSON string (replay; live events reuse one per thread).
 fn timestamp_json(ms: i64) -> String {
-    json_string(&format_unix_millis(ms))
+    let mut out = String::with_capacity(26);
+    write_timestamp_json(&mut out, ms);
+    out
+}
+
+/// Replaces `out` with the timestamp of `ms` as a JSON string, as `rfc3339_now` formats it,
+/// in `out`'s own room. Only digits and `-T:.Z`: nothing to escape.
+fn write_timestamp_json(out: &mut String, ms: i64) {
+    out.clear();
+    out.push('"');
+    write_unix_millis(out, ms);
+    out.push('"');
 }
 
 /// Calls `f` with the current Unix millisecond and its timestamp as a JSON string.
@@ -47,7 +58,8 @@ fn with_timestamp<R>(f: impl FnOnce(i64, &str) -> R) -> R {
     let (mut ms, mut text) = NOW.take();
     let now = unix_millis();
     if now != ms || text.is_empty() {
-        (ms, text) = (now, timestamp_json(now));
+        ms = now;
+        write_timestamp_json(&mut text, now);
     }
     let result = f(ms, &text);
     NOW.set((ms, text));
@@ -292,6 +304,23 @@ mod tests {
     }
 
     /// The timestamp inside an envelope text.
+    #[test]
+    fn a_timestamp_written_in_place_is_the_json_string_of_the_formatted_time() {
+        let mut reused = String::from("left over from an earlier, longer timestamp text");
+        for ms in [
+            0,
+            951_782_400_123,
+            1_790_000_000_999,
+            -1,
+            253_402_300_799_999,
+        ] {
+            write_timestamp_json(&mut reused, ms);
+            let expected = json_string(&tessera_protocol::format_unix_millis(ms));
+            assert_eq!(reused, expected);
+            assert_eq!(timestamp_json(ms), expected);
+        }
+    }
+
     fn timestamp_of(text: &str) -> String {
         let parsed: serde_json::Value = serde_json::from_str(text).unwrap_or_default();
         parsed["timestamp"].as_str().unwrap_or_default().to_owned()

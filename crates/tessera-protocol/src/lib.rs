@@ -12,5 +12,5 @@ mod tool_events;
 pub use client::{ClientMessage, MAX_CONTENT_CHARS, ToolResponseFrame, parse_client_frame};
 pub use error::{ErrorCode, FrameError};
 pub use server::{Envelope, PendingUiCall, ServerEvent, json_string};
-pub use time::{format_unix_millis, rfc3339_now};
+pub use time::{format_unix_millis, rfc3339_now, write_unix_millis};
 pub use tool_events::{InteractionType, ToolAnnouncement, ToolCallEvent, ToolResponseEvent};

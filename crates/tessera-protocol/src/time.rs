@@ -1,5 +1,6 @@
 //! RFC 3339 timestamps without a date-time dependency: events need only "now, in UTC".
 
+use std::fmt::Write as _;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// The current UTC time as `YYYY-MM-DDTHH:MM:SS.mmmZ`.
@@ -10,9 +11,16 @@ pub fn rfc3339_now() -> String {
     format_unix_millis(since.as_millis() as i64)
 }
 
-/// Formats milliseconds since the Unix epoch (UTC) as [`rfc3339_now`] does. Uses Howard
-/// Hinnant's days-to-civil algorithm, exact for the proleptic Gregorian calendar.
+/// Formats milliseconds since the Unix epoch (UTC) as [`rfc3339_now`] does.
 pub fn format_unix_millis(ms: i64) -> String {
+    let mut out = String::with_capacity(24);
+    write_unix_millis(&mut out, ms);
+    out
+}
+
+/// Appends [`format_unix_millis`]`(ms)` to `out` (no allocation when `out` has room). Uses
+/// Howard Hinnant's days-to-civil algorithm, exact for the proleptic Gregorian calendar.
+pub fn write_unix_millis(out: &mut String, ms: i64) {
     let secs = ms.div_euclid(1000);
     let millis = ms.rem_euclid(1000);
     let days = secs.div_euclid(86_400);
@@ -26,12 +34,14 @@ pub fn format_unix_millis(ms: i64) -> String {
     let day = doy - (153 * mp + 2) / 5 + 1;
     let month = if mp < 10 { mp + 3 } else { mp - 9 };
     let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
+    // Writing to a String cannot fail.
+    let _ = write!(
+        out,
         "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{millis:03}Z",
         sod / 3600,
         (sod % 3600) / 60,
         sod % 60
-    )
+    );
 }
 
 #[cfg(test)]

@@ -560,6 +560,45 @@ struct PartialCall {
     arguments: String,
 }
 
+/// A string in a stream chunk: borrowed from the chunk's text unless it holds escapes.
+///
+/// WHY a type of its own: serde borrows only a field whose type is exactly `Cow<str>`; an
+/// `Option<Cow<str>>` with `#[serde(borrow)]` still deserializes through `String`, one
+/// allocation per field per chunk (the model name of every chunk, every content delta).
+struct WireStr<'a>(Cow<'a, str>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for WireStr<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Text<'a>(std::marker::PhantomData<&'a str>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Text<'a> {
+            type Value = WireStr<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E: serde::de::Error>(
+                self,
+                v: &'de str,
+            ) -> Result<Self::Value, E> {
+                Ok(WireStr(Cow::Borrowed(v)))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(WireStr(Cow::Owned(v.to_owned())))
+            }
+            fn visit_string<E: serde::de::Error>(self, v: String) -> Result<Self::Value, E> {
+                Ok(WireStr(Cow::Owned(v)))
+            }
+        }
+        deserializer.deserialize_str(Text(std::marker::PhantomData))
+    }
+}
+
+impl std::ops::Deref for WireStr<'_> {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
 /// One stream chunk of the shape providers send, read without building a `Value` tree (the
 /// chunks are most of a streamed answer's parsing). A chunk with a field of another type, a
 /// duplicate field or an `error` does not fit and is read by the general path
@@ -568,7 +607,7 @@ struct PartialCall {
 struct ChunkWire<'a> {
     error: Option<IgnoredAny>,
     #[serde(borrow)]
-    model: Option<Cow<'a, str>>,
+    model: Option<WireStr<'a>>,
     usage: Option<UsageWire>,
     /// Inline: one choice is what we ask for, so a chunk needs no allocation of its own.
     #[serde(borrow)]
@@ -585,7 +624,7 @@ struct UsageWire {
 struct ChoiceWire<'a> {
     index: Option<u64>,
     #[serde(borrow)]
-    finish_reason: Option<Cow<'a, str>>,
+    finish_reason: Option<WireStr<'a>>,
     #[serde(borrow)]
     delta: Option<DeltaWire<'a>>,
 }
@@ -593,9 +632,9 @@ struct ChoiceWire<'a> {
 #[derive(Deserialize)]
 struct DeltaWire<'a> {
     #[serde(borrow)]
-    content: Option<Cow<'a, str>>,
+    content: Option<WireStr<'a>>,
     #[serde(borrow)]
-    refusal: Option<Cow<'a, str>>,
+    refusal: Option<WireStr<'a>>,
     #[serde(borrow)]
     tool_calls: Option<SmallVec<[FragmentWire<'a>; 1]>>,
 }
@@ -603,7 +642,7 @@ struct DeltaWire<'a> {
 #[derive(Deserialize)]
 struct FragmentWire<'a> {
     #[serde(borrow)]
-    id: Option<Cow<'a, str>>,
+    id: Option<WireStr<'a>>,
     index: Option<u64>,
     #[serde(borrow)]
     function: Option<FunctionWire<'a>>,
@@ -612,9 +651,9 @@ struct FragmentWire<'a> {
 #[derive(Deserialize)]
 struct FunctionWire<'a> {
     #[serde(borrow)]
-    name: Option<Cow<'a, str>>,
+    name: Option<WireStr<'a>>,
     #[serde(borrow)]
-    arguments: Option<Cow<'a, str>>,
+    arguments: Option<WireStr<'a>>,
 }
 
 /// Builds the final response from the `data:` payloads of a streamed completion: concatenates
@@ -655,7 +694,7 @@ impl StreamAssembler {
         if self.model.is_none()
             && let Some(m) = chunk.model.filter(|m| !m.is_empty())
         {
-            self.model = Some(m.into_owned());
+            self.model = Some(m.0.into_owned());
         }
         if let Some(usage) = chunk.usage {
             self.usage = Some(Usage {
@@ -671,7 +710,7 @@ impl StreamAssembler {
             .filter(|c| c.index.unwrap_or(0) == 0)
         {
             if let Some(reason) = choice.finish_reason {
-                self.finish_reason = Some(reason.into_owned());
+                self.finish_reason = Some(reason.0.into_owned());
             }
             let Some(delta) = choice.delta else {
                 continue;
@@ -1344,6 +1383,24 @@ mod tests {
             (usual.model.as_str(), usual.usage.prompt_tokens),
             ("gpt-x", 12)
         );
+    }
+
+    #[test]
+    fn a_chunk_borrows_its_strings_unless_they_hold_escapes() {
+        let data = r#"{"model":"gpt-x","choices":[{"index":0,"delta":{"content":"plain","tool_calls":[{"index":0,"id":"c1","function":{"name":"f","arguments":"{\"x\":1}"}}]},"finish_reason":"stop"}]}"#;
+        let chunk: ChunkWire<'_> = serde_json::from_str(data).expect("fits");
+        let borrowed = |s: &Option<WireStr<'_>>, text: &str| matches!(s, Some(WireStr(Cow::Borrowed(b))) if *b == text);
+        assert!(borrowed(&chunk.model, "gpt-x"));
+        let choice = &chunk.choices.as_ref().expect("choices")[0];
+        assert!(borrowed(&choice.finish_reason, "stop"));
+        let delta = choice.delta.as_ref().expect("delta");
+        assert!(borrowed(&delta.content, "plain"));
+        let fragment = &delta.tool_calls.as_ref().expect("tool calls")[0];
+        assert!(borrowed(&fragment.id, "c1"));
+        let function = fragment.function.as_ref().expect("function");
+        assert!(borrowed(&function.name, "f"));
+        // Escapes need the decoded text: owned, and decoded.
+        assert!(matches!(&function.arguments, Some(WireStr(Cow::Owned(a))) if a == r#"{"x":1}"#));
     }
 
     #[test]

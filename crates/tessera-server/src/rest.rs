@@ -821,7 +821,7 @@ async fn post_input(
                 client_msg_id,
             };
             crate::telemetry::send_input(
-                chat.addr.clone(),
+                &chat.addr,
                 input,
                 crate::telemetry::remote_parent(&req),
             )
@@ -1003,7 +1003,7 @@ async fn run_workflow(
         client_msg_id: None,
     };
     crate::telemetry::send_input(
-        chat.addr.clone(),
+        &chat.addr,
         input,
         crate::telemetry::remote_parent(&req),
     )

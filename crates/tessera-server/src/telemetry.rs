@@ -11,6 +11,7 @@
 
 use actix::Addr;
 use actix::MailboxError;
+use futures::future::Either;
 use actix_web::HttpRequest;
 use anyhow::{Context as _, bail};
 use opentelemetry::trace::TracerProvider as _;
@@ -193,14 +194,14 @@ pub fn remote_parent(req: &HttpRequest) -> Option<RemoteParent> {
 }
 
 /// Sends `input` to the chat, as a child of `parent`'s trace when there is one.
-pub async fn send_input(
-    chat: Addr<ChatSession>,
+pub fn send_input(
+    chat: &Addr<ChatSession>,
     input: UserInput,
     parent: Option<RemoteParent>,
-) -> Result<Result<(), EngineError>, MailboxError> {
+) -> impl Future<Output = Result<Result<(), EngineError>, MailboxError>> + 'static {
     match parent {
-        Some(parent) => chat.send(TracedInput { input, parent }).await,
-        None => chat.send(input).await,
+        Some(parent) => Either::Left(chat.send(TracedInput { input, parent })),
+        None => Either::Right(chat.send(input)),
     }
 }
 

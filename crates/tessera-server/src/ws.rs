@@ -440,8 +440,9 @@ impl WsConnection {
                 return;
             }
         };
+        // Borrowed, not cloned: cloning an actix address allocates (a sender task of its own).
         let chat = match &self.chat {
-            ChatLink::Local(chat) => chat.addr.clone(),
+            ChatLink::Local(chat) => &chat.addr,
             ChatLink::Remote(remote) => {
                 let remote = remote.clone();
                 self.forward(remote, message, ctx);
@@ -454,7 +455,7 @@ impl WsConnection {
                 client_msg_id,
             } => {
                 let request = crate::telemetry::send_input(
-                    chat.clone(),
+                    chat,
                     UserInput {
                         content,
                         client_msg_id: client_msg_id.clone(),

@@ -22,10 +22,10 @@ const MAX_KEPT_BUFFER: usize = 64 * 1024;
 
 /// A chat id as a JSON string, escaped once for all the chat's envelopes.
 #[derive(Debug, Clone)]
-pub(crate) struct ChatIdJson(Box<str>);
+pub struct ChatIdJson(Box<str>);
 
 impl ChatIdJson {
-    pub(crate) fn new(chat_id: &str) -> Self {
+    pub fn new(chat_id: &str) -> Self {
         Self(json_string(chat_id).into())
     }
 }
@@ -87,13 +87,32 @@ fn shared_text(bytes: &[u8]) -> Arc<str> {
 /// The event `event` of chat `chat_id` with sequence number `seq`, in its envelope, stamped
 /// now. The same text as `Envelope::to_json`.
 pub(crate) fn envelope_json(seq: u64, chat_id: &ChatIdJson, event: &ServerEvent) -> Arc<str> {
+    write_envelope(seq, chat_id, event, |text| Arc::from(text))
+}
+
+/// [`envelope_json`] as a `String` of exact length, for an event sent once and not logged (a
+/// socket's acks and errors): a WebSocket frame takes the `String`'s buffer as it is.
+pub fn envelope_string(seq: u64, chat_id: &ChatIdJson, event: &ServerEvent) -> String {
+    write_envelope(seq, chat_id, event, |text| String::from(text))
+}
+
+/// Writes the envelope into the thread's buffer, stamped with the thread's timestamp, and
+/// hands `finish` its text.
+fn write_envelope<R>(
+    seq: u64,
+    chat_id: &ChatIdJson,
+    event: &ServerEvent,
+    finish: impl FnOnce(&str) -> R,
+) -> R {
     with_timestamp(|_, timestamp| {
         with_buffer(|buffer| {
-            match Envelope::write_prepared(buffer, seq, &chat_id.0, timestamp, event) {
-                Ok(_) => shared_text(buffer),
+            let text = match Envelope::write_prepared(buffer, seq, &chat_id.0, timestamp, event) {
+                // serde_json writes UTF-8 only; checked anyway rather than trusted unsafely.
+                Ok(_) => std::str::from_utf8(buffer).unwrap_or_default(),
                 // As `Envelope::to_json`: plain data cannot fail to serialize.
-                Err(_) => Arc::from(""),
-            }
+                Err(_) => "",
+            };
+            finish(text)
         })
     })
 }
@@ -340,6 +359,29 @@ mod tests {
         }
         .to_json();
         assert_eq!(&*text, expected);
+    }
+
+    #[test]
+    fn a_connection_event_is_the_envelope_text_in_a_string_of_its_own_length() {
+        let event = ServerEvent::Ack {
+            kind: "user_message".into(),
+            client_msg_id: Some("m \"1\"".into()),
+        };
+        let text = envelope_string(0, &ChatIdJson::new("chat\\1"), &event);
+        assert_eq!(
+            text.len(),
+            text.capacity(),
+            "a frame takes the buffer without a copy"
+        );
+        let timestamp = timestamp_of(&text);
+        let expected = Envelope {
+            seq: 0,
+            chat_id: "chat\\1",
+            timestamp: &timestamp,
+            event: &event,
+        }
+        .to_json();
+        assert_eq!(text, expected);
     }
 
     fn delta(message_id: &str, text: &str) -> ServerEvent {

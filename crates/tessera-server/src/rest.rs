@@ -820,13 +820,9 @@ async fn post_input(
                 content,
                 client_msg_id,
             };
-            crate::telemetry::send_input(
-                &chat.addr,
-                input,
-                crate::telemetry::remote_parent(&req),
-            )
-            .await
-            .map_err(|_| unavailable())??;
+            crate::telemetry::send_input(&chat.addr, input, crate::telemetry::remote_parent(&req))
+                .await
+                .map_err(|_| unavailable())??;
         }
         ChatLink::Remote(remote) => {
             let command = ChatCommand::Input {
@@ -1002,13 +998,9 @@ async fn run_workflow(
         content: body.message,
         client_msg_id: None,
     };
-    crate::telemetry::send_input(
-        &chat.addr,
-        input,
-        crate::telemetry::remote_parent(&req),
-    )
-    .await
-    .map_err(|_| unavailable())??;
+    crate::telemetry::send_input(&chat.addr, input, crate::telemetry::remote_parent(&req))
+        .await
+        .map_err(|_| unavailable())??;
     let outcome = tokio::time::timeout(Duration::from_secs(300), result)
         .await
         .map_err(|_| {

@@ -11,9 +11,9 @@
 
 use actix::Addr;
 use actix::MailboxError;
-use futures::future::Either;
 use actix_web::HttpRequest;
 use anyhow::{Context as _, bail};
+use futures::future::Either;
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::SdkTracerProvider;

@@ -25,11 +25,9 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use actix_web::{HttpRequest, HttpResponse, web};
 use actix_web_actors::ws;
-use tessera_engine::ChatHandle;
 use tessera_engine::session::{CancelRun, Deliver, Subscribe, ToolAnswer, Unsubscribe, UserInput};
-use tessera_protocol::{
-    ClientMessage, Envelope, ErrorCode, ServerEvent, parse_client_frame, rfc3339_now,
-};
+use tessera_engine::{ChatHandle, ChatIdJson, envelope_string};
+use tessera_protocol::{ClientMessage, ErrorCode, ServerEvent, parse_client_frame};
 
 use crate::config::Limits;
 use crate::frame_guard::{FrameGuard, GuardVerdict, Violation};
@@ -241,6 +239,8 @@ impl ChatLink {
 pub struct WsConnection {
     chat: ChatLink,
     chat_id: Arc<str>,
+    /// `chat_id` as JSON text, for the socket's own events (acks, errors).
+    chat_id_json: ChatIdJson,
     after_seq: u64,
     subscription: Option<u64>,
     /// The feed of a remote chat's events (instead of `subscription`).
@@ -275,6 +275,7 @@ impl WsConnection {
         let now = Instant::now();
         Self {
             chat_id: chat.chat_id().clone(),
+            chat_id_json: ChatIdJson::new(chat.chat_id()),
             chat,
             after_seq,
             subscription: None,
@@ -344,16 +345,7 @@ impl WsConnection {
 
     /// Sends a connection-scoped event (seq 0).
     fn send_direct(&self, ctx: &mut ws::WebsocketContext<Self>, event: &ServerEvent) {
-        let timestamp = rfc3339_now();
-        ctx.text(
-            Envelope {
-                seq: 0,
-                chat_id: &self.chat_id,
-                timestamp: &timestamp,
-                event,
-            }
-            .to_json(),
-        );
+        ctx.text(envelope_string(0, &self.chat_id_json, event));
     }
 
     fn send_error(

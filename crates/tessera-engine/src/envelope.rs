@@ -78,10 +78,15 @@ fn with_buffer<R>(f: impl FnOnce(&mut Vec<u8>) -> R) -> R {
     result
 }
 
-/// `bytes` as shared text; serde_json writes UTF-8 only, checked anyway rather than trusted
-/// unsafely.
+/// `bytes` as text; serde_json writes UTF-8 only, checked anyway rather than trusted unsafely
+/// (empty if it were not).
+fn buffer_text(bytes: &[u8]) -> &str {
+    std::str::from_utf8(bytes).unwrap_or_default()
+}
+
+/// `bytes` as shared text (see [`buffer_text`]).
 fn shared_text(bytes: &[u8]) -> Arc<str> {
-    std::str::from_utf8(bytes).map_or_else(|_| Arc::from(""), Arc::from)
+    Arc::from(buffer_text(bytes))
 }
 
 /// The event `event` of chat `chat_id` with sequence number `seq`, in its envelope, stamped
@@ -107,8 +112,7 @@ fn write_envelope<R>(
     with_timestamp(|_, timestamp| {
         with_buffer(|buffer| {
             let text = match Envelope::write_prepared(buffer, seq, &chat_id.0, timestamp, event) {
-                // serde_json writes UTF-8 only; checked anyway rather than trusted unsafely.
-                Ok(_) => std::str::from_utf8(buffer).unwrap_or_default(),
+                Ok(_) => buffer_text(buffer),
                 // As `Envelope::to_json`: plain data cannot fail to serialize.
                 Err(_) => "",
             };
@@ -322,7 +326,6 @@ mod tests {
         ]
     }
 
-    /// The timestamp inside an envelope text.
     #[test]
     fn a_timestamp_written_in_place_is_the_json_string_of_the_formatted_time() {
         let mut reused = String::from("left over from an earlier, longer timestamp text");
@@ -340,6 +343,7 @@ mod tests {
         }
     }
 
+    /// The timestamp inside an envelope text.
     fn timestamp_of(text: &str) -> String {
         let parsed: serde_json::Value = serde_json::from_str(text).unwrap_or_default();
         parsed["timestamp"].as_str().unwrap_or_default().to_owned()

@@ -19,6 +19,7 @@
 mod artifacts;
 mod batch;
 mod chats;
+mod claims_journal;
 mod convert;
 mod error;
 mod lease;

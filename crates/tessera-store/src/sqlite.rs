@@ -128,7 +128,7 @@ struct ScratchFile(PathBuf);
 
 impl Drop for ScratchFile {
     fn drop(&mut self) {
-        for suffix in ["", "-wal", "-shm"] {
+        for suffix in ["", "-wal", "-shm", "-claims"] {
             let mut name = self.0.clone().into_os_string();
             name.push(suffix);
             // Best effort: a leftover temp file is harmless.
@@ -245,10 +245,9 @@ impl ChatStore for SqliteStore {
         invocation_key: &str,
         _epoch: Option<i64>,
     ) -> StoreFuture<ToolClaim> {
-        let (chat_id, key) = (chat_id.to_owned(), invocation_key.to_owned());
         Box::pin(
             self.writer
-                .call(move |conn| tools::claim(conn, &chat_id, &key)),
+                .claim(chat_id.to_owned(), invocation_key.to_owned()),
         )
     }
 

@@ -11,9 +11,12 @@
 //! way a claim dirties the table's tail and the chat's small heads row (shared with other
 //! chats), and the index one leaf per [`UNINDEXED_CLAIMS`] claims.
 //!
-//! A key is looked for in the chain and in the index, and inserted only when absent, inside
-//! the writer's `BEGIN IMMEDIATE` transaction: SQLite runs one write transaction at a time
-//! across connections and processes, so at most one caller ever claims a key.
+//! A key is looked for in the chain and in the index. On SQLite's own path a new claim is
+//! appended to the claims journal under its file lock, after a look into the database and
+//! the journal (`claims_journal`), and its row is inserted by the next group transaction;
+//! a claim answered inside a transaction ([`claim`]) checks and inserts inside the writer's
+//! `BEGIN IMMEDIATE`. Either way at most one caller ever claims a key, across stores and
+//! processes.
 
 use rusqlite::{Connection, OptionalExtension, params};
 
@@ -74,29 +77,69 @@ fn find(conn: &Connection, claims: &Heads, key: &str) -> Result<Option<Found>, S
         .optional()?)
 }
 
+/// What the store holds for a key.
+pub(crate) enum Lookup {
+    /// No such chat.
+    UnknownChat,
+    /// Claimed before: the answer a new claim gets.
+    Found(ToolClaim),
+    /// Never claimed; the chat's heads, for [`insert`].
+    Absent(Heads),
+}
+
+/// The claim of (chat, key), if any.
+pub(crate) fn lookup(conn: &Connection, chat_id: &str, key: &str) -> Result<Lookup, StoreError> {
+    let Some(claims) = heads(conn, chat_id)? else {
+        return Ok(Lookup::UnknownChat);
+    };
+    let Some(existing) = find(conn, &claims, key)? else {
+        return Ok(Lookup::Absent(claims));
+    };
+    match existing.status.as_str() {
+        "started" => Ok(Lookup::Found(ToolClaim::AlreadyStarted)),
+        "completed" => {
+            let result = existing
+                .result
+                .map(|text| json_from_sql(&text, "tool result"))
+                .transpose()?;
+            Ok(Lookup::Found(ToolClaim::AlreadyCompleted(result)))
+        }
+        other => Err(StoreError::Corrupt(format!(
+            "tool invocation '{key}' has status '{other}'"
+        ))),
+    }
+}
+
 /// Claim (chat, key), or report who has it.
 pub(crate) fn claim(conn: &Connection, chat_id: &str, key: &str) -> Result<ToolClaim, StoreError> {
-    let claims = heads(conn, chat_id)?.ok_or_else(|| StoreError::NotFound(chat_id.to_owned()))?;
-    if let Some(existing) = find(conn, &claims, key)? {
-        return match existing.status.as_str() {
-            "started" => Ok(ToolClaim::AlreadyStarted),
-            "completed" => {
-                let result = existing
-                    .result
-                    .map(|text| json_from_sql(&text, "tool result"))
-                    .transpose()?;
-                Ok(ToolClaim::AlreadyCompleted(result))
-            }
-            other => Err(StoreError::Corrupt(format!(
-                "tool invocation '{key}' has status '{other}'"
-            ))),
-        };
+    match lookup(conn, chat_id, key)? {
+        Lookup::UnknownChat => Err(StoreError::NotFound(chat_id.to_owned())),
+        Lookup::Found(answer) => Ok(answer),
+        Lookup::Absent(claims) => {
+            insert(conn, chat_id, &claims, key, now_ms())?;
+            Ok(ToolClaim::Claimed)
+        }
     }
+}
+
+/// Writes the 'started' row of a key [`lookup`] found absent (with the chat's `claims`).
+pub(crate) fn insert(
+    conn: &Connection,
+    chat_id: &str,
+    claims: &Heads,
+    key: &str,
+    started_at_ms: i64,
+) -> Result<(), StoreError> {
     conn.prepare_cached(
         "INSERT INTO tool_invocations (chat_no, invocation_key, status, started_at_ms, prev) \
          VALUES (?, ?, 'started', ?, ?)",
     )?
-    .execute(params![claims.chat_no, key, now_ms(), claims.claims_head])?;
+    .execute(params![
+        claims.chat_no,
+        key,
+        started_at_ms,
+        claims.claims_head
+    ])?;
     let row = conn.last_insert_rowid();
     let chained = claims.unindexed_claims + 1;
     let (head, unindexed) = if chained < UNINDEXED_CLAIMS {
@@ -116,7 +159,7 @@ pub(crate) fn claim(conn: &Connection, chat_id: &str, key: &str) -> Result<ToolC
         "UPDATE chat_heads SET claims_head = ?, unindexed_claims = ? WHERE chat_no = ?",
     )?
     .execute(params![head, unindexed, claims.chat_no])?;
-    Ok(ToolClaim::Claimed)
+    Ok(())
 }
 
 /// Mark a claimed invocation completed with its result (JSON text).

@@ -87,20 +87,25 @@ async fn the_wal_stays_bounded_under_steady_writes() {
         .create_chat(record("big", "acme", "u", 1))
         .await
         .unwrap();
-    // 60 MiB of events, written one batch at a time: far more than the WAL may hold
+    // 60 MiB of events, 8 batches (512 KiB) at a time: far more than the WAL may hold
     // (the writer pauses for a catch-up checkpoint at 4,000 pages, 16 MiB).
     let payload = "x".repeat(64 * 1024);
-    for seq in 1..=960u64 {
-        let event = tessera_store::StoredEvent {
-            seq,
-            event_type: "chat.text".into(),
-            json: payload.clone().into(),
-        };
-        let batch = ChatWriteBatch {
-            events: vec![event],
-            ..ChatWriteBatch::default()
-        };
-        store.apply_batch("big", Arc::new(batch)).await.unwrap();
+    for first in (1..=960u64).step_by(8) {
+        let batches = (first..first + 8).map(|seq| {
+            let event = tessera_store::StoredEvent {
+                seq,
+                event_type: "chat.text".into(),
+                json: payload.clone().into(),
+            };
+            let batch = ChatWriteBatch {
+                events: vec![event],
+                ..ChatWriteBatch::default()
+            };
+            store.apply_batch("big", Arc::new(batch))
+        });
+        for stored in futures::future::join_all(batches).await {
+            stored.unwrap();
+        }
     }
     let mut wal = path.into_os_string();
     wal.push("-wal");
@@ -456,4 +461,224 @@ async fn claims_are_found_before_and_after_their_keys_are_indexed_and_go_with_th
         store.claim_tool("b", "turn_a:s0:0", None).await.unwrap(),
         ToolClaim::AlreadyStarted
     );
+}
+
+/// Holds the database's write lock from a connection of its own until dropped: the store's
+/// writer cannot commit meanwhile, so what a claim wrote is in its journal only.
+struct WriteLock(rusqlite::Connection);
+
+impl WriteLock {
+    fn take(path: &std::path::Path) -> Self {
+        let conn = rusqlite::Connection::open(path).unwrap();
+        conn.execute_batch("BEGIN IMMEDIATE").unwrap();
+        Self(conn)
+    }
+}
+
+impl Drop for WriteLock {
+    fn drop(&mut self) {
+        let _ = self.0.execute_batch("ROLLBACK");
+    }
+}
+
+/// The files of the database at `from` as they are now (a crash's leftovers), copied to
+/// `to`: the database, its WAL and the claims journal.
+fn copy_files(from: &std::path::Path, to: &std::path::Path) {
+    for suffix in ["", "-wal", "-claims"] {
+        let with = |path: &std::path::Path| {
+            let mut name = path.as_os_str().to_owned();
+            name.push(suffix);
+            std::path::PathBuf::from(name)
+        };
+        if with(from).exists() {
+            std::fs::copy(with(from), with(to)).unwrap();
+        }
+    }
+}
+
+fn stored_claims(path: &std::path::Path) -> i64 {
+    let conn = rusqlite::Connection::open(path).unwrap();
+    conn.query_row("SELECT COUNT(*) FROM tool_invocations", [], |row| {
+        row.get(0)
+    })
+    .unwrap()
+}
+
+/// A claim is answered once it is in the claims journal, before any commit, and a crash
+/// right then loses it no more than a crash after a commit would: the copy of the files
+/// taken while the database could not be written holds the claim in the journal alone, and
+/// the store opened on that copy knows it (and writes it into the database).
+#[tokio::test]
+async fn a_claim_answered_from_the_journal_survives_a_crash_before_any_commit() {
+    let (_db, path) = temp_db();
+    let store = SqliteStore::open(&path).await.unwrap();
+    store
+        .create_chat(record("c1", "acme", "u1", 1))
+        .await
+        .unwrap();
+    let crashed = path.with_file_name("crashed.db");
+    {
+        let _lock = WriteLock::take(&path);
+        assert_eq!(
+            store.claim_tool("c1", "k1", None).await.unwrap(),
+            ToolClaim::Claimed
+        );
+        copy_files(&path, &crashed);
+    }
+    assert_eq!(
+        stored_claims(&crashed),
+        0,
+        "the copy's database lacks the claim"
+    );
+
+    let reopened = SqliteStore::open(&crashed).await.unwrap();
+    assert_eq!(
+        stored_claims(&crashed),
+        1,
+        "recovery wrote it into the database"
+    );
+    assert_eq!(
+        reopened.claim_tool("c1", "k1", None).await.unwrap(),
+        ToolClaim::AlreadyStarted
+    );
+    assert_eq!(
+        reopened.claim_tool("c1", "k2", None).await.unwrap(),
+        ToolClaim::Claimed
+    );
+    // The original store commits its claim once the lock is gone, and completes it.
+    store
+        .complete_tool_with_result("c1", "k1", &serde_json::json!("done"))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.claim_tool("c1", "k1", None).await.unwrap(),
+        ToolClaim::AlreadyCompleted(Some(serde_json::json!("done")))
+    );
+}
+
+/// Two stores on one file (two processes, or two nodes sharing a disk) see each other's
+/// journaled claims: a key one of them claimed, not yet in the database, is refused to the
+/// other; and of many concurrent claims of one key across both, exactly one wins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_stores_on_one_file_grant_a_key_once() {
+    let (_db, path) = temp_db();
+    let first = SqliteStore::open(&path).await.unwrap();
+    let second = SqliteStore::open(&path).await.unwrap();
+    first
+        .create_chat(record("c1", "acme", "u1", 1))
+        .await
+        .unwrap();
+    {
+        let _lock = WriteLock::take(&path);
+        assert_eq!(
+            first.claim_tool("c1", "k", None).await.unwrap(),
+            ToolClaim::Claimed
+        );
+        assert_eq!(
+            second.claim_tool("c1", "k", None).await.unwrap(),
+            ToolClaim::AlreadyStarted
+        );
+        assert_eq!(stored_claims(&path), 0, "refused from the journal alone");
+    }
+
+    let claims = (0..40).map(|i| {
+        let store = if i % 2 == 0 { &first } else { &second };
+        store.claim_tool("c1", "contended", None)
+    });
+    let outcomes = futures::future::join_all(claims).await;
+    let won = outcomes
+        .iter()
+        .filter(|o| matches!(o, Ok(ToolClaim::Claimed)))
+        .count();
+    assert_eq!(won, 1, "{outcomes:?}");
+    assert!(outcomes.iter().all(Result::is_ok), "{outcomes:?}");
+}
+
+/// The journal is emptied once it grows past its limit and every claim in it is in the
+/// database; the claims stay claimed, before and after reopening.
+#[tokio::test]
+async fn the_claims_journal_is_emptied_once_its_claims_are_in_the_database() {
+    let (_db, path) = temp_db();
+    let store = SqliteStore::open(&path).await.unwrap();
+    store
+        .create_chat(record("c1", "acme", "u1", 1))
+        .await
+        .unwrap();
+    let journal = {
+        let mut name = path.as_os_str().to_owned();
+        name.push("-claims");
+        std::path::PathBuf::from(name)
+    };
+    // ~80 bytes a record: past the 256 KiB limit.
+    let keys: Vec<String> = (0..4_500)
+        .map(|i| format!("turn_{i:04}:call_{i:08}_0123456789abcdef:0"))
+        .collect();
+    let mut largest = 0;
+    for key in &keys {
+        assert_eq!(
+            store.claim_tool("c1", key, None).await.unwrap(),
+            ToolClaim::Claimed
+        );
+        largest = largest.max(std::fs::metadata(&journal).unwrap().len());
+    }
+    // A write that waits for its commit: the journal is reset after it.
+    store.append_events("c1", vec![event(1)]).await.unwrap();
+    let len = std::fs::metadata(&journal).unwrap().len();
+    assert!(largest > 256 * 1024, "the journal grew to {largest} bytes");
+    assert!(len < 256 * 1024, "the journal was reset: {len} bytes");
+    for key in [&keys[0], &keys[4_499]] {
+        assert_eq!(
+            store.claim_tool("c1", key, None).await.unwrap(),
+            ToolClaim::AlreadyStarted
+        );
+    }
+    store.close().await;
+    let reopened = SqliteStore::open(&path).await.unwrap();
+    assert_eq!(stored_claims(&path), 4_500);
+    assert_eq!(
+        reopened.claim_tool("c1", &keys[2_000], None).await.unwrap(),
+        ToolClaim::AlreadyStarted
+    );
+}
+
+/// A journal whose tail was torn (a power loss mid-append) keeps the claims before the tear;
+/// a file that is no claims journal is refused with a clear error.
+#[tokio::test]
+async fn a_torn_journal_keeps_its_whole_records_and_a_foreign_file_is_refused() {
+    let (_db, path) = temp_db();
+    let store = SqliteStore::open(&path).await.unwrap();
+    store
+        .create_chat(record("c1", "acme", "u1", 1))
+        .await
+        .unwrap();
+    let crashed = path.with_file_name("torn.db");
+    {
+        let _lock = WriteLock::take(&path);
+        store.claim_tool("c1", "whole", None).await.unwrap();
+        copy_files(&path, &crashed);
+    }
+    let journal = |db: &std::path::Path| {
+        let mut name = db.as_os_str().to_owned();
+        name.push("-claims");
+        std::path::PathBuf::from(name)
+    };
+    let mut bytes = std::fs::read(journal(&crashed)).unwrap();
+    // Half of a second record, as a power loss may leave it.
+    bytes.extend_from_slice(&[40, 0, 0, 0, 1, 2, 3, 4, 2, 0, 0, 0, b'c']);
+    std::fs::write(journal(&crashed), &bytes).unwrap();
+    let reopened = SqliteStore::open(&crashed).await.unwrap();
+    assert_eq!(
+        reopened.claim_tool("c1", "whole", None).await.unwrap(),
+        ToolClaim::AlreadyStarted
+    );
+    assert_eq!(
+        reopened.claim_tool("c1", "next", None).await.unwrap(),
+        ToolClaim::Claimed
+    );
+    reopened.close().await;
+
+    std::fs::write(journal(&crashed), b"not a claims journal at all").unwrap();
+    let refused = SqliteStore::open(&crashed).await.unwrap_err();
+    assert!(matches!(refused, StoreError::Setup(_)), "{refused}");
+    assert!(refused.to_string().contains("claims journal"), "{refused}");
 }

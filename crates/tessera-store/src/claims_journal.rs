@@ -1,0 +1,497 @@
+//! The claims journal: a tool claim is durable once it is appended to a small file beside the
+//! database (`<db>-claims`), and reaches the database with the next group commit.
+//!
+//! WHY: a claim must be durable before its tool runs, and waits for no one. As a commit of
+//! its own it rewrote whole 4 KiB pages (the tables' tails, the chat's heads page, the file
+//! header) for a row of ~100 bytes: at light load (~420 turns/s) 1.1 commits per turn, and
+//! 41.5 KiB written per turn to keep 6. Appended here it costs ~100 bytes and one `pwrite`,
+//! and commits are left to the unhurried writes, which share them. It is the same durability
+//! as a commit on this store: `synchronous=NORMAL` does not sync the WAL at commit either, so
+//! both survive a process crash and both may lose the last instants to a power loss.
+//!
+//! Exactly once across stores and processes on one database: every claim takes the
+//! journal's file lock, reads what other writers appended since it last looked, and looks the
+//! key up in the database and in the journal, all under the lock; a key is appended only when
+//! absent from both. A claim leaves the journal only when the file is reset, and the file is
+//! reset only under the lock, after every claim in it is in the database.
+//!
+//! Format: a 16-byte header (`TSCJ`, format version, generation: a reset bumps it, so a
+//! reader can tell its offset no longer applies), then records: payload length (u32 LE),
+//! FNV-1a of the payload (u32 LE), payload = chat id and key (each u32 LE length, then
+//! UTF-8), `started_at_ms` (i64 LE). Reading stops at the first record that is incomplete or
+//! fails its checksum (a write torn by a power loss); the next append overwrites it.
+
+use std::collections::{HashMap, HashSet};
+use std::fs::{File, OpenOptions};
+use std::io::ErrorKind;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use rusqlite::Connection;
+use tracing::{error, info};
+
+use crate::convert::now_ms;
+use crate::tools::{self, Lookup};
+use crate::{StoreError, ToolClaim};
+
+const MAGIC: &[u8; 4] = b"TSCJ";
+const FORMAT_VERSION: u32 = 1;
+const HEADER_LEN: u64 = 16;
+/// Record prefix: payload length and checksum.
+const RECORD_PREFIX: usize = 8;
+/// Largest payload a reader accepts; anything larger is taken for garbage.
+const MAX_PAYLOAD: usize = 1 << 20;
+/// File size past which the journal is reset after a commit: resets are rare, and the file
+/// (and the keys held for it) stay small.
+const RESET_AFTER_BYTES: u64 = 256 * 1024;
+
+/// One journaled claim.
+#[derive(Debug, Clone, PartialEq)]
+struct Claim {
+    chat_id: Box<str>,
+    key: Box<str>,
+    started_at_ms: i64,
+}
+
+/// The journal of one writer thread (see the module docs).
+pub(crate) struct ClaimsJournal {
+    file: File,
+    path: PathBuf,
+    /// The generation of the file this journal has read.
+    generation: u64,
+    /// Where the valid records read or written so far end.
+    end: u64,
+    /// The keys of `uncommitted` and `others`, by chat: claims the database may not hold yet.
+    /// WHY not every key in the file: a chat deleted and created again under the same id
+    /// starts with no claims, and the database says so for the claims it holds.
+    keys: HashMap<Box<str>, HashSet<Box<str>>>,
+    /// Claims other writers appended to this generation. They may not be in the database
+    /// yet, so they count as claimed here until a reset (which puts them in the database).
+    others: Vec<Claim>,
+    /// Claims this journal appended that no commit has put in the database yet.
+    uncommitted: Vec<Claim>,
+}
+
+impl std::fmt::Debug for ClaimsJournal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClaimsJournal")
+            .field("path", &self.path)
+            .field("generation", &self.generation)
+            .field("end", &self.end)
+            .field("uncommitted", &self.uncommitted.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The journal's path for the database at `db`.
+pub(crate) fn path_for(db: &Path) -> PathBuf {
+    let mut name = db.as_os_str().to_owned();
+    name.push("-claims");
+    PathBuf::from(name)
+}
+
+impl ClaimsJournal {
+    /// Opens (creating) the journal of the database `db`, and first moves into the database
+    /// (on `conn`) every claim a crashed writer left in it.
+    pub(crate) fn open(db: &Path, conn: &Connection) -> Result<Self, StoreError> {
+        let path = path_for(db);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(|e| crate::sqlite_error::setup_io(&path, e))?;
+        let mut journal = Self {
+            file,
+            path,
+            generation: 0,
+            end: HEADER_LEN,
+            keys: HashMap::new(),
+            others: Vec::new(),
+            uncommitted: Vec::new(),
+        };
+        journal.lock()?;
+        let recovered = journal.recover(conn);
+        journal.unlock();
+        recovered?;
+        Ok(journal)
+    }
+
+    /// Under the lock: puts every claim in the file into the database and resets the file.
+    fn recover(&mut self, conn: &Connection) -> Result<(), StoreError> {
+        let len = self.file_len()?;
+        if len < HEADER_LEN {
+            // New, or its creation was cut short: it cannot hold a claim.
+            return self.reset(1);
+        }
+        let generation = self.read_generation()?;
+        let (claims, _) = self.read_records(HEADER_LEN, len)?;
+        if !claims.is_empty() {
+            info!(claims = claims.len(), path = %self.path.display(), "claims journal: recovering claims");
+            in_transaction(conn, |conn| insert_absent(conn, &claims))?;
+        }
+        self.reset(generation.wrapping_add(1))
+    }
+
+    /// Claims (chat, key) if no one has, with the claim durable in the journal on return.
+    /// `None`: the database has no such chat (yet: its creation may be queued behind this
+    /// claim), so the caller claims inside a transaction instead.
+    pub(crate) fn claim(
+        &mut self,
+        conn: &Connection,
+        chat_id: &str,
+        key: &str,
+    ) -> Result<Option<ToolClaim>, StoreError> {
+        self.lock()?;
+        let claimed = self.claim_locked(conn, chat_id, key);
+        self.unlock();
+        claimed
+    }
+
+    fn claim_locked(
+        &mut self,
+        conn: &Connection,
+        chat_id: &str,
+        key: &str,
+    ) -> Result<Option<ToolClaim>, StoreError> {
+        self.catch_up()?;
+        // Looked up under the lock: a claim leaves the journal only for the database, and
+        // only under the lock, so between the two nothing is missed.
+        match tools::lookup(conn, chat_id, key)? {
+            Lookup::UnknownChat => return Ok(None),
+            Lookup::Found(answer) => return Ok(Some(answer)),
+            Lookup::Absent(_) => {}
+        }
+        if self.holds(chat_id, key) {
+            return Ok(Some(ToolClaim::AlreadyStarted));
+        }
+        let claim = Claim {
+            chat_id: chat_id.into(),
+            key: key.into(),
+            started_at_ms: now_ms(),
+        };
+        let record = encode(&claim);
+        self.file
+            .write_all_at(&record, self.end)
+            .map_err(|e| self.io_error("append a claim to", e))?;
+        self.end += record.len() as u64;
+        self.remember(&claim);
+        self.uncommitted.push(claim);
+        Ok(Some(ToolClaim::Claimed))
+    }
+
+    /// True when claims wait for a commit to reach the database.
+    pub(crate) fn has_uncommitted(&self) -> bool {
+        !self.uncommitted.is_empty()
+    }
+
+    /// Inside a group transaction: writes the claims appended since the last commit into the
+    /// database (those already there, or of a chat deleted since, are skipped).
+    pub(crate) fn insert_uncommitted(&self, conn: &Connection) -> Result<(), StoreError> {
+        insert_absent(conn, &self.uncommitted)
+    }
+
+    /// After a group transaction that ran [`ClaimsJournal::insert_uncommitted`] committed;
+    /// resets the file once it is large (see [`RESET_AFTER_BYTES`]).
+    pub(crate) fn committed(&mut self, conn: &Connection) {
+        if !self.uncommitted.is_empty() {
+            self.uncommitted.clear();
+            // The database holds this writer's claims now; the others' still count.
+            self.keys.clear();
+            for claim in std::mem::take(&mut self.others) {
+                self.remember(&claim);
+                self.others.push(claim);
+            }
+        }
+        if self.end >= RESET_AFTER_BYTES
+            && let Err(e) = self.reset_when_stored(conn)
+        {
+            // Nothing is lost: the file keeps its claims and the next commit tries again.
+            error!(error = %e, path = %self.path.display(), "claims journal reset failed");
+        }
+    }
+
+    /// Under the lock, outside any transaction: puts the other writers' claims in the
+    /// database (this writer's are there already) and starts a new generation.
+    fn reset_when_stored(&mut self, conn: &Connection) -> Result<(), StoreError> {
+        self.lock()?;
+        let reset = self.catch_up().and_then(|()| {
+            if !self.others.is_empty() {
+                in_transaction(conn, |conn| insert_absent(conn, &self.others))?;
+            }
+            self.reset(self.generation.wrapping_add(1))
+        });
+        self.unlock();
+        reset
+    }
+
+    /// Reads what other writers appended since this journal last looked.
+    fn catch_up(&mut self) -> Result<(), StoreError> {
+        let generation = self.read_generation()?;
+        if generation != self.generation {
+            // Another writer reset the file: every claim it held is in the database now.
+            self.generation = generation;
+            self.end = HEADER_LEN;
+            self.keys.clear();
+            self.others.clear();
+        }
+        let len = self.file_len()?;
+        if len > self.end {
+            let (claims, end) = self.read_records(self.end, len)?;
+            self.end = end;
+            for claim in claims {
+                self.remember(&claim);
+                self.others.push(claim);
+            }
+        }
+        Ok(())
+    }
+
+    /// Empties the file under a new `generation` (under the lock).
+    fn reset(&mut self, generation: u64) -> Result<(), StoreError> {
+        let mut header = [0u8; HEADER_LEN as usize];
+        header[..4].copy_from_slice(MAGIC);
+        header[4..8].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        header[8..].copy_from_slice(&generation.to_le_bytes());
+        self.file
+            .set_len(HEADER_LEN)
+            .and_then(|()| self.file.write_all_at(&header, 0))
+            .map_err(|e| self.io_error("reset", e))?;
+        self.generation = generation;
+        self.end = HEADER_LEN;
+        self.keys.clear();
+        self.others.clear();
+        Ok(())
+    }
+
+    fn holds(&self, chat_id: &str, key: &str) -> bool {
+        self.keys
+            .get(chat_id)
+            .is_some_and(|keys| keys.contains(key))
+    }
+
+    fn remember(&mut self, claim: &Claim) {
+        self.keys
+            .entry(claim.chat_id.clone())
+            .or_default()
+            .insert(claim.key.clone());
+    }
+
+    fn read_generation(&self) -> Result<u64, StoreError> {
+        let mut header = [0u8; HEADER_LEN as usize];
+        self.file
+            .read_exact_at(&mut header, 0)
+            .map_err(|e| self.io_error("read the header of", e))?;
+        if &header[..4] != MAGIC
+            || u32::from_le_bytes([header[4], header[5], header[6], header[7]]) != FORMAT_VERSION
+        {
+            return Err(StoreError::Setup(format!(
+                "{} is not a claims journal of this version; it is kept beside the database \
+                 by Tessera and must not be replaced",
+                self.path.display()
+            )));
+        }
+        let mut generation = [0u8; 8];
+        generation.copy_from_slice(&header[8..]);
+        Ok(u64::from_le_bytes(generation))
+    }
+
+    /// The valid records in `from..to`, and where they end.
+    fn read_records(&self, from: u64, to: u64) -> Result<(Vec<Claim>, u64), StoreError> {
+        let len = usize::try_from(to - from)
+            .map_err(|_| StoreError::Corrupt(format!("{} is too large", self.path.display())))?;
+        let mut bytes = vec![0u8; len];
+        self.file
+            .read_exact_at(&mut bytes, from)
+            .map_err(|e| self.io_error("read", e))?;
+        let (claims, used) = decode_all(&bytes);
+        Ok((claims, from + used as u64))
+    }
+
+    fn file_len(&self) -> Result<u64, StoreError> {
+        Ok(self
+            .file
+            .metadata()
+            .map_err(|e| self.io_error("stat", e))?
+            .len())
+    }
+
+    fn lock(&self) -> Result<(), StoreError> {
+        self.file.lock().map_err(|e| self.io_error("lock", e))
+    }
+
+    fn unlock(&self) {
+        // Closing the file would release it too; an unlock that fails leaves nothing to undo.
+        if let Err(e) = self.file.unlock() {
+            error!(error = %e, path = %self.path.display(), "claims journal unlock failed");
+        }
+    }
+
+    fn io_error(&self, what: &str, e: std::io::Error) -> StoreError {
+        let message = format!(
+            "cannot {what} the claims journal {}: {e}",
+            self.path.display()
+        );
+        match e.kind() {
+            ErrorKind::NotFound | ErrorKind::PermissionDenied => StoreError::Setup(message),
+            _ => StoreError::Transient(message),
+        }
+    }
+}
+
+/// Writes each claim the database does not hold yet (skipping chats it does not know).
+fn insert_absent(conn: &Connection, claims: &[Claim]) -> Result<(), StoreError> {
+    for claim in claims {
+        if let Lookup::Absent(heads) = tools::lookup(conn, &claim.chat_id, &claim.key)? {
+            tools::insert(
+                conn,
+                &claim.chat_id,
+                &heads,
+                &claim.key,
+                claim.started_at_ms,
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// Runs `work` in a write transaction of its own and commits it.
+fn in_transaction(
+    conn: &Connection,
+    work: impl FnOnce(&Connection) -> Result<(), StoreError>,
+) -> Result<(), StoreError> {
+    conn.execute_batch("BEGIN IMMEDIATE")?;
+    match work(conn) {
+        Ok(()) => {
+            if let Err(e) = conn.execute_batch("COMMIT") {
+                let _ = conn.execute_batch("ROLLBACK");
+                return Err(e.into());
+            }
+            Ok(())
+        }
+        Err(e) => {
+            let _ = conn.execute_batch("ROLLBACK");
+            Err(e)
+        }
+    }
+}
+
+/// FNV-1a, 32 bits: catches a torn or zero-filled tail, which is all it is for.
+fn checksum(bytes: &[u8]) -> u32 {
+    bytes.iter().fold(0x811c_9dc5u32, |hash, &b| {
+        (hash ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    })
+}
+
+fn encode(claim: &Claim) -> Vec<u8> {
+    let payload_len = 4 + claim.chat_id.len() + 4 + claim.key.len() + 8;
+    let mut record = Vec::with_capacity(RECORD_PREFIX + payload_len);
+    record.extend_from_slice(&(payload_len as u32).to_le_bytes());
+    record.extend_from_slice(&[0; 4]);
+    for text in [&claim.chat_id, &claim.key] {
+        record.extend_from_slice(&(text.len() as u32).to_le_bytes());
+        record.extend_from_slice(text.as_bytes());
+    }
+    record.extend_from_slice(&claim.started_at_ms.to_le_bytes());
+    let sum = checksum(&record[RECORD_PREFIX..]);
+    record[4..8].copy_from_slice(&sum.to_le_bytes());
+    record
+}
+
+/// The valid records at the start of `bytes`, and how many bytes they take.
+fn decode_all(bytes: &[u8]) -> (Vec<Claim>, usize) {
+    let mut claims = Vec::new();
+    let mut at = 0;
+    while let Some((claim, used)) = decode(&bytes[at..]) {
+        claims.push(claim);
+        at += used;
+    }
+    (claims, at)
+}
+
+fn decode(bytes: &[u8]) -> Option<(Claim, usize)> {
+    let u32_at = |at: usize| -> Option<u32> {
+        let b = bytes.get(at..at + 4)?;
+        Some(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    };
+    let payload_len = u32_at(0)? as usize;
+    if payload_len == 0 || payload_len > MAX_PAYLOAD {
+        return None;
+    }
+    let payload = bytes.get(RECORD_PREFIX..RECORD_PREFIX + payload_len)?;
+    if checksum(payload) != u32_at(4)? {
+        return None;
+    }
+    let mut at = 0;
+    let mut text = || -> Option<Box<str>> {
+        let b = payload.get(at..at + 4)?;
+        let len = u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize;
+        let text = std::str::from_utf8(payload.get(at + 4..at + 4 + len)?).ok()?;
+        at += 4 + len;
+        Some(text.into())
+    };
+    let chat_id = text()?;
+    let key = text()?;
+    let started = payload.get(at..at + 8)?;
+    let mut started_at_ms = [0u8; 8];
+    started_at_ms.copy_from_slice(started);
+    if at + 8 != payload.len() {
+        return None;
+    }
+    Some((
+        Claim {
+            chat_id,
+            key,
+            started_at_ms: i64::from_le_bytes(started_at_ms),
+        },
+        RECORD_PREFIX + payload_len,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn claim(chat: &str, key: &str) -> Claim {
+        Claim {
+            chat_id: chat.into(),
+            key: key.into(),
+            started_at_ms: 1_700_000_000_123,
+        }
+    }
+
+    #[test]
+    fn records_read_back_as_written() {
+        let written = [claim("c1", "turn-1:call-a"), claim("chät-2", "ключ")];
+        let bytes: Vec<u8> = written.iter().flat_map(encode).collect();
+        let (read, used) = decode_all(&bytes);
+        assert_eq!(read, written);
+        assert_eq!(used, bytes.len());
+    }
+
+    #[test]
+    fn reading_stops_before_a_torn_or_zeroed_tail() {
+        let first = encode(&claim("c1", "k1"));
+        let second = encode(&claim("c1", "k2"));
+        for cut in 1..second.len() {
+            let mut bytes = first.clone();
+            bytes.extend_from_slice(&second[..cut]);
+            let (read, used) = decode_all(&bytes);
+            assert_eq!(read, [claim("c1", "k1")], "cut at {cut}");
+            assert_eq!(used, first.len());
+        }
+        let mut zeroed = first.clone();
+        zeroed.extend_from_slice(&[0; 64]);
+        assert_eq!(decode_all(&zeroed).1, first.len());
+        let mut flipped = first.clone();
+        flipped.extend_from_slice(&second);
+        let last = flipped.len() - 1;
+        flipped[last] ^= 1;
+        assert_eq!(
+            decode_all(&flipped).0.len(),
+            1,
+            "a changed byte fails the checksum"
+        );
+    }
+}

@@ -595,11 +595,20 @@ async fn a_crash_mid_batch_reuses_the_finished_call_and_reports_the_started_one(
     if c.of("chat.tool_response").is_empty() {
         c.until("chat.tool_response").await;
     }
-    // Wait until "a" is durably completed while "b" is still running: the moment of the crash.
+    // Wait until "a" is durably completed, and the turn stored as far as clients saw it (its
+    // response: events are stored behind, write-behind), while "b" is still running: the
+    // moment of the crash.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
         let a = store.claim_tool(&chat_id, &key_a, None).await.ok();
-        if matches!(a, Some(ToolClaim::AlreadyCompleted(_))) {
+        let stored = store
+            .events_after(&chat_id, 0, 1_000)
+            .await
+            .unwrap_or_default();
+        let response_stored = stored
+            .iter()
+            .any(|event| &*event.event_type == "chat.tool_response");
+        if matches!(a, Some(ToolClaim::AlreadyCompleted(_))) && response_stored {
             break;
         }
         assert!(

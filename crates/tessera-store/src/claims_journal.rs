@@ -187,9 +187,23 @@ impl ClaimsJournal {
     }
 
     /// Inside a group transaction: writes the claims appended since the last commit into the
-    /// database (those already there, or of a chat deleted since, are skipped).
+    /// database (those already there, or of a chat deleted since, are skipped). Only a
+    /// transient error fails the transaction (the claims wait for the next one). Any other
+    /// means the database holds the key in some form already (a row with a status it cannot
+    /// read, an index entry): logged and skipped, rather than failing every later commit.
     pub(crate) fn insert_uncommitted(&self, conn: &Connection) -> Result<(), StoreError> {
-        insert_absent(conn, &self.uncommitted)
+        for claim in &self.uncommitted {
+            match insert_absent(conn, std::slice::from_ref(claim)) {
+                Err(e) if e.is_transient() => return Err(e),
+                Err(e) => error!(
+                    error = %e,
+                    chat_id = %claim.chat_id,
+                    "journaled tool claim not written: the database holds its key already"
+                ),
+                Ok(()) => {}
+            }
+        }
+        Ok(())
     }
 
     /// After a group transaction that ran [`ClaimsJournal::insert_uncommitted`] committed;

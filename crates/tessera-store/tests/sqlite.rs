@@ -481,19 +481,47 @@ impl Drop for WriteLock {
     }
 }
 
+/// `db`'s companion file with `suffix` (`-wal`, `-claims`).
+fn beside(db: &std::path::Path, suffix: &str) -> std::path::PathBuf {
+    let mut name = db.as_os_str().to_owned();
+    name.push(suffix);
+    std::path::PathBuf::from(name)
+}
+
 /// The files of the database at `from` as they are now (a crash's leftovers), copied to
 /// `to`: the database, its WAL and the claims journal.
 fn copy_files(from: &std::path::Path, to: &std::path::Path) {
     for suffix in ["", "-wal", "-claims"] {
-        let with = |path: &std::path::Path| {
-            let mut name = path.as_os_str().to_owned();
-            name.push(suffix);
-            std::path::PathBuf::from(name)
-        };
-        if with(from).exists() {
-            std::fs::copy(with(from), with(to)).unwrap();
+        if beside(from, suffix).exists() {
+            std::fs::copy(beside(from, suffix), beside(to, suffix)).unwrap();
         }
     }
+}
+
+/// A store with chat "c1" whose claim of `key` is in the claims journal only, and the path
+/// of a copy of its files taken right then (`crashed.db`: what a crash would leave).
+async fn crashed_after_a_journaled_claim(key: &str) -> (TestDb, SqliteStore, std::path::PathBuf) {
+    let (db, path) = temp_db();
+    let store = SqliteStore::open(&path).await.unwrap();
+    store
+        .create_chat(record("c1", "acme", "u1", 1))
+        .await
+        .unwrap();
+    let crashed = path.with_file_name("crashed.db");
+    {
+        let _lock = WriteLock::take(&path);
+        assert_eq!(
+            store.claim_tool("c1", key, None).await.unwrap(),
+            ToolClaim::Claimed
+        );
+        copy_files(&path, &crashed);
+    }
+    assert_eq!(
+        stored_claims(&crashed),
+        0,
+        "the copy's database lacks the claim"
+    );
+    (db, store, crashed)
 }
 
 fn stored_claims(path: &std::path::Path) -> i64 {
@@ -510,27 +538,7 @@ fn stored_claims(path: &std::path::Path) -> i64 {
 /// the store opened on that copy knows it (and writes it into the database).
 #[tokio::test]
 async fn a_claim_answered_from_the_journal_survives_a_crash_before_any_commit() {
-    let (_db, path) = temp_db();
-    let store = SqliteStore::open(&path).await.unwrap();
-    store
-        .create_chat(record("c1", "acme", "u1", 1))
-        .await
-        .unwrap();
-    let crashed = path.with_file_name("crashed.db");
-    {
-        let _lock = WriteLock::take(&path);
-        assert_eq!(
-            store.claim_tool("c1", "k1", None).await.unwrap(),
-            ToolClaim::Claimed
-        );
-        copy_files(&path, &crashed);
-    }
-    assert_eq!(
-        stored_claims(&crashed),
-        0,
-        "the copy's database lacks the claim"
-    );
-
+    let (_db, store, crashed) = crashed_after_a_journaled_claim("k1").await;
     let reopened = SqliteStore::open(&crashed).await.unwrap();
     assert_eq!(
         stored_claims(&crashed),
@@ -604,11 +612,7 @@ async fn the_claims_journal_is_emptied_once_its_claims_are_in_the_database() {
         .create_chat(record("c1", "acme", "u1", 1))
         .await
         .unwrap();
-    let journal = {
-        let mut name = path.as_os_str().to_owned();
-        name.push("-claims");
-        std::path::PathBuf::from(name)
-    };
+    let journal = beside(&path, "-claims");
     // ~80 bytes a record: past the 256 KiB limit.
     let keys: Vec<String> = (0..4_500)
         .map(|i| format!("turn_{i:04}:call_{i:08}_0123456789abcdef:0"))
@@ -645,27 +649,12 @@ async fn the_claims_journal_is_emptied_once_its_claims_are_in_the_database() {
 /// a file that is no claims journal is refused with a clear error.
 #[tokio::test]
 async fn a_torn_journal_keeps_its_whole_records_and_a_foreign_file_is_refused() {
-    let (_db, path) = temp_db();
-    let store = SqliteStore::open(&path).await.unwrap();
-    store
-        .create_chat(record("c1", "acme", "u1", 1))
-        .await
-        .unwrap();
-    let crashed = path.with_file_name("torn.db");
-    {
-        let _lock = WriteLock::take(&path);
-        store.claim_tool("c1", "whole", None).await.unwrap();
-        copy_files(&path, &crashed);
-    }
-    let journal = |db: &std::path::Path| {
-        let mut name = db.as_os_str().to_owned();
-        name.push("-claims");
-        std::path::PathBuf::from(name)
-    };
-    let mut bytes = std::fs::read(journal(&crashed)).unwrap();
+    let (_db, _store, crashed) = crashed_after_a_journaled_claim("whole").await;
+    let journal = beside(&crashed, "-claims");
+    let mut bytes = std::fs::read(&journal).unwrap();
     // Half of a second record, as a power loss may leave it.
     bytes.extend_from_slice(&[40, 0, 0, 0, 1, 2, 3, 4, 2, 0, 0, 0, b'c']);
-    std::fs::write(journal(&crashed), &bytes).unwrap();
+    std::fs::write(&journal, &bytes).unwrap();
     let reopened = SqliteStore::open(&crashed).await.unwrap();
     assert_eq!(
         reopened.claim_tool("c1", "whole", None).await.unwrap(),
@@ -677,7 +666,7 @@ async fn a_torn_journal_keeps_its_whole_records_and_a_foreign_file_is_refused() 
     );
     reopened.close().await;
 
-    std::fs::write(journal(&crashed), b"not a claims journal at all").unwrap();
+    std::fs::write(&journal, b"not a claims journal at all").unwrap();
     let refused = SqliteStore::open(&crashed).await.unwrap_err();
     assert!(matches!(refused, StoreError::Setup(_)), "{refused}");
     assert!(refused.to_string().contains("claims journal"), "{refused}");

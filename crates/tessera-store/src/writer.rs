@@ -37,7 +37,11 @@
 //! commits per turn at light load (420 turns/s: 41.5 KiB written per turn to keep 6.1).
 //!
 //! Ordering: jobs run in the order they were submitted (one FIFO channel), and submission
-//! happens when the store method is called, not when its future is first polled.
+//! happens when the store method is called, not when its future is first polled. A claim is
+//! answered when the writer takes it, ahead of the jobs already waiting for the next commit;
+//! where those could change its answer (a chat not in the database yet, a key "started"
+//! whose completion may be waiting) it is answered inside that commit instead. A claim of a
+//! chat whose deletion is waiting is granted, and deleted with the chat.
 
 use std::cell::Cell;
 use std::ffi::c_int;

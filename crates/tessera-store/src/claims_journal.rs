@@ -158,7 +158,7 @@ impl ClaimsJournal {
         self.catch_up()?;
         // Looked up under the lock: a claim leaves the journal only for the database, and
         // only under the lock, so between the two nothing is missed.
-        match tools::lookup(conn, chat_id, key)? {
+        match in_read_transaction(conn, |conn| tools::lookup(conn, chat_id, key))? {
             Lookup::UnknownChat => return Ok(None),
             Lookup::Found(answer) => return Ok(Some(answer)),
             Lookup::Absent(_) => {}
@@ -389,6 +389,27 @@ fn in_transaction(
             Err(e)
         }
     }
+}
+
+/// Runs the reads of `work` in one read transaction. WHY: outside a transaction each
+/// statement takes and releases a WAL read lock of its own (`fcntl` calls on the shared-memory
+/// file), and a look-up is up to three statements.
+fn in_read_transaction<T>(
+    conn: &Connection,
+    work: impl FnOnce(&Connection) -> Result<T, StoreError>,
+) -> Result<T, StoreError> {
+    conn.prepare_cached("BEGIN")?.execute([])?;
+    let result = work(conn);
+    let end = conn
+        .prepare_cached("COMMIT")
+        .and_then(|mut end| end.execute([]));
+    if end.is_err() {
+        // Never leave the writer's connection inside a transaction.
+        let _ = conn.execute_batch("ROLLBACK");
+    }
+    let value = result?;
+    end?;
+    Ok(value)
 }
 
 /// FNV-1a, 32 bits: catches a torn or zero-filled tail, which is all it is for.

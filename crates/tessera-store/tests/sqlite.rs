@@ -671,3 +671,42 @@ async fn a_torn_journal_keeps_its_whole_records_and_a_foreign_file_is_refused() 
     assert!(matches!(refused, StoreError::Setup(_)), "{refused}");
     assert!(refused.to_string().contains("claims journal"), "{refused}");
 }
+
+/// A claim submitted after its key's completion (still waiting for its commit) is answered
+/// after that completion: "already completed" with the result, not "started".
+#[tokio::test]
+async fn a_claim_behind_its_keys_pending_completion_sees_the_completion() {
+    let (_db, path) = temp_db();
+    let store = SqliteStore::open(&path).await.unwrap();
+    store
+        .create_chat(record("c1", "acme", "u1", 1))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.claim_tool("c1", "k", None).await.unwrap(),
+        ToolClaim::Claimed
+    );
+    // Both submitted now, in this order (a store call submits when called).
+    let completed = store.complete_tool_with_result("c1", "k", &serde_json::json!(7));
+    let again = store.claim_tool("c1", "k", None);
+    assert_eq!(
+        again.await.unwrap(),
+        ToolClaim::AlreadyCompleted(Some(serde_json::json!(7)))
+    );
+    completed.await.unwrap();
+}
+
+/// A claim submitted right behind its chat's creation is answered after that creation.
+#[tokio::test]
+async fn a_claim_right_behind_its_chats_creation_is_granted() {
+    let (_db, path) = temp_db();
+    let store = SqliteStore::open(&path).await.unwrap();
+    let created = store.create_chat(record("c1", "acme", "u1", 1));
+    let claimed = store.claim_tool("c1", "k", None);
+    assert_eq!(claimed.await.unwrap(), ToolClaim::Claimed);
+    created.await.unwrap();
+    assert_eq!(
+        store.claim_tool("c1", "k", None).await.unwrap(),
+        ToolClaim::AlreadyStarted
+    );
+}

@@ -176,7 +176,7 @@ impl ClaimsJournal {
             .write_all_at(&record, self.end)
             .map_err(|e| self.io_error("append a claim to", e))?;
         self.end += record.len() as u64;
-        self.remember(&claim);
+        remember(&mut self.keys, &claim);
         self.uncommitted.push(claim);
         Ok(Some(ToolClaim::Claimed))
     }
@@ -214,7 +214,7 @@ impl ClaimsJournal {
             // The database holds this writer's claims now; the others' still count.
             self.keys.clear();
             for claim in std::mem::take(&mut self.others) {
-                self.remember(&claim);
+                remember(&mut self.keys, &claim);
                 self.others.push(claim);
             }
         }
@@ -243,19 +243,25 @@ impl ClaimsJournal {
     /// Reads what other writers appended since this journal last looked.
     fn catch_up(&mut self) -> Result<(), StoreError> {
         let generation = self.read_generation()?;
-        if generation != self.generation {
+        let len = self.file_len()?;
+        if generation != self.generation || len < self.end {
             // Another writer reset the file: every claim it held is in the database now.
+            // (Shorter under the same generation only if it was cut down by hand: read it
+            // again from the start.)
             self.generation = generation;
             self.end = HEADER_LEN;
             self.keys.clear();
             self.others.clear();
+            // This writer's claims count until its next commit, whatever the file says.
+            for claim in &self.uncommitted {
+                remember(&mut self.keys, claim);
+            }
         }
-        let len = self.file_len()?;
         if len > self.end {
             let (claims, end) = self.read_records(self.end, len)?;
             self.end = end;
             for claim in claims {
-                self.remember(&claim);
+                remember(&mut self.keys, &claim);
                 self.others.push(claim);
             }
         }
@@ -268,9 +274,13 @@ impl ClaimsJournal {
         header[..4].copy_from_slice(MAGIC);
         header[4..8].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
         header[8..].copy_from_slice(&generation.to_le_bytes());
+        // The new generation first: cut short after it, the file still holds its old claims
+        // (all in the database, so reading them again is harmless); cut short after the
+        // truncation instead, another writer would see an old generation and a file shorter
+        // than what it had read.
         self.file
-            .set_len(HEADER_LEN)
-            .and_then(|()| self.file.write_all_at(&header, 0))
+            .write_all_at(&header, 0)
+            .and_then(|()| self.file.set_len(HEADER_LEN))
             .map_err(|e| self.io_error("reset", e))?;
         self.generation = generation;
         self.end = HEADER_LEN;
@@ -283,13 +293,6 @@ impl ClaimsJournal {
         self.keys
             .get(chat_id)
             .is_some_and(|keys| keys.contains(key))
-    }
-
-    fn remember(&mut self, claim: &Claim) {
-        self.keys
-            .entry(claim.chat_id.clone())
-            .or_default()
-            .insert(claim.key.clone());
     }
 
     fn read_generation(&self) -> Result<u64, StoreError> {
@@ -352,6 +355,13 @@ impl ClaimsJournal {
             _ => StoreError::Transient(message),
         }
     }
+}
+
+/// Adds `claim`'s key to `keys`.
+fn remember(keys: &mut HashMap<Box<str>, HashSet<Box<str>>>, claim: &Claim) {
+    keys.entry(claim.chat_id.clone())
+        .or_default()
+        .insert(claim.key.clone());
 }
 
 /// Writes each claim the database does not hold yet (skipping chats it does not know).
@@ -493,6 +503,111 @@ mod tests {
             chat_id: chat.into(),
             key: key.into(),
             started_at_ms: 1_700_000_000_123,
+        }
+    }
+
+    /// A migrated database at `path` with chat "c1", through the store itself.
+    fn database_with_a_chat(path: &Path) {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            use crate::ChatStore;
+            let store = crate::SqliteStore::open(path).await.unwrap();
+            store
+                .create_chat(crate::ChatRecord {
+                    chat_id: "c1".into(),
+                    tenant: "t".into(),
+                    user_id: "u".into(),
+                    workflow: "w".into(),
+                    workflow_version: "v".into(),
+                    created_at_ms: 1,
+                })
+                .await
+                .unwrap();
+            store.close().await;
+        });
+    }
+
+    fn rows_of(conn: &Connection, key: &str) -> i64 {
+        conn.query_row(
+            "SELECT COUNT(*) FROM tool_invocations WHERE invocation_key = ?",
+            [key],
+            |row| row.get(0),
+        )
+        .unwrap()
+    }
+
+    /// Two writers on one file, driven step by step: one resets the journal while the
+    /// other's claims are only in it. The reset puts them in the database first, the other
+    /// notices the new generation (it appends at the new start, not at its old offset), and
+    /// its own later insert of those claims writes no second row.
+    #[test]
+    fn a_reset_by_another_writer_keeps_its_claims_and_is_noticed() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("t.db");
+        database_with_a_chat(&db);
+        let (conn_a, conn_b) = (
+            Connection::open(&db).unwrap(),
+            Connection::open(&db).unwrap(),
+        );
+        let mut a = ClaimsJournal::open(&db, &conn_a).unwrap();
+        let mut b = ClaimsJournal::open(&db, &conn_b).unwrap();
+
+        assert_eq!(
+            b.claim(&conn_b, "c1", "b-early").unwrap(),
+            Some(ToolClaim::Claimed)
+        );
+        let keys: Vec<String> = (0..3_000)
+            .map(|i| format!("a-{i:06}-{}", "x".repeat(60)))
+            .collect();
+        for key in &keys {
+            assert_eq!(
+                a.claim(&conn_a, "c1", key).unwrap(),
+                Some(ToolClaim::Claimed)
+            );
+        }
+        // b reads all of a's claims: its offset is now past 256 KiB.
+        assert_eq!(
+            b.claim(&conn_b, "c1", "b-late").unwrap(),
+            Some(ToolClaim::Claimed)
+        );
+        assert_eq!(
+            b.claim(&conn_b, "c1", &keys[7]).unwrap(),
+            Some(ToolClaim::AlreadyStarted)
+        );
+        assert!(b.end > RESET_AFTER_BYTES);
+
+        // a commits its claims, then resets: b's claims go into the database with it.
+        in_transaction(&conn_a, |conn| a.insert_uncommitted(conn)).unwrap();
+        a.committed(&conn_a);
+        assert_eq!(a.file_len().unwrap(), HEADER_LEN, "reset");
+        assert_eq!(rows_of(&conn_a, "b-early"), 1);
+        assert_eq!(rows_of(&conn_a, "b-late"), 1);
+
+        assert_eq!(
+            b.claim(&conn_b, "c1", "b-after").unwrap(),
+            Some(ToolClaim::Claimed)
+        );
+        assert!(
+            b.end < 1_024,
+            "appended at the new generation's start: {}",
+            b.end
+        );
+        assert_eq!(
+            b.claim(&conn_b, "c1", &keys[2_999]).unwrap(),
+            Some(ToolClaim::AlreadyStarted)
+        );
+        assert_eq!(
+            a.claim(&conn_a, "c1", "b-after").unwrap(),
+            Some(ToolClaim::AlreadyStarted)
+        );
+
+        in_transaction(&conn_b, |conn| b.insert_uncommitted(conn)).unwrap();
+        b.committed(&conn_b);
+        for key in ["b-early", "b-late", "b-after", keys[0].as_str()] {
+            assert_eq!(rows_of(&conn_b, key), 1, "{key}");
         }
     }
 

@@ -24,7 +24,6 @@
 use std::collections::{HashMap, HashSet};
 use std::fs::{File, OpenOptions};
 use std::io::ErrorKind;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use rusqlite::Connection;
@@ -172,8 +171,7 @@ impl ClaimsJournal {
             started_at_ms: now_ms(),
         };
         let record = encode(&claim);
-        self.file
-            .write_all_at(&record, self.end)
+        write_all_at(&self.file, &record, self.end)
             .map_err(|e| self.io_error("append a claim to", e))?;
         self.end += record.len() as u64;
         remember(&mut self.keys, &claim);
@@ -278,8 +276,7 @@ impl ClaimsJournal {
         // (all in the database, so reading them again is harmless); cut short after the
         // truncation instead, another writer would see an old generation and a file shorter
         // than what it had read.
-        self.file
-            .write_all_at(&header, 0)
+        write_all_at(&self.file, &header, 0)
             .and_then(|()| self.file.set_len(HEADER_LEN))
             .map_err(|e| self.io_error("reset", e))?;
         self.generation = generation;
@@ -297,8 +294,7 @@ impl ClaimsJournal {
 
     fn read_generation(&self) -> Result<u64, StoreError> {
         let mut header = [0u8; HEADER_LEN as usize];
-        self.file
-            .read_exact_at(&mut header, 0)
+        read_exact_at(&self.file, &mut header, 0)
             .map_err(|e| self.io_error("read the header of", e))?;
         if &header[..4] != MAGIC
             || u32::from_le_bytes([header[4], header[5], header[6], header[7]]) != FORMAT_VERSION
@@ -319,9 +315,7 @@ impl ClaimsJournal {
         let len = usize::try_from(to - from)
             .map_err(|_| StoreError::Corrupt(format!("{} is too large", self.path.display())))?;
         let mut bytes = vec![0u8; len];
-        self.file
-            .read_exact_at(&mut bytes, from)
-            .map_err(|e| self.io_error("read", e))?;
+        read_exact_at(&self.file, &mut bytes, from).map_err(|e| self.io_error("read", e))?;
         let (claims, used) = decode_all(&bytes);
         Ok((claims, from + used as u64))
     }
@@ -354,6 +348,37 @@ impl ClaimsJournal {
             ErrorKind::NotFound | ErrorKind::PermissionDenied => StoreError::Setup(message),
             _ => StoreError::Transient(message),
         }
+    }
+}
+
+/// Reads `buf.len()` bytes at `offset`: one `pread` on Unix; elsewhere a seek, then a read
+/// (the writer thread owns the handle, so the position is its own).
+fn read_exact_at(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+    #[cfg(unix)]
+    {
+        std::os::unix::fs::FileExt::read_exact_at(file, buf, offset)
+    }
+    #[cfg(not(unix))]
+    {
+        use std::io::{Read, Seek, SeekFrom};
+        let mut file = file;
+        file.seek(SeekFrom::Start(offset))?;
+        file.read_exact(buf)
+    }
+}
+
+/// Writes `buf` at `offset`, as [`read_exact_at`] reads.
+fn write_all_at(file: &File, buf: &[u8], offset: u64) -> std::io::Result<()> {
+    #[cfg(unix)]
+    {
+        std::os::unix::fs::FileExt::write_all_at(file, buf, offset)
+    }
+    #[cfg(not(unix))]
+    {
+        use std::io::{Seek, SeekFrom, Write};
+        let mut file = file;
+        file.seek(SeekFrom::Start(offset))?;
+        file.write_all(buf)
     }
 }
 

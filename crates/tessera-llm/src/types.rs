@@ -147,8 +147,8 @@ impl WirePrefix {
     /// cached one, or the base's pieces followed by `encode`'s text. `encode` is given how
     /// many of the first messages the base already encodes (`None` when there is no base:
     /// encode them all); its text must be what follows the base's (with any separator in
-    /// front). A cache already holding another
-    /// head's encoding (not expected) is left as it is and the result is not kept.
+    /// front). A cache already holding another head's encoding (not expected) is left as it
+    /// is and the result is not kept.
     pub fn get_or_encode<E>(
         &self,
         messages: usize,

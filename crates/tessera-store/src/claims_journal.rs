@@ -128,7 +128,7 @@ impl ClaimsJournal {
         let (claims, _) = self.read_records(HEADER_LEN, len)?;
         if !claims.is_empty() {
             info!(claims = claims.len(), path = %self.path.display(), "claims journal: recovering claims");
-            in_transaction(conn, |conn| insert_absent(conn, &claims))?;
+            insert_all_absent(conn, &claims)?;
         }
         self.reset(generation.wrapping_add(1))
     }
@@ -157,7 +157,7 @@ impl ClaimsJournal {
         self.catch_up()?;
         // Looked up under the lock: a claim leaves the journal only for the database, and
         // only under the lock, so between the two nothing is missed.
-        match in_read_transaction(conn, |conn| tools::lookup(conn, chat_id, key))? {
+        match in_transaction(conn, "BEGIN", |conn| tools::lookup(conn, chat_id, key))? {
             Lookup::UnknownChat => return Ok(None),
             Lookup::Found(answer) => return Ok(Some(answer)),
             Lookup::Absent(_) => {}
@@ -191,7 +191,7 @@ impl ClaimsJournal {
     /// read, an index entry): logged and skipped, rather than failing every later commit.
     pub(crate) fn insert_uncommitted(&self, conn: &Connection) -> Result<(), StoreError> {
         for claim in &self.uncommitted {
-            match insert_absent(conn, std::slice::from_ref(claim)) {
+            match insert_if_absent(conn, claim) {
                 Err(e) if e.is_transient() => return Err(e),
                 Err(e) => error!(
                     error = %e,
@@ -211,9 +211,8 @@ impl ClaimsJournal {
             self.uncommitted.clear();
             // The database holds this writer's claims now; the others' still count.
             self.keys.clear();
-            for claim in std::mem::take(&mut self.others) {
-                remember(&mut self.keys, &claim);
-                self.others.push(claim);
+            for claim in &self.others {
+                remember(&mut self.keys, claim);
             }
         }
         if self.end >= RESET_AFTER_BYTES
@@ -230,7 +229,7 @@ impl ClaimsJournal {
         self.lock()?;
         let reset = self.catch_up().and_then(|()| {
             if !self.others.is_empty() {
-                in_transaction(conn, |conn| insert_absent(conn, &self.others))?;
+                insert_all_absent(conn, &self.others)?;
             }
             self.reset(self.generation.wrapping_add(1))
         });
@@ -389,62 +388,48 @@ fn remember(keys: &mut HashMap<Box<str>, HashSet<Box<str>>>, claim: &Claim) {
         .insert(claim.key.clone());
 }
 
-/// Writes each claim the database does not hold yet (skipping chats it does not know).
-fn insert_absent(conn: &Connection, claims: &[Claim]) -> Result<(), StoreError> {
-    for claim in claims {
-        if let Lookup::Absent(heads) = tools::lookup(conn, &claim.chat_id, &claim.key)? {
-            tools::insert(
-                conn,
-                &claim.chat_id,
-                &heads,
-                &claim.key,
-                claim.started_at_ms,
-            )?;
-        }
+/// Writes `claim` unless the database holds its key already or does not know its chat.
+fn insert_if_absent(conn: &Connection, claim: &Claim) -> Result<(), StoreError> {
+    if let Lookup::Absent(heads) = tools::lookup(conn, &claim.chat_id, &claim.key)? {
+        tools::insert(
+            conn,
+            &claim.chat_id,
+            &heads,
+            &claim.key,
+            claim.started_at_ms,
+        )?;
     }
     Ok(())
 }
 
-/// Runs `work` in a write transaction of its own and commits it.
-fn in_transaction(
-    conn: &Connection,
-    work: impl FnOnce(&Connection) -> Result<(), StoreError>,
-) -> Result<(), StoreError> {
-    conn.execute_batch("BEGIN IMMEDIATE")?;
-    match work(conn) {
-        Ok(()) => {
-            if let Err(e) = conn.execute_batch("COMMIT") {
-                let _ = conn.execute_batch("ROLLBACK");
-                return Err(e.into());
-            }
-            Ok(())
-        }
-        Err(e) => {
-            let _ = conn.execute_batch("ROLLBACK");
-            Err(e)
-        }
-    }
+/// Writes every claim of `claims` the database lacks, in one write transaction.
+fn insert_all_absent(conn: &Connection, claims: &[Claim]) -> Result<(), StoreError> {
+    in_transaction(conn, "BEGIN IMMEDIATE", |conn| {
+        claims
+            .iter()
+            .try_for_each(|claim| insert_if_absent(conn, claim))
+    })
 }
 
-/// Runs the reads of `work` in one read transaction. WHY: outside a transaction each
-/// statement takes and releases a WAL read lock of its own (`fcntl` calls on the shared-memory
-/// file), and a look-up is up to three statements.
-fn in_read_transaction<T>(
+/// Runs `work` between `begin` (`BEGIN` for reads, `BEGIN IMMEDIATE` for writes) and a
+/// `COMMIT`; when either fails the transaction is rolled back, so the writer's connection never
+/// stays inside one. WHY reads in a transaction too: outside one each statement takes and
+/// releases a WAL read lock of its own (`fcntl` calls on the shared-memory file), and a
+/// look-up is up to three statements.
+fn in_transaction<T>(
     conn: &Connection,
+    begin: &str,
     work: impl FnOnce(&Connection) -> Result<T, StoreError>,
 ) -> Result<T, StoreError> {
-    conn.prepare_cached("BEGIN")?.execute([])?;
-    let result = work(conn);
-    let end = conn
-        .prepare_cached("COMMIT")
-        .and_then(|mut end| end.execute([]));
-    if end.is_err() {
-        // Never leave the writer's connection inside a transaction.
+    conn.prepare_cached(begin)?.execute([])?;
+    let result = work(conn).and_then(|value| {
+        conn.prepare_cached("COMMIT")?.execute([])?;
+        Ok(value)
+    });
+    if result.is_err() {
         let _ = conn.execute_batch("ROLLBACK");
     }
-    let value = result?;
-    end?;
-    Ok(value)
+    result
 }
 
 /// FNV-1a, 32 bits: catches a torn or zero-filled tail, which is all it is for.
@@ -605,7 +590,10 @@ mod tests {
         assert!(b.end > RESET_AFTER_BYTES);
 
         // a commits its claims, then resets: b's claims go into the database with it.
-        in_transaction(&conn_a, |conn| a.insert_uncommitted(conn)).unwrap();
+        in_transaction(&conn_a, "BEGIN IMMEDIATE", |conn| {
+            a.insert_uncommitted(conn)
+        })
+        .unwrap();
         a.committed(&conn_a);
         assert_eq!(a.file_len().unwrap(), HEADER_LEN, "reset");
         assert_eq!(rows_of(&conn_a, "b-early"), 1);
@@ -629,7 +617,10 @@ mod tests {
             Some(ToolClaim::AlreadyStarted)
         );
 
-        in_transaction(&conn_b, |conn| b.insert_uncommitted(conn)).unwrap();
+        in_transaction(&conn_b, "BEGIN IMMEDIATE", |conn| {
+            b.insert_uncommitted(conn)
+        })
+        .unwrap();
         b.committed(&conn_b);
         for key in ["b-early", "b-late", "b-after", keys[0].as_str()] {
             assert_eq!(rows_of(&conn_b, key), 1, "{key}");

@@ -200,7 +200,7 @@ impl Writer {
             key,
             reply,
         }));
-        async move { answer.await.unwrap_or(Err(StoreError::Closed)) }
+        answered(answer)
     }
 
     fn submit<T, F>(
@@ -213,14 +213,11 @@ impl Writer {
         F: Fn(&Connection) -> Result<T, StoreError> + Send + 'static,
     {
         let (reply, answer) = oneshot::channel();
-        let job = Box::new(Call {
-            work,
-            result: None,
-            reply,
-        });
         // A send error means the writer has stopped; the dropped reply then reads as Closed.
-        let _ = self.jobs.send(Command::Job(job, urgency));
-        async move { answer.await.unwrap_or(Err(StoreError::Closed)) }
+        let _ = self
+            .jobs
+            .send(Command::Job(Call::boxed(work, reply), urgency));
+        answered(answer)
     }
 
     /// Finish every queued job, then stop the thread. Later calls fail with
@@ -231,6 +228,12 @@ impl Writer {
             let _ = stopped.await;
         }
     }
+}
+
+/// The writer's answer; a writer that stopped before answering reads as
+/// [`StoreError::Closed`].
+async fn answered<T>(answer: oneshot::Receiver<Result<T, StoreError>>) -> Result<T, StoreError> {
+    answer.await.unwrap_or(Err(StoreError::Closed))
 }
 
 /// A claim for the writer thread.
@@ -339,6 +342,21 @@ struct Call<T, F> {
     work: F,
     result: Option<Result<T, StoreError>>,
     reply: oneshot::Sender<Result<T, StoreError>>,
+}
+
+impl<T, F> Call<T, F>
+where
+    T: Send + 'static,
+    F: Fn(&Connection) -> Result<T, StoreError> + Send + 'static,
+{
+    /// `work` as a job answering on `reply`.
+    fn boxed(work: F, reply: oneshot::Sender<Result<T, StoreError>>) -> Box<dyn Job> {
+        Box::new(Self {
+            work,
+            result: None,
+            reply,
+        })
+    }
 }
 
 impl<T, F> Job for Call<T, F>
@@ -468,7 +486,7 @@ impl Thread {
                     // "Started" may be stale while jobs wait in `group` (the key's
                     // completion, say): then the claim is answered in their transaction.
                     Ok(Some(ToolClaim::AlreadyStarted)) if !group.is_empty() => {
-                        self.claim_in_transaction(request)
+                        Self::claim_in_transaction(request)
                     }
                     // A new claim is journaled: its row waits for a commit like an
                     // unhurried job.
@@ -484,7 +502,7 @@ impl Thread {
                         let _ = request.reply.send(Err(e));
                         return None;
                     }
-                    Ok(None) => self.claim_in_transaction(request),
+                    Ok(None) => Self::claim_in_transaction(request),
                 }
             }
             Command::Close(done) => return Some(done),
@@ -507,18 +525,14 @@ impl Thread {
 
     /// A claim as a hurried job of the group: [`tools::claim`] inside its transaction,
     /// after the jobs queued before it.
-    fn claim_in_transaction(&self, request: ClaimRequest) -> (Option<Box<dyn Job>>, Urgency) {
+    fn claim_in_transaction(request: ClaimRequest) -> (Option<Box<dyn Job>>, Urgency) {
         let ClaimRequest {
             chat_id,
             key,
             reply,
         } = request;
-        let job: Box<dyn Job> = Box::new(Call {
-            work: move |conn: &Connection| tools::claim(conn, &chat_id, &key),
-            result: None,
-            reply,
-        });
-        (Some(job), Urgency::Hurried)
+        let work = move |conn: &Connection| tools::claim(conn, &chat_id, &key);
+        (Some(Call::boxed(work, reply)), Urgency::Hurried)
     }
 
     fn commit_group(&mut self, group: &mut Vec<Box<dyn Job>>) {

@@ -463,6 +463,16 @@ async fn claims_are_found_before_and_after_their_keys_are_indexed_and_go_with_th
     );
 }
 
+/// The store on `path`, holding chat "c1".
+async fn open_with_chat(path: &std::path::Path) -> SqliteStore {
+    let store = SqliteStore::open(path).await.unwrap();
+    store
+        .create_chat(record("c1", "acme", "u1", 1))
+        .await
+        .unwrap();
+    store
+}
+
 /// Holds the database's write lock from a connection of its own until dropped: the store's
 /// writer cannot commit meanwhile, so what a claim wrote is in its journal only.
 struct WriteLock(rusqlite::Connection);
@@ -502,11 +512,7 @@ fn copy_files(from: &std::path::Path, to: &std::path::Path) {
 /// of a copy of its files taken right then (`crashed.db`: what a crash would leave).
 async fn crashed_after_a_journaled_claim(key: &str) -> (TestDb, SqliteStore, std::path::PathBuf) {
     let (db, path) = temp_db();
-    let store = SqliteStore::open(&path).await.unwrap();
-    store
-        .create_chat(record("c1", "acme", "u1", 1))
-        .await
-        .unwrap();
+    let store = open_with_chat(&path).await;
     let crashed = path.with_file_name("crashed.db");
     {
         let _lock = WriteLock::take(&path);
@@ -607,11 +613,7 @@ async fn two_stores_on_one_file_grant_a_key_once() {
 #[tokio::test]
 async fn the_claims_journal_is_emptied_once_its_claims_are_in_the_database() {
     let (_db, path) = temp_db();
-    let store = SqliteStore::open(&path).await.unwrap();
-    store
-        .create_chat(record("c1", "acme", "u1", 1))
-        .await
-        .unwrap();
+    let store = open_with_chat(&path).await;
     let journal = beside(&path, "-claims");
     // ~80 bytes a record: past the 256 KiB limit.
     let keys: Vec<String> = (0..4_500)
@@ -677,11 +679,7 @@ async fn a_torn_journal_keeps_its_whole_records_and_a_foreign_file_is_refused() 
 #[tokio::test]
 async fn a_claim_behind_its_keys_pending_completion_sees_the_completion() {
     let (_db, path) = temp_db();
-    let store = SqliteStore::open(&path).await.unwrap();
-    store
-        .create_chat(record("c1", "acme", "u1", 1))
-        .await
-        .unwrap();
+    let store = open_with_chat(&path).await;
     assert_eq!(
         store.claim_tool("c1", "k", None).await.unwrap(),
         ToolClaim::Claimed

@@ -203,7 +203,20 @@ fn pack_events(events: &[&StoredEvent]) -> Result<Vec<u8>, StoreError> {
 }
 
 fn pack_messages(messages: &[&StoredMessage]) -> Result<Vec<u8>, StoreError> {
-    let mut out = Vec::new();
+    // Sized up front (as `pack_events` is): grown field by field, a flush's buffer was
+    // reallocated and copied several times.
+    let size: usize = messages
+        .iter()
+        .map(|m| {
+            m.message_id.len()
+                + m.role.len()
+                + m.agent.as_ref().map_or(0, |a| a.len())
+                + m.content.len()
+                + m.raw.get().len()
+                + 64
+        })
+        .sum();
+    let mut out = Vec::with_capacity(size);
     // Scratch buffer for the agent field, reused for every message.
     let mut agent = Vec::new();
     for m in messages {
@@ -235,8 +248,19 @@ fn pack_state(state: &ChatState) -> Result<Vec<u8>, StoreError> {
     put_number(&mut out, u64::from(state.turn));
     put_number(&mut out, u64::from(state.consecutive));
     put_field(&mut out, &context);
-    // Signed: a clock before 1970 is stored as it was given.
-    put_field(&mut out, state.updated_at_ms.to_string().as_bytes());
+    // Signed: a clock before 1970 is stored as it was given (a sign, then the digits).
+    let mut digits = [0; 20];
+    let magnitude = decimal(state.updated_at_ms.unsigned_abs(), &mut digits);
+    let mut signed = [0; 21];
+    let len = if state.updated_at_ms < 0 {
+        signed[0] = b'-';
+        signed[1..=magnitude.len()].copy_from_slice(magnitude);
+        magnitude.len() + 1
+    } else {
+        signed[..magnitude.len()].copy_from_slice(magnitude);
+        magnitude.len()
+    };
+    put_field(&mut out, &signed[..len]);
     Ok(out)
 }
 
@@ -559,6 +583,18 @@ mod tests {
             updated_at_ms: -5,
         };
         assert_eq!(unpack_state(&pack_state(&state).unwrap()).unwrap(), state);
+        // The time is written as `to_string` wrote it before (rows already stored read the
+        // same), at both ends of its range.
+        for updated_at_ms in [0, -5, 1_764_000_000_123, i64::MIN, i64::MAX] {
+            let state = ChatState {
+                updated_at_ms,
+                ..state.clone()
+            };
+            let packed = pack_state(&state).unwrap();
+            let text = updated_at_ms.to_string();
+            assert!(packed.ends_with(format!("{}:{text}", text.len()).as_bytes()));
+            assert_eq!(unpack_state(&packed).unwrap(), state);
+        }
         assert!(matches!(
             unpack_state(b"7:running0:1:41:01:[]1:0"),
             Err(StoreError::Corrupt(_))

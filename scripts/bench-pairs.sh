@@ -18,7 +18,7 @@
 #
 # A and B are shell assignments (quoted values allowed), applied on top of the environment:
 # every other variable (CHATS, TURNS, LOADGEN, ...) goes to bench-sqlite.sh for both sides.
-# Output: one JSON line per run on stderr-free stdout, then one summary line:
+# Output (stdout): one JSON line per run, then one summary line:
 #   {"summary":true,"pairs":N,"throughput_ratio":{"mean":..,"low":..,"high":..,"each":[..]},
 #    "cpu_ratio":{...}}
 # throughput_ratio = B's turns/s over A's; cpu_ratio = B's server CPU per turn over A's.

@@ -159,8 +159,8 @@ fn ascending_from(
     Ok(last)
 }
 
-/// `value` in decimal digits, in `buf`.
-fn decimal(value: u64, buf: &mut [u8; 20]) -> &[u8] {
+/// `value` in decimal digits, at the end of `buf` (20 bytes hold any `u64`).
+fn decimal<const N: usize>(value: u64, buf: &mut [u8; N]) -> &[u8] {
     let mut at = buf.len();
     let mut rest = value;
     loop {
@@ -185,6 +185,19 @@ fn put_field(out: &mut Vec<u8>, bytes: &[u8]) {
 fn put_number(out: &mut Vec<u8>, value: u64) {
     let mut buf = [0; 20];
     put_field(out, decimal(value, &mut buf));
+}
+
+/// A signed number as `i64::to_string` writes it, without its allocation.
+fn put_signed(out: &mut Vec<u8>, value: i64) {
+    let mut buf = [0; 21];
+    let start = buf.len() - decimal(value.unsigned_abs(), &mut buf).len();
+    let start = if value < 0 {
+        buf[start - 1] = b'-';
+        start - 1
+    } else {
+        start
+    };
+    put_field(out, &buf[start..]);
 }
 
 fn pack_events(events: &[&StoredEvent]) -> Result<Vec<u8>, StoreError> {
@@ -248,19 +261,8 @@ fn pack_state(state: &ChatState) -> Result<Vec<u8>, StoreError> {
     put_number(&mut out, u64::from(state.turn));
     put_number(&mut out, u64::from(state.consecutive));
     put_field(&mut out, &context);
-    // Signed: a clock before 1970 is stored as it was given (a sign, then the digits).
-    let mut digits = [0; 20];
-    let magnitude = decimal(state.updated_at_ms.unsigned_abs(), &mut digits);
-    let mut signed = [0; 21];
-    let len = if state.updated_at_ms < 0 {
-        signed[0] = b'-';
-        signed[1..=magnitude.len()].copy_from_slice(magnitude);
-        magnitude.len() + 1
-    } else {
-        signed[..magnitude.len()].copy_from_slice(magnitude);
-        magnitude.len()
-    };
-    put_field(&mut out, &signed[..len]);
+    // Signed: a clock before 1970 is stored as it was given.
+    put_signed(&mut out, state.updated_at_ms);
     Ok(out)
 }
 

@@ -21,7 +21,8 @@
 # Output (stdout): one JSON line per run, then one summary line:
 #   {"summary":true,"pairs":N,"throughput_ratio":{"mean":..,"low":..,"high":..,"each":[..]},
 #    "cpu_ratio":{...}}
-# throughput_ratio = B's turns/s over A's; cpu_ratio = B's server CPU per turn over A's.
+# throughput_ratio = B's turns/s over A's; cpu_ratio = B's server CPU per turn over A's;
+# turn_p99_ratio and ui_p99_ratio (UI runs only, else null) = B's p99 latency over A's.
 # The interval is the mean +- t(0.975, N-1) x standard error; with N < 2 it is the mean.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,7 +43,7 @@ run_side() {
   fi
   jq -c --arg side "$side" --arg with "$assignments" \
     '{side: $side, with: $with, turns_per_s, steady_turns_per_s, cpu_ms_per_turn,
-      write_KiB_per_turn, threads}' <<<"$line"
+      write_KiB_per_turn, turn_p50_ms, turn_p99_ms, ui_p50_ms, ui_p99_ms, threads}' <<<"$line"
 }
 
 results=$(mktemp /tmp/tessera-bench-pairs.XXXXXX)
@@ -67,6 +68,9 @@ jq -s -c --argjson pairs "$PAIRS" '
   | {summary: true, pairs: $pairs,
      throughput_ratio: ($rounds | map(.b.turns_per_s / .a.turns_per_s) | stats),
      cpu_ratio: ($rounds | map(.b.cpu_ms_per_turn / .a.cpu_ms_per_turn) | stats),
+     turn_p99_ratio: ($rounds | map(.b.turn_p99_ms / .a.turn_p99_ms) | stats),
+     ui_p99_ratio: (if all($rounds[]; .a.ui_p99_ms != null and .b.ui_p99_ms != null)
+                    then $rounds | map(.b.ui_p99_ms / .a.ui_p99_ms) | stats else null end),
      a_cpu_ms_per_turn: ($rounds | map(.a.cpu_ms_per_turn)),
      b_cpu_ms_per_turn: ($rounds | map(.b.cpu_ms_per_turn))}' "$results"
 rm -f "$results"

@@ -115,9 +115,9 @@ impl fmt::Debug for Writer {
 /// The checkpoint thread keeps its priority: the writer waits for its catch-up passes.
 const WRITER_NICE: c_int = 10;
 
-/// Lowers the calling thread's priority by [`WRITER_NICE`] (Linux keeps a nice value per
-/// thread). A refusal is logged and changes nothing else: the writer is then only as urgent as
-/// the other threads.
+/// Lowers the calling thread's priority by [`WRITER_NICE`] (on Linux, which keeps a nice value
+/// per thread; elsewhere it does nothing). A refusal is logged and changes nothing else: the
+/// writer is then only as urgent as the other threads.
 fn lower_writer_priority() {
     #[cfg(target_os = "linux")]
     {

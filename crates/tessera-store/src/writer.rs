@@ -121,23 +121,14 @@ const WRITER_NICE: c_int = 10;
 fn lower_writer_priority() {
     #[cfg(target_os = "linux")]
     {
-        // SAFETY: gettid has no arguments and cannot fail. getpriority and setpriority only
-        // read integers; `errno` is reset first because -1 is also a valid nice value.
-        let (tid, nice, set) = unsafe {
-            let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+        // SAFETY: `nice` only adds to the calling thread's nice value (the kernel clamps it at
+        // 19). `errno` is reset first because -1 is also a valid new nice value.
+        let refused = unsafe {
             *libc::__errno_location() = 0;
-            let nice = libc::getpriority(libc::PRIO_PROCESS, tid);
-            if nice == -1 && *libc::__errno_location() != 0 {
-                (tid, nice, -1)
-            } else {
-                let lower = nice.saturating_add(WRITER_NICE).min(19);
-                (tid, nice, libc::setpriority(libc::PRIO_PROCESS, tid, lower))
-            }
+            libc::nice(WRITER_NICE) == -1 && *libc::__errno_location() != 0
         };
-        if set != 0 {
+        if refused {
             tracing::warn!(
-                tid,
-                nice,
                 error = %std::io::Error::last_os_error(),
                 "cannot lower the store writer's priority; it runs at the process's"
             );

@@ -18,6 +18,9 @@
 #   cp target/release/tessera-loadgen /tmp/mockllm
 #   MOCK_LLM=/tmp/mockllm RUN_ARGS="--peer-comm mockllm" scripts/bench-sqlite.sh
 #                                                    # also the mock's CPU per turn (run.json)
+#   SERVER_CPUS=0 PEER_CPUS=1 LATENCY_MS=100 scripts/bench-sqlite.sh
+#                                                    # the server on one core, the peers on the
+#                                                    # other (its CPU figures are its own)
 #
 # The database (and WAL_PAGES' copy of the WAL) is deleted at the end unless KEEP_DATA is set:
 # a 10,000-chat run leaves ~0.5 GB, and a disk filled by runs fails everything else. Logs,
@@ -46,20 +49,31 @@ TESSERA=${TESSERA:-target/release/tessera}
 # The mock LLM runs from a copy of the load generator under another name when this is set, so
 # `RUN_ARGS="--peer-comm NAME"` can report its CPU apart from the load generator's.
 MOCK_LLM=${MOCK_LLM:-$LOADGEN}
+# SERVER_CPUS / PEER_CPUS pin the server / the mock and the load generator to CPUs (taskset
+# lists, e.g. SERVER_CPUS=0 PEER_CPUS=1), so that the server's CPU figures hold only its own
+# work: on shared cores the peers' softirqs and timers are charged to whichever thread they
+# interrupt (README, sixteenth session).
+SERVER_CPUS=${SERVER_CPUS:-}
+PEER_CPUS=${PEER_CPUS:-}
+server_pin=()
+peer_pin=()
+[ -z "$SERVER_CPUS" ] || server_pin=(taskset -c "$SERVER_CPUS")
+[ -z "$PEER_CPUS" ] || peer_pin=(taskset -c "$PEER_CPUS")
 
 command -v jq >/dev/null || { echo "needs jq" >&2; exit 1; }
 
 # shellcheck source=scripts/bench-lib.sh
 source scripts/bench-lib.sh
 
-"$MOCK_LLM" mock-llm --port 0 --latency-ms "$LATENCY_MS" >"$WORK/mock.log" 2>&1 &
+"${peer_pin[@]}" "$MOCK_LLM" mock-llm --port 0 --latency-ms "$LATENCY_MS" >"$WORK/mock.log" 2>&1 &
 pids+=($!)
 MOCK=$(wait_listening "$WORK/mock.log")
 
 OPENAI_BASE_URL="http://$MOCK/v1" OPENAI_API_KEY=test \
   TESSERA_MESSAGES_PER_MINUTE=100000000 TESSERA_MESSAGES_PER_MINUTE_PER_TENANT=1000000000 \
   TESSERA_MAX_OPEN_CHATS_PER_TENANT=0 TESSERA_IDLE_TIMEOUT_S=600 RUST_LOG=warn \
-  TESSERA_DATA_DIR="$WORK/data" "$TESSERA" serve --bind 127.0.0.1:0 >"$WORK/server.log" 2>&1 &
+  TESSERA_DATA_DIR="$WORK/data" "${server_pin[@]}" "$TESSERA" serve --bind 127.0.0.1:0 \
+  >"$WORK/server.log" 2>&1 &
 SERVER_PID=$!
 pids+=("$SERVER_PID")
 SERVER=$(wait_listening "$WORK/server.log")
@@ -87,7 +101,7 @@ round_files=()
 for ((round = 1; round <= ROUNDS; round++)); do
   round_files+=("$WORK/run-$round.json")
   # shellcheck disable=SC2086 # RUN_ARGS is a list of flags
-  "$LOADGEN" run --url "http://$SERVER" --chats "$CHATS" --turns "$TURNS" \
+  "${peer_pin[@]}" "$LOADGEN" run --url "http://$SERVER" --chats "$CHATS" --turns "$TURNS" \
     --server-pid "$SERVER_PID" --json "$WORK/run-$round.json" $RUN_ARGS \
     2>"$WORK/run-$round.log" || {
     echo "load run failed; see $WORK/run-$round.log" >&2

@@ -33,8 +33,14 @@ trap 'kill "$capture" 2>/dev/null || true' EXIT
 # tcpdump says "listening on lo" once it captures.
 for _ in $(seq 50); do
   grep -q "listening on" "$WORK/tcpdump.log" && break
+  kill -0 "$capture" 2>/dev/null || break
   sleep 0.1
 done
+if ! grep -q "listening on" "$WORK/tcpdump.log"; then
+  echo "tcpdump did not start capturing (root needed?):" >&2
+  cat "$WORK/tcpdump.log" >&2
+  exit 1
+fi
 summary=$(scripts/bench-sqlite.sh | tail -1)
 kill -INT "$capture"
 wait "$capture" 2>/dev/null || true

@@ -26,10 +26,13 @@ command -v tcpdump >/dev/null || { echo "needs tcpdump (apt-get install tcpdump)
 WORK=$(mktemp -d /tmp/tessera-packets.XXXXXX)
 export WORK
 
+# shellcheck source=scripts/bench-lib.sh
+source scripts/bench-lib.sh
+
 # Headers only (-s 96), unbuffered to the file (-U) so that stopping it loses nothing.
 tcpdump -i lo -nn -U -s 96 -w "$WORK/lo.pcap" tcp 2>"$WORK/tcpdump.log" &
 capture=$!
-trap 'kill "$capture" 2>/dev/null || true' EXIT
+pids+=("$capture")
 # tcpdump says "listening on lo" once it captures.
 for _ in $(seq 50); do
   grep -q "listening on" "$WORK/tcpdump.log" && break
@@ -46,8 +49,10 @@ kill -INT "$capture"
 wait "$capture" 2>/dev/null || true
 echo "$summary"
 
-server=$(grep -oE 'listening on http://[0-9.:]+' "$WORK/server.log" | head -1 | sed 's#.*:##')
-mock=$(grep -oE 'listening on http://[0-9.:]+' "$WORK/mock.log" | head -1 | sed 's#.*:##')
+server=$(wait_listening "$WORK/server.log")
+server=${server##*:}
+mock=$(wait_listening "$WORK/mock.log")
+mock=${mock##*:}
 turns=$(jq '.turns_completed' "$WORK/run.json")
 
 tcpdump -nn -r "$WORK/lo.pcap" 2>/dev/null | python3 -c '

@@ -321,8 +321,8 @@ async fn a_version_6_database_upgrades_keeping_its_chats_and_rows() {
     .unwrap();
 
     let store = PgStore::connect_with(schema.options()).await.unwrap();
-    assert_eq!(store.schema_version().await.unwrap(), 7);
-    assert_eq!(PgStore::latest_schema_version(), 7);
+    assert_eq!(store.schema_version().await.unwrap(), 9);
+    assert_eq!(PgStore::latest_schema_version(), 9);
     let open: Vec<String> = store
         .list_open_chats()
         .await

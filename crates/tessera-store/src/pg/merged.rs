@@ -1,23 +1,27 @@
-//! The fast path of a group commit: the whole group's chat writes as ONE statement per table
-//! (arrays of every job's rows, `UNNEST`ed), instead of one statement per job.
+//! The fast path of a group commit: the whole group's chat writes as ONE call of the
+//! `tessera_commit_group` function (migrations/postgres/0009_commit_group.sql), which runs one
+//! statement per table over arrays of every job's rows (`UNNEST`ed), as its own transaction.
 //!
 //! WHY: a turn sends the writer 4-5 jobs (flushes, a tool claim, its completion). Run one by
 //! one, each job costs PostgreSQL a statement of its own (executor start-up, a round trip, a
 //! commit-group share) and Tessera an encode and a decode; merged, a group of hundreds of
-//! jobs costs a handful of statements, each inserting many rows.
+//! jobs costs a handful of statements, each inserting many rows. And as one call, a group
+//! costs one round trip instead of up to ten (BEGIN, a statement per table, COMMIT): at light
+//! load a group is one turn, and each round trip wakes a PostgreSQL backend and the writer.
 //!
-//! Same outcome as the jobs one by one, or nothing: [`run`] answers `Ok(None)` (or a statement
-//! fails) when any job would fail on its own (a stale epoch, an unknown chat, a duplicate row,
-//! a completion without its claim), and the writer then rolls back and re-runs the group job
-//! by job, so that job alone fails with its precise error (`writer.rs`). Groups with other
-//! kinds of jobs (chat creation, secrets, deletes) always run job by job: they are rare and
-//! their order against a chat's other writes matters.
+//! Same outcome as the jobs one by one, or nothing: [`run`] answers `Ok(None)` (or the call
+//! fails, and nothing of it is kept) when any job would fail on its own (a stale epoch, an
+//! unknown chat, a duplicate row, a completion without its claim), and the writer then re-runs
+//! the group job by job, so that job alone fails with its precise error (`writer.rs`). Groups
+//! with other kinds of jobs (chat creation, secrets, deletes) always run job by job: they are
+//! rare and their order against a chat's other writes matters.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
+use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, Row};
 
-use super::writes::{Done, Write, existing_claim};
+use super::writes::{Done, Write, claim_of_record};
 use crate::convert::{now_ms, u64_to_sql};
 use crate::{ChatState, ChatWriteBatch, PendingUiRecord, STATUS_COMPLETED, StoreError, ToolClaim};
 
@@ -34,39 +38,50 @@ pub(crate) fn fits<'a>(group: impl IntoIterator<Item = &'a Write>) -> bool {
     })
 }
 
-/// Runs every write of `group` (which [`fits`]) inside the open transaction: one answer per
-/// write in order, or `None` when some write would fail on its own (see the module docs).
+/// SQLSTATE the function raises when a job of the group would fail on its own.
+const JOB_WOULD_FAIL: &str = "TS001";
+
+/// Commits every write of `group` (which [`fits`]) as one call in its own transaction: one
+/// answer per write in order, or `Ok(None)` when some write would fail on its own and nothing
+/// was written (see the module docs). Run outside a transaction: the call is one.
 pub(crate) async fn run(
     conn: &mut PgConnection,
     group: &[&Write],
-) -> Result<Option<Vec<Done>>, StoreError> {
+) -> Result<Option<Vec<Result<Done, StoreError>>>, StoreError> {
     let rows = GroupRows::of(group)?;
-    if !rows.fence.holds(conn).await? || !rows.chats.exist(conn).await? {
-        return Ok(None);
-    }
-    rows.messages.insert(conn).await?;
-    rows.events.insert(conn).await?;
-    rows.pending.write(conn).await?;
-    if !rows.states.update(conn).await? {
-        return Ok(None);
-    }
-    let Some(claims) = rows.claims.insert(conn).await? else {
-        return Ok(None);
+    let settled = match rows.commit(conn).await {
+        Ok(settled) => settled,
+        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(JOB_WOULD_FAIL) => {
+            return Ok(None);
+        }
+        Err(e) => return Err(e.into()),
     };
-    if !rows.completions.update(conn).await? {
-        return Ok(None);
+    // Committed: from here on every job has its answer, whatever it is.
+    let mut claims: HashMap<(String, String), Result<ToolClaim, StoreError>> =
+        HashMap::with_capacity(settled.len());
+    for row in &settled {
+        let chat_id: String = row.try_get("claim_chat")?;
+        let key: String = row.try_get("claim_key")?;
+        let claim = if row.try_get("won")? {
+            Ok(ToolClaim::Claimed)
+        } else {
+            let status: Option<&str> = row.try_get("claim_status")?;
+            let result: Option<&str> = row.try_get("claim_result")?;
+            claim_of_record(&key, status.unwrap_or_default(), result)
+        };
+        claims.insert((chat_id, key), claim);
     }
-    let mut claims = claims.into_iter();
-    let mut answers = Vec::with_capacity(group.len());
-    for write in group {
-        answers.push(match write {
-            Write::ClaimTool { .. } => match claims.next() {
-                Some(claim) => Done::Claim(claim),
-                None => return Ok(None),
-            },
-            _ => Done::Unit,
-        });
-    }
+    let answers = group
+        .iter()
+        .map(|write| match write {
+            Write::ClaimTool { chat_id, key, .. } => claims
+                .remove(&(chat_id.clone(), key.clone()))
+                // Its record vanished between the insert and the read: the chat was deleted.
+                .unwrap_or_else(|| Err(StoreError::NotFound(chat_id.clone())))
+                .map(Done::Claim),
+            _ => Ok(Done::Unit),
+        })
+        .collect();
     Ok(Some(answers))
 }
 
@@ -165,9 +180,71 @@ impl<'a> GroupRows<'a> {
         }
         Ok(rows)
     }
+
+    /// Calls `tessera_commit_group` with every row: one row per claim it settled (see the
+    /// migration), or the error that rolled all of it back.
+    async fn commit(&self, conn: &mut PgConnection) -> Result<Vec<PgRow>, sqlx::Error> {
+        let adds_rows: Vec<&str> = self.chats.adds_rows.iter().copied().collect();
+        let (m, e, p, s) = (&self.messages, &self.events, &self.pending, &self.states);
+        sqlx::query(
+            "SELECT claim_chat, claim_key, won, claim_status, claim_result \
+             FROM tessera_commit_group($1::TEXT[], $2::BIGINT[], $3::TEXT[], \
+             $4::TEXT[], $5::BIGINT[], $6::TEXT[], $7::TEXT[], $8::TEXT[], $9::TEXT[], \
+             $10::BOOLEAN[], $11::TEXT[], \
+             $12::TEXT[], $13::BIGINT[], $14::TEXT[], $15::TEXT[], \
+             $16::TEXT[], $17::TEXT[], $18::TEXT[], $19::TEXT[], $20::BIGINT[], $21::BIGINT[], \
+             $22::TEXT[], $23::TEXT[], \
+             $24::TEXT[], $25::TEXT[], $26::TEXT[], $27::BIGINT[], $28::BIGINT[], $29::TEXT[], \
+             $30::BIGINT[], $31, \
+             $32::TEXT[], $33::TEXT[], \
+             $34::TEXT[], $35::TEXT[], $36::TEXT[], \
+             $37)",
+        )
+        .bind(&self.fence.chat_id)
+        .bind(&self.fence.epoch)
+        .bind(&adds_rows)
+        .bind(&m.chat_id)
+        .bind(&m.idx)
+        .bind(&m.message_id)
+        .bind(&m.role)
+        .bind(&m.agent)
+        .bind(&m.content)
+        .bind(&m.ui_hidden)
+        .bind(&m.raw)
+        .bind(&e.chat_id)
+        .bind(&e.seq)
+        .bind(&e.event_type)
+        .bind(&e.json)
+        .bind(&p.chat_id)
+        .bind(&p.corr)
+        .bind(&p.turn_key)
+        .bind(&p.call)
+        .bind(&p.created_at_ms)
+        .bind(&p.timeout_at_ms)
+        .bind(&p.removed_chat_id)
+        .bind(&p.removed_corr)
+        .bind(&s.chat_id)
+        .bind(&s.status)
+        .bind(&s.current_agent)
+        .bind(&s.turn)
+        .bind(&s.consecutive)
+        .bind(&s.context)
+        .bind(&s.updated_at_ms)
+        .bind(STATUS_COMPLETED)
+        .bind(&self.claims.chat_id)
+        .bind(&self.claims.key)
+        .bind(&self.completions.chat_id)
+        .bind(&self.completions.key)
+        .bind(&self.completions.result)
+        .bind(now_ms())
+        .fetch_all(conn)
+        .await
+    }
 }
 
-/// The `(chat, epoch)` leases the group's fenced writes need.
+/// The `(chat, epoch)` leases the group's fenced writes need (the call locks their rows
+/// `FOR SHARE` until COMMIT, in chat id order like a renewal: a takeover waits for the group
+/// to be durable).
 #[derive(Default)]
 struct Fence<'a> {
     chat_id: Vec<&'a str>,
@@ -184,51 +261,14 @@ impl<'a> Fence<'a> {
             self.epoch.push(epoch);
         }
     }
-
-    /// Locks every needed lease row `FOR SHARE` (until COMMIT: a takeover waits for the group
-    /// to be durable), in chat id order like a renewal; true when all are there.
-    async fn holds(&self, conn: &mut PgConnection) -> Result<bool, StoreError> {
-        if self.chat_id.is_empty() {
-            return Ok(true);
-        }
-        let locked = sqlx::query(
-            "SELECT l.chat_id FROM chat_leases AS l \
-             JOIN UNNEST($1::TEXT[], $2::BIGINT[]) AS f(chat_id, epoch) \
-             ON l.chat_id = f.chat_id AND l.epoch = f.epoch \
-             ORDER BY l.chat_id FOR SHARE OF l",
-        )
-        .bind(&self.chat_id)
-        .bind(&self.epoch)
-        .fetch_all(conn)
-        .await?;
-        Ok(locked.len() == self.chat_id.len())
-    }
 }
 
 /// The chats the group adds rows to without updating their state (the state update locks
-/// the row and counts the chats it found): they must exist, and stay until COMMIT.
+/// the row and counts the chats it found): they must exist, and stay until COMMIT (the call
+/// locks them `FOR KEY SHARE`, the lock a foreign key takes: a concurrent delete waits).
 #[derive(Default)]
 struct Chats<'a> {
     adds_rows: BTreeSet<&'a str>,
-}
-
-impl Chats<'_> {
-    /// Locks every such chat's row `FOR KEY SHARE` (the lock a foreign key takes: a
-    /// concurrent delete waits for COMMIT), in chat id order; true when all exist.
-    async fn exist(&self, conn: &mut PgConnection) -> Result<bool, StoreError> {
-        if self.adds_rows.is_empty() {
-            return Ok(true);
-        }
-        let ids: Vec<&str> = self.adds_rows.iter().copied().collect();
-        let locked = sqlx::query(
-            "SELECT chat_id FROM chats WHERE chat_id = ANY($1::TEXT[]) \
-             ORDER BY chat_id FOR KEY SHARE",
-        )
-        .bind(&ids)
-        .fetch_all(conn)
-        .await?;
-        Ok(locked.len() == ids.len())
-    }
 }
 
 #[derive(Default)]
@@ -257,28 +297,6 @@ impl<'a> Messages<'a> {
         }
         Ok(())
     }
-
-    async fn insert(&self, conn: &mut PgConnection) -> Result<(), StoreError> {
-        if self.chat_id.is_empty() {
-            return Ok(());
-        }
-        sqlx::query(
-            "INSERT INTO messages (chat_id, idx, message_id, role, agent, content, ui_hidden, raw) \
-             SELECT * FROM UNNEST($1::TEXT[], $2::BIGINT[], $3::TEXT[], $4::TEXT[], $5::TEXT[], \
-             $6::TEXT[], $7::BOOLEAN[], $8::TEXT[])",
-        )
-        .bind(&self.chat_id)
-        .bind(&self.idx)
-        .bind(&self.message_id)
-        .bind(&self.role)
-        .bind(&self.agent)
-        .bind(&self.content)
-        .bind(&self.ui_hidden)
-        .bind(&self.raw)
-        .execute(conn)
-        .await?;
-        Ok(())
-    }
 }
 
 #[derive(Default)]
@@ -297,23 +315,6 @@ impl<'a> Events<'a> {
             self.event_type.push(&event.event_type);
             self.json.push(&event.json);
         }
-        Ok(())
-    }
-
-    async fn insert(&self, conn: &mut PgConnection) -> Result<(), StoreError> {
-        if self.chat_id.is_empty() {
-            return Ok(());
-        }
-        sqlx::query(
-            "INSERT INTO events (chat_id, seq, event_type, json) \
-             SELECT * FROM UNNEST($1::TEXT[], $2::BIGINT[], $3::TEXT[], $4::TEXT[])",
-        )
-        .bind(&self.chat_id)
-        .bind(&self.seq)
-        .bind(&self.event_type)
-        .bind(&self.json)
-        .execute(conn)
-        .await?;
         Ok(())
     }
 }
@@ -341,39 +342,6 @@ impl<'a> Pending<'a> {
         self.timeout_at_ms.push(record.timeout_at_ms);
         Ok(())
     }
-
-    async fn write(&self, conn: &mut PgConnection) -> Result<(), StoreError> {
-        if !self.chat_id.is_empty() {
-            sqlx::query(
-                "INSERT INTO pending_ui \
-                 (chat_id, corr, turn_key, call, created_at_ms, timeout_at_ms) \
-                 SELECT * FROM UNNEST($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::TEXT[], \
-                 $5::BIGINT[], $6::BIGINT[]) \
-                 ON CONFLICT (chat_id, corr) DO UPDATE SET turn_key = EXCLUDED.turn_key, \
-                 call = EXCLUDED.call, created_at_ms = EXCLUDED.created_at_ms, \
-                 timeout_at_ms = EXCLUDED.timeout_at_ms",
-            )
-            .bind(&self.chat_id)
-            .bind(&self.corr)
-            .bind(&self.turn_key)
-            .bind(&self.call)
-            .bind(&self.created_at_ms)
-            .bind(&self.timeout_at_ms)
-            .execute(&mut *conn)
-            .await?;
-        }
-        if !self.removed_chat_id.is_empty() {
-            sqlx::query(
-                "DELETE FROM pending_ui AS p USING UNNEST($1::TEXT[], $2::TEXT[]) AS r(chat_id, corr) \
-                 WHERE p.chat_id = r.chat_id AND p.corr = r.corr",
-            )
-            .bind(&self.removed_chat_id)
-            .bind(&self.removed_corr)
-            .execute(conn)
-            .await?;
-        }
-        Ok(())
-    }
 }
 
 /// Each chat's latest state in the group.
@@ -399,33 +367,6 @@ impl<'a> States<'a> {
         self.updated_at_ms.push(state.updated_at_ms);
         Ok(())
     }
-
-    /// True when every chat's row was there to update.
-    async fn update(&self, conn: &mut PgConnection) -> Result<bool, StoreError> {
-        if self.chat_id.is_empty() {
-            return Ok(true);
-        }
-        let updated = sqlx::query(
-            "UPDATE chats AS c SET status = s.status, current_agent = s.current_agent, \
-             turn = s.turn, consecutive = s.consecutive, context = s.context, \
-             updated_at_ms = s.updated_at_ms, is_open = c.is_open AND s.status <> $8 \
-             FROM UNNEST($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::BIGINT[], $5::BIGINT[], \
-             $6::TEXT[], $7::BIGINT[]) \
-             AS s(chat_id, status, current_agent, turn, consecutive, context, updated_at_ms) \
-             WHERE c.chat_id = s.chat_id",
-        )
-        .bind(&self.chat_id)
-        .bind(&self.status)
-        .bind(&self.current_agent)
-        .bind(&self.turn)
-        .bind(&self.consecutive)
-        .bind(&self.context)
-        .bind(&self.updated_at_ms)
-        .bind(STATUS_COMPLETED)
-        .execute(conn)
-        .await?;
-        Ok(updated.rows_affected() == self.chat_id.len() as u64)
-    }
 }
 
 #[derive(Default)]
@@ -434,70 +375,9 @@ struct Claims<'a> {
     key: Vec<&'a str>,
 }
 
-impl Claims<'_> {
-    /// One answer per claim, in order; `None` when a claim is of an unknown chat.
-    async fn insert(&self, conn: &mut PgConnection) -> Result<Option<Vec<ToolClaim>>, StoreError> {
-        if self.chat_id.is_empty() {
-            return Ok(Some(Vec::new()));
-        }
-        let claimed: HashSet<(String, String)> = sqlx::query(
-            "INSERT INTO tool_invocations (chat_id, invocation_key, status, started_at_ms) \
-             SELECT c.chat_id, c.key, 'started', $3 \
-             FROM UNNEST($1::TEXT[], $2::TEXT[]) AS c(chat_id, key) \
-             ON CONFLICT (chat_id, invocation_key) DO NOTHING \
-             RETURNING chat_id, invocation_key",
-        )
-        .bind(&self.chat_id)
-        .bind(&self.key)
-        .bind(now_ms())
-        .fetch_all(&mut *conn)
-        .await?
-        .iter()
-        .map(|row| Ok((row.try_get("chat_id")?, row.try_get("invocation_key")?)))
-        .collect::<Result<_, StoreError>>()?;
-        let mut answers = Vec::with_capacity(self.chat_id.len());
-        for (chat_id, key) in self.chat_id.iter().zip(&self.key) {
-            let won = claimed.contains(&((*chat_id).to_owned(), (*key).to_owned()));
-            // Claimed before (a re-run after a restart, another node): rare, one read each.
-            answers.push(if won {
-                ToolClaim::Claimed
-            } else {
-                match existing_claim(conn, chat_id, key).await {
-                    Ok(claim) => claim,
-                    Err(StoreError::NotFound(_)) => return Ok(None),
-                    Err(other) => return Err(other),
-                }
-            });
-        }
-        Ok(Some(answers))
-    }
-}
-
 #[derive(Default)]
 struct Completions<'a> {
     chat_id: Vec<&'a str>,
     key: Vec<&'a str>,
     result: Vec<&'a str>,
-}
-
-impl Completions<'_> {
-    /// True when every completed invocation was claimed and not completed yet.
-    async fn update(&self, conn: &mut PgConnection) -> Result<bool, StoreError> {
-        if self.chat_id.is_empty() {
-            return Ok(true);
-        }
-        let done = sqlx::query(
-            "UPDATE tool_invocations AS t SET status = 'completed', result = c.result, \
-             completed_at_ms = $4 \
-             FROM UNNEST($1::TEXT[], $2::TEXT[], $3::TEXT[]) AS c(chat_id, key, result) \
-             WHERE t.chat_id = c.chat_id AND t.invocation_key = c.key AND t.status = 'started'",
-        )
-        .bind(&self.chat_id)
-        .bind(&self.key)
-        .bind(&self.result)
-        .bind(now_ms())
-        .execute(conn)
-        .await?;
-        Ok(done.rows_affected() == self.chat_id.len() as u64)
-    }
 }

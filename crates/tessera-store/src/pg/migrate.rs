@@ -35,10 +35,16 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "open_flag",
         include_str!("../../migrations/postgres/0007_open_flag.sql"),
     ),
+    // 8 is SQLite's chat log.
+    (
+        9,
+        "commit_group",
+        include_str!("../../migrations/postgres/0009_commit_group.sql"),
+    ),
 ];
 
 /// Highest schema version this build knows.
-pub(crate) const LATEST_VERSION: i64 = 7;
+pub(crate) const LATEST_VERSION: i64 = 9;
 
 /// Bring the schema up to [`LATEST_VERSION`]; a no-op when it already is.
 pub(crate) async fn run(pool: &PgPool) -> Result<(), StoreError> {

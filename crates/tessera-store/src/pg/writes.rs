@@ -427,13 +427,24 @@ pub(super) async fn existing_claim(
     .fetch_optional(conn)
     .await?
     .ok_or_else(|| StoreError::NotFound(chat_id.to_owned()))?;
-    let status: String = existing.try_get("status")?;
-    match status.as_str() {
+    claim_of_record(
+        key,
+        existing.try_get("status")?,
+        existing.try_get("result")?,
+    )
+}
+
+/// The answer to a claim of `key` whose record already exists with `status` and `result`.
+pub(super) fn claim_of_record(
+    key: &str,
+    status: &str,
+    result: Option<&str>,
+) -> Result<ToolClaim, StoreError> {
+    match status {
         "started" => Ok(ToolClaim::AlreadyStarted),
         "completed" => {
-            let result: Option<String> = existing.try_get("result")?;
             let result = result
-                .map(|text| json_from_sql(&text, "tool result"))
+                .map(|text| json_from_sql(text, "tool result"))
                 .transpose()?;
             Ok(ToolClaim::AlreadyCompleted(result))
         }

@@ -56,10 +56,34 @@ pub(crate) async fn run(
         }
         Err(e) => return Err(e.into()),
     };
-    // Committed: from here on every job has its answer, whatever it is.
-    let mut claims: HashMap<(String, String), Result<ToolClaim, StoreError>> =
-        HashMap::with_capacity(settled.len());
-    for row in &settled {
+    // Committed: from here on every job has its answer, whatever it is (never `Err` or
+    // `None`, which would make the writer run the group again).
+    let mut claims = settled_claims(&settled).map_err(|e| e.to_string());
+    let answers = group
+        .iter()
+        .map(|write| match write {
+            Write::ClaimTool { chat_id, key, .. } => match &mut claims {
+                Ok(claims) => claims
+                    .remove(&(chat_id.clone(), key.clone()))
+                    // Its record vanished between the insert and the read: the chat was
+                    // deleted.
+                    .unwrap_or_else(|| Err(StoreError::NotFound(chat_id.clone())))
+                    .map(Done::Claim),
+                // Unreadable answers: the tool must not run on a guess.
+                Err(e) => Err(StoreError::Corrupt(format!("tool claim answer: {e}"))),
+            },
+            _ => Ok(Done::Unit),
+        })
+        .collect();
+    Ok(Some(answers))
+}
+
+/// Each settled claim's answer by `(chat, key)`, from the call's rows.
+type SettledClaims = HashMap<(String, String), Result<ToolClaim, StoreError>>;
+
+fn settled_claims(rows: &[PgRow]) -> Result<SettledClaims, StoreError> {
+    let mut claims = HashMap::with_capacity(rows.len());
+    for row in rows {
         let chat_id: String = row.try_get("claim_chat")?;
         let key: String = row.try_get("claim_key")?;
         let claim = if row.try_get("won")? {
@@ -71,18 +95,7 @@ pub(crate) async fn run(
         };
         claims.insert((chat_id, key), claim);
     }
-    let answers = group
-        .iter()
-        .map(|write| match write {
-            Write::ClaimTool { chat_id, key, .. } => claims
-                .remove(&(chat_id.clone(), key.clone()))
-                // Its record vanished between the insert and the read: the chat was deleted.
-                .unwrap_or_else(|| Err(StoreError::NotFound(chat_id.clone())))
-                .map(Done::Claim),
-            _ => Ok(Done::Unit),
-        })
-        .collect();
-    Ok(Some(answers))
+    Ok(claims)
 }
 
 /// Every row the group writes, by table.

@@ -201,8 +201,9 @@ fn take(
 /// And it uses that generic plan always (`force_generic_plan`): left to choose, PostgreSQL
 /// compared the generic plan's cost, estimated for arrays of unknown length, with custom plans
 /// for the few rows of a light-load group, and planned the statements of
-/// `tessera_commit_group` anew on every call (measured: planning was a quarter of the call's
-/// time; forcing the generic plan cut PostgreSQL's CPU per turn at 420 turns/s by a fifth).
+/// `tessera_commit_group` anew on every call (measured at 420 turns/s: the planner took a
+/// quarter of the backend's samples in the call, and forcing the generic plan took the call
+/// from 0.39 to 0.24 ms).
 async fn writer_connection(pool: &PgPool) -> Result<PoolConnection<Postgres>, StoreError> {
     let mut conn = pool.acquire().await?;
     sqlx::raw_sql(

@@ -99,8 +99,19 @@ const STATEMENT_CACHE: usize = 64;
 /// dropped (after finishing the jobs already queued) or on [`Writer::close`].
 #[derive(Clone)]
 pub(crate) struct Writer {
-    jobs: mpsc::Sender<Command>,
+    /// `None` only while the handle is dropped (see its `Drop`).
+    jobs: Option<mpsc::Sender<Command>>,
     wake: Arc<WriterWake>,
+}
+
+impl Drop for Writer {
+    /// The writer may be parked waiting for company: with the last handle gone it must find
+    /// its channel closed now, not at the group's start. So this handle's sender goes first,
+    /// then the writer is nudged.
+    fn drop(&mut self) {
+        drop(self.jobs.take());
+        self.wake.nudge();
+    }
 }
 
 /// How a sender wakes the writer while it waits for company: parked outside its channel, so
@@ -242,7 +253,10 @@ impl Writer {
         // Set before any command can reach the thread: only this handle sends, and it is not
         // returned yet. (The writer waits for company only after taking a command.)
         let _ = wake.thread.set(spawned.thread().clone());
-        Ok(Self { jobs, wake })
+        Ok(Self {
+            jobs: Some(jobs),
+            wake,
+        })
     }
 
     /// Queue `work` now; the future resolves with its result once the transaction that ran
@@ -283,7 +297,7 @@ impl Writer {
         key: String,
     ) -> impl Future<Output = Result<ToolClaim, StoreError>> + Send + 'static {
         let (reply, answer) = oneshot::channel();
-        let _ = self.jobs.send(Command::Claim(ClaimRequest {
+        self.send(Command::Claim(ClaimRequest {
             chat_id,
             key,
             reply,
@@ -302,10 +316,7 @@ impl Writer {
         F: Fn(&Connection) -> Result<T, StoreError> + Send + 'static,
     {
         let (reply, answer) = oneshot::channel();
-        // A send error means the writer has stopped; the dropped reply then reads as Closed.
-        let _ = self
-            .jobs
-            .send(Command::Job(Call::boxed(work, reply), urgency));
+        self.send(Command::Job(Call::boxed(work, reply), urgency));
         // An unhurried job joins a waiting group without waking the writer: it commits when
         // the group starts, as it would have.
         if urgency == Urgency::Hurried {
@@ -314,11 +325,19 @@ impl Writer {
         answered(answer)
     }
 
+    /// Queues `command`; false when the writer has stopped (a dropped reply then reads as
+    /// [`StoreError::Closed`]).
+    fn send(&self, command: Command) -> bool {
+        self.jobs
+            .as_ref()
+            .is_some_and(|jobs| jobs.send(command).is_ok())
+    }
+
     /// Finish every queued job, then stop the thread. Later calls fail with
     /// [`StoreError::Closed`].
     pub(crate) async fn close(&self) {
         let (done, stopped) = oneshot::channel();
-        if self.jobs.send(Command::Close(done)).is_ok() {
+        if self.send(Command::Close(done)) {
             self.wake.nudge();
             let _ = stopped.await;
         }
@@ -825,6 +844,30 @@ mod tests {
         }
         assert_eq!(wal_commits(&wal) - commits_before, 1, "one commit for all");
         writer.close().await;
+    }
+
+    #[tokio::test]
+    async fn dropping_the_last_handle_commits_a_waiting_group_at_once() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        // A wait no test outlives: only the dropped handle can end it.
+        let (writer, path, _wal) = scratch_writer(&dir, Duration::from_secs(3600));
+        let flush = writer.call_unhurried(insert(5));
+        let waiting_since = Instant::now();
+        while !writer.wake.waiting.load(Ordering::SeqCst) {
+            assert!(
+                waiting_since.elapsed() < Duration::from_secs(30),
+                "never waited"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        drop(writer);
+        let answer = tokio::time::timeout(Duration::from_secs(30), flush).await;
+        assert!(matches!(answer, Ok(Ok(()))), "{answer:?}");
+        let conn = Connection::open(&path).expect("reopen");
+        let kept: i64 = conn
+            .query_row("SELECT x FROM t", [], |row| row.get(0))
+            .expect("the row is stored");
+        assert_eq!(kept, 5);
     }
 
     #[tokio::test]

@@ -21,10 +21,7 @@
 //!
 //! Unhurried jobs ([`Write::is_unhurried`]: a tool's completion, a single node's flush): a
 //! group holding only such jobs waits up to [`UNHURRIED_WAIT`] for a hurried one and commits
-//! with it, as the SQLite writer does (`crate::writer`). While it waits, the writer does not
-//! listen to its queue, so an unhurried job joins the group without waking it; a hurried job
-//! (or close) wakes it through [`Writer`]'s `nudge` (a [`Notify`], whose permit a wake-up
-//! before the wait leaves for it: none is lost). In a cluster a flush is hurried (its
+//! with it, as the SQLite writer does (`crate::writer`). In a cluster a flush is hurried (its
 //! events are shown only once durable), so there the completion rides on the flush of its
 //! tool's result instead of paying a WAL flush of its own.
 //!
@@ -38,11 +35,9 @@
 use futures::channel::oneshot;
 use sqlx::pool::PoolConnection;
 use sqlx::{Acquire, PgConnection, PgPool, Postgres};
-use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::Notify;
-use tokio::sync::mpsc::{self, error::TryRecvError};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
@@ -72,20 +67,7 @@ struct Job {
 /// (after finishing its queue) or on [`Writer::close`].
 #[derive(Clone, Debug)]
 pub(crate) struct Writer {
-    /// `None` only while the handle is dropped (see its `Drop`).
-    queue: Option<mpsc::UnboundedSender<Command>>,
-    /// Wakes the writer while its group waits for company (see the module docs).
-    nudge: Arc<Notify>,
-}
-
-impl Drop for Writer {
-    /// The writer may be waiting for company without listening to its queue: with the last
-    /// handle gone it must find the queue closed now, not when the wait is over. So this
-    /// handle's sender goes first, then the writer is nudged.
-    fn drop(&mut self) {
-        drop(self.queue.take());
-        self.nudge.notify_one();
-    }
+    queue: mpsc::UnboundedSender<Command>,
 }
 
 impl Writer {
@@ -97,12 +79,8 @@ impl Writer {
     /// [`Writer::start`] with the longest wait of unhurried jobs (tests set their own).
     fn start_with_wait(pool: &PgPool, unhurried_wait: Duration) -> Self {
         let (queue, jobs) = mpsc::unbounded_channel();
-        let nudge = Arc::new(Notify::new());
-        tokio::spawn(run(pool.clone(), jobs, Arc::clone(&nudge), unhurried_wait));
-        Self {
-            queue: Some(queue),
-            nudge,
-        }
+        tokio::spawn(run(pool.clone(), jobs, unhurried_wait));
+        Self { queue }
     }
 
     /// Queues `write` now; resolves once the transaction that ran it has committed.
@@ -111,39 +89,22 @@ impl Writer {
         write: Write,
     ) -> impl Future<Output = Result<Done, StoreError>> + Send + 'static {
         let (reply, answer) = oneshot::channel();
-        let hurried = !write.is_unhurried();
-        self.send(Command::Job(Job { write, reply }));
-        if hurried {
-            self.nudge.notify_one();
-        }
+        // A send error means the writer has stopped; the dropped reply then reads as Closed.
+        let _ = self.queue.send(Command::Job(Job { write, reply }));
         async move { answer.await.unwrap_or(Err(StoreError::Closed)) }
-    }
-
-    /// Queues `command`; false when the writer has stopped (a dropped reply then reads as
-    /// [`StoreError::Closed`]).
-    fn send(&self, command: Command) -> bool {
-        self.queue
-            .as_ref()
-            .is_some_and(|queue| queue.send(command).is_ok())
     }
 
     /// Finishes every queued job, then stops the writer. Later writes fail with
     /// [`StoreError::Closed`].
     pub(crate) async fn close(&self) {
         let (done, stopped) = oneshot::channel();
-        if self.send(Command::Close(done)) {
-            self.nudge.notify_one();
+        if self.queue.send(Command::Close(done)).is_ok() {
             let _ = stopped.await;
         }
     }
 }
 
-async fn run(
-    pool: PgPool,
-    mut queue: mpsc::UnboundedReceiver<Command>,
-    nudge: Arc<Notify>,
-    unhurried_wait: Duration,
-) {
+async fn run(pool: PgPool, mut queue: mpsc::UnboundedReceiver<Command>, unhurried_wait: Duration) {
     let mut conn: Option<PoolConnection<Postgres>> = None;
     let mut group: Vec<Job> = Vec::with_capacity(MAX_JOBS_PER_COMMIT);
     // Waits for the first job only; whatever queued up meanwhile joins its transaction.
@@ -156,10 +117,10 @@ async fn run(
                 Ok(command) => command,
                 Err(_) => match unhurried_until {
                     None => break,
-                    Some(until) => match wait_for_company(&mut queue, &nudge, until).await {
-                        Some(command) => command,
+                    Some(until) => match tokio::time::timeout_at(until, queue.recv()).await {
+                        Ok(Some(command)) => command,
                         // The queue closed, or the wait is over.
-                        None => break,
+                        Ok(None) | Err(_) => break,
                     },
                 },
             };
@@ -199,29 +160,6 @@ async fn run(
         }
     }
     debug!("store writer stopped");
-}
-
-/// The next command before `until`, or `None` once the wait is over (or the queue closed).
-/// Listens to `nudge`, not to the queue, so that only a hurried command wakes the writer;
-/// what queued meanwhile is taken here, in order, before the group starts.
-async fn wait_for_company(
-    queue: &mut mpsc::UnboundedReceiver<Command>,
-    nudge: &Notify,
-    until: Instant,
-) -> Option<Command> {
-    let mut over = false;
-    loop {
-        match queue.try_recv() {
-            Ok(command) => return Some(command),
-            Err(TryRecvError::Disconnected) => return None,
-            Err(TryRecvError::Empty) if over => return None,
-            Err(TryRecvError::Empty) => {}
-        }
-        tokio::select! {
-            () = nudge.notified() => {}
-            () = tokio::time::sleep_until(until) => over = true,
-        }
-    }
 }
 
 /// Adds a job to `group` (a Close is returned instead). `unhurried_until` is set by an
@@ -513,22 +451,6 @@ mod tests {
         let (event_tx, claim_tx) = writers_of(&pool, 1, "new").await;
         assert_eq!(event_tx, claim_tx, "one transaction wrote both");
         writer.close().await;
-    }
-
-    #[tokio::test]
-    async fn dropping_the_last_handle_commits_a_waiting_group_at_once() {
-        let Some((_schema, _store, pool)) = scratch("pg_writer_dropped").await else {
-            return;
-        };
-        // A wait no test outlives: only the dropped handle can end it.
-        let writer = Writer::start_with_wait(&pool, Duration::from_secs(3600));
-        let mut flushed = Box::pin(writer.submit(flush("c1", 1, None)));
-        // The writer has taken it and waits for company.
-        let alone = tokio::time::timeout(Duration::from_millis(200), flushed.as_mut()).await;
-        assert!(alone.is_err(), "an unhurried flush waits for company");
-        drop(writer);
-        let answer = tokio::time::timeout(Duration::from_secs(30), flushed).await;
-        assert!(matches!(answer, Ok(Ok(Done::Unit))), "{answer:?}");
     }
 
     #[tokio::test]

@@ -806,21 +806,23 @@ mod tests {
         writer.close().await;
     }
 
+    /// Returns once the writer has taken a job and waits for company (a condition, not a
+    /// delay).
+    async fn until_waiting_for_company(writer: &Writer) {
+        let since = Instant::now();
+        while !writer.wake.waiting.load(Ordering::SeqCst) {
+            assert!(since.elapsed() < Duration::from_secs(30), "never waited");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
     #[tokio::test]
     async fn unhurried_jobs_join_a_waiting_group_without_waking_the_writer() {
         let dir = tempfile::tempdir().expect("temp dir");
         let (writer, _path, wal) = scratch_writer(&dir, Duration::from_secs(3600));
         let commits_before = wal_commits(&wal);
         let first = writer.call_unhurried(insert(0));
-        // The writer took the first job and waits for company (a condition, not a delay).
-        let waiting_since = Instant::now();
-        while !writer.wake.waiting.load(Ordering::SeqCst) {
-            assert!(
-                waiting_since.elapsed() < Duration::from_secs(30),
-                "never waited"
-            );
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
+        until_waiting_for_company(&writer).await;
         let wakeups_before = writer.wake.wakeups.load(Ordering::Relaxed);
         let mut later = Vec::new();
         for x in 1..=20 {
@@ -852,14 +854,7 @@ mod tests {
         // A wait no test outlives: only the dropped handle can end it.
         let (writer, path, _wal) = scratch_writer(&dir, Duration::from_secs(3600));
         let flush = writer.call_unhurried(insert(5));
-        let waiting_since = Instant::now();
-        while !writer.wake.waiting.load(Ordering::SeqCst) {
-            assert!(
-                waiting_since.elapsed() < Duration::from_secs(30),
-                "never waited"
-            );
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
+        until_waiting_for_company(&writer).await;
         drop(writer);
         let answer = tokio::time::timeout(Duration::from_secs(30), flush).await;
         assert!(matches!(answer, Ok(Ok(()))), "{answer:?}");

@@ -58,19 +58,19 @@ pub(crate) async fn run(
     };
     // Committed: from here on every job has its answer, whatever it is (never `Err` or
     // `None`, which would make the writer run the group again).
-    let mut claims = settled_claims(&settled).map_err(|e| e.to_string());
+    let mut claims: Vec<Option<Result<ToolClaim, StoreError>>> =
+        group.iter().map(|_| None).collect();
+    let read = read_claims(&settled, group, &mut claims);
     let answers = group
         .iter()
-        .map(|write| match write {
-            Write::ClaimTool { chat_id, key, .. } => match &mut claims {
-                Ok(claims) => claims
-                    .remove(&(chat_id.clone(), key.clone()))
-                    // Its record vanished between the insert and the read: the chat was
-                    // deleted.
-                    .unwrap_or_else(|| Err(StoreError::NotFound(chat_id.clone())))
-                    .map(Done::Claim),
+        .zip(claims)
+        .map(|(write, claim)| match write {
+            Write::ClaimTool { chat_id, .. } => match (&read, claim) {
                 // Unreadable answers: the tool must not run on a guess.
-                Err(e) => Err(StoreError::Corrupt(format!("tool claim answer: {e}"))),
+                (Err(e), _) => Err(StoreError::Corrupt(format!("tool claim answer: {e}"))),
+                (Ok(()), Some(claim)) => claim.map(Done::Claim),
+                // Its record vanished between the insert and the read: the chat was deleted.
+                (Ok(()), None) => Err(StoreError::NotFound(chat_id.clone())),
             },
             _ => Ok(Done::Unit),
         })
@@ -78,24 +78,35 @@ pub(crate) async fn run(
     Ok(Some(answers))
 }
 
-/// Each settled claim's answer by `(chat, key)`, from the call's rows.
-type SettledClaims = HashMap<(String, String), Result<ToolClaim, StoreError>>;
-
-fn settled_claims(rows: &[PgRow]) -> Result<SettledClaims, StoreError> {
-    let mut claims = HashMap::with_capacity(rows.len());
+/// Puts each settled claim's answer from the call's `rows` at its write's place in `claims`.
+fn read_claims(
+    rows: &[PgRow],
+    group: &[&Write],
+    claims: &mut [Option<Result<ToolClaim, StoreError>>],
+) -> Result<(), StoreError> {
+    let place: HashMap<(&str, &str), usize> = group
+        .iter()
+        .enumerate()
+        .filter_map(|(i, write)| match write {
+            Write::ClaimTool { chat_id, key, .. } => Some(((chat_id.as_str(), key.as_str()), i)),
+            _ => None,
+        })
+        .collect();
     for row in rows {
-        let chat_id: String = row.try_get("claim_chat")?;
-        let key: String = row.try_get("claim_key")?;
-        let claim = if row.try_get("won")? {
+        let chat_id: &str = row.try_get("claim_chat")?;
+        let key: &str = row.try_get("claim_key")?;
+        let Some(&i) = place.get(&(chat_id, key)) else {
+            continue;
+        };
+        claims[i] = Some(if row.try_get("won")? {
             Ok(ToolClaim::Claimed)
         } else {
             let status: Option<&str> = row.try_get("claim_status")?;
             let result: Option<&str> = row.try_get("claim_result")?;
-            claim_of_record(&key, status.unwrap_or_default(), result)
-        };
-        claims.insert((chat_id, key), claim);
+            claim_of_record(key, status.unwrap_or_default(), result)
+        });
     }
-    Ok(claims)
+    Ok(())
 }
 
 /// Every row the group writes, by table.

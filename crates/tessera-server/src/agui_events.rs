@@ -169,6 +169,10 @@ pub enum RunSignal {
 pub struct AguiTranslator {
     /// The assistant message being streamed, if one is open.
     open_message: Option<String>,
+    /// What the open message's deltas carried: its complete text may arrive before the rest
+    /// of them (a run that attaches mid-stream reads it from the transcript), and the client
+    /// gets what they did not carry.
+    streamed: String,
     /// Tool calls started in this run (a result of a call started elsewhere is not sent).
     started_tool_calls: Vec<String>,
     /// Messages started in this run, from events or from the transcript: each goes out once.
@@ -193,7 +197,9 @@ impl AguiTranslator {
                         role: "assistant",
                     });
                     self.open_message = Some(message_id.clone());
+                    self.streamed.clear();
                 }
+                self.streamed.push_str(delta);
                 out.push(AguiEvent::TextMessageContent {
                     message_id: message_id.clone(),
                     delta: delta.clone(),
@@ -205,14 +211,7 @@ impl AguiTranslator {
                 content,
                 ui_hidden,
                 ..
-            } if role == "assistant" && !ui_hidden => {
-                if self.open_message.as_deref() == Some(message_id) {
-                    // The deltas already carried the content.
-                    self.close_message(out);
-                } else {
-                    self.whole_message(message_id, content, out);
-                }
-            }
+            } if role == "assistant" && !ui_hidden => self.whole_message(message_id, content, out),
             // An auto tool's announcement is followed by its UI call, the frontend tool call
             // a client answers; announcing both would show one call twice.
             ServerEvent::ToolCall(ToolCallEvent::Announced(call))
@@ -255,8 +254,23 @@ impl AguiTranslator {
     }
 
     /// A complete assistant message (an event, or a transcript entry a new thread's client has
-    /// not seen), unless it already went out.
+    /// not seen), unless it already went out. If it is the message being streamed, the rest of
+    /// its text goes out and the message closes.
     pub fn whole_message(&mut self, message_id: &str, content: &str, out: &mut Vec<AguiEvent>) {
+        if self.open_message.as_deref() == Some(message_id) {
+            // The deltas are a prefix of the complete text; should one ever not be, the
+            // client keeps what it was shown rather than a text twice.
+            if let Some(rest) = content.strip_prefix(self.streamed.as_str())
+                && !rest.is_empty()
+            {
+                out.push(AguiEvent::TextMessageContent {
+                    message_id: message_id.to_owned(),
+                    delta: rest.to_owned(),
+                });
+            }
+            self.close_message(out);
+            return;
+        }
         if content.is_empty() || self.started_messages.iter().any(|m| m == message_id) {
             return;
         }
@@ -289,6 +303,7 @@ impl AguiTranslator {
     /// Ends the streamed message, if one is open (before a tool call or the run's end).
     pub fn close_message(&mut self, out: &mut Vec<AguiEvent>) {
         if let Some(message_id) = self.open_message.take() {
+            self.streamed.clear();
             out.push(AguiEvent::TextMessageEnd { message_id });
         }
     }
@@ -355,6 +370,49 @@ mod tests {
                 "\"TEXT_MESSAGE_CONTENT\"",
                 "\"TEXT_MESSAGE_CONTENT\"",
                 "\"TEXT_MESSAGE_END\""
+            ]
+        );
+    }
+
+    #[test]
+    fn a_complete_text_sends_what_the_deltas_had_not_carried_yet() {
+        let contents = |out: &[AguiEvent]| -> Vec<Value> {
+            out.iter()
+                .map(|e| serde_json::to_value(e).unwrap_or_default())
+                .filter(|e| e["type"] != "TEXT_MESSAGE_START")
+                .collect()
+        };
+        // A run that attached mid-stream reads the complete text from the transcript.
+        let mut t = AguiTranslator::default();
+        let mut out = Vec::new();
+        t.translate(&delta("m1", "Hi! I turn"), &mut out);
+        t.whole_message("m1", "Hi! I turn ideas into agents.", &mut out);
+        t.translate(&delta("m1", " ideas"), &mut out);
+        t.translate(&text("m1", "Hi! I turn ideas into agents."), &mut out);
+        assert_eq!(
+            contents(&out),
+            [
+                json!({"type": "TEXT_MESSAGE_CONTENT", "messageId": "m1", "delta": "Hi! I turn"}),
+                json!({"type": "TEXT_MESSAGE_CONTENT", "messageId": "m1", "delta": " ideas into agents."}),
+                json!({"type": "TEXT_MESSAGE_END", "messageId": "m1"}),
+            ]
+        );
+        // The complete text event sends the rest too; one that does not continue the deltas
+        // only closes the message.
+        let mut t = AguiTranslator::default();
+        let mut out = Vec::new();
+        t.translate(&delta("m2", "Done"), &mut out);
+        t.translate(&text("m2", "Done, thanks"), &mut out);
+        t.translate(&delta("m3", "A"), &mut out);
+        t.translate(&text("m3", "B"), &mut out);
+        assert_eq!(
+            contents(&out),
+            [
+                json!({"type": "TEXT_MESSAGE_CONTENT", "messageId": "m2", "delta": "Done"}),
+                json!({"type": "TEXT_MESSAGE_CONTENT", "messageId": "m2", "delta": ", thanks"}),
+                json!({"type": "TEXT_MESSAGE_END", "messageId": "m2"}),
+                json!({"type": "TEXT_MESSAGE_CONTENT", "messageId": "m3", "delta": "A"}),
+                json!({"type": "TEXT_MESSAGE_END", "messageId": "m3"}),
             ]
         );
     }

@@ -463,6 +463,54 @@ async fn claims_are_found_before_and_after_their_keys_are_indexed_and_go_with_th
     );
 }
 
+#[tokio::test]
+async fn a_chain_of_claims_longer_than_its_count_is_still_walked_to_its_end() {
+    let (_db, path) = temp_db();
+    let store = open_with_chat(&path).await;
+    let key = |i: usize| format!("turn_c1:s{i}:0");
+    for i in 0..8 {
+        assert_eq!(
+            store.claim_tool("c1", &key(i), None).await.unwrap(),
+            ToolClaim::Claimed
+        );
+    }
+    // A write of its own commits the journaled claims to the database (a claim is found
+    // in the journal until then).
+    store
+        .create_chat(record("c2", "acme", "u1", 2))
+        .await
+        .unwrap();
+    store.close().await;
+    // A damaged count: the chat's chain is 8 claims long but counted as none, so 12 more
+    // claims stay chained too. The chain is then 20 long with a count of 12: its oldest
+    // claims lie beyond both the count and the 16 a chain holds.
+    rusqlite::Connection::open(&path)
+        .unwrap()
+        .execute("UPDATE chat_heads SET unindexed_claims = 0", [])
+        .map(|updated| assert_eq!(updated, 2))
+        .unwrap();
+    let store = SqliteStore::open(&path).await.unwrap();
+    for i in 8..20 {
+        assert_eq!(
+            store.claim_tool("c1", &key(i), None).await.unwrap(),
+            ToolClaim::Claimed
+        );
+    }
+    store
+        .create_chat(record("c3", "acme", "u1", 3))
+        .await
+        .unwrap();
+    for i in [0, 7, 8, 19] {
+        assert_eq!(
+            store.claim_tool("c1", &key(i), None).await.unwrap(),
+            ToolClaim::AlreadyStarted,
+            "{}",
+            key(i)
+        );
+    }
+    store.close().await;
+}
+
 /// The store on `path`, holding chat "c1".
 async fn open_with_chat(path: &std::path::Path) -> SqliteStore {
     let store = SqliteStore::open(path).await.unwrap();

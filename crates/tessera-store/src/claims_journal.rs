@@ -285,6 +285,14 @@ impl ClaimsJournal {
         Ok(())
     }
 
+    /// True when another writer's journaled claim holds `key` (read by the last claim's
+    /// catch-up): no job of this writer can complete it, so its "started" is final here.
+    pub(crate) fn held_by_another_writer(&self, chat_id: &str, key: &str) -> bool {
+        self.others
+            .iter()
+            .any(|claim| &*claim.chat_id == chat_id && &*claim.key == key)
+    }
+
     fn holds(&self, chat_id: &str, key: &str) -> bool {
         self.keys
             .get(chat_id)

@@ -616,7 +616,14 @@ impl Thread {
                 {
                     // "Started" may be stale while jobs wait in `group` (the key's
                     // completion, say): then the claim is answered in their transaction.
-                    Ok(Some(ToolClaim::AlreadyStarted)) if !group.is_empty() => {
+                    // Not when another writer's journal holds the key: the transaction
+                    // would not see that claim, and none of these jobs can complete it.
+                    Ok(Some(ToolClaim::AlreadyStarted))
+                        if !group.is_empty()
+                            && !self
+                                .journal
+                                .held_by_another_writer(&request.chat_id, &request.key) =>
+                    {
                         Self::claim_in_transaction(request)
                     }
                     // A new claim is journaled: its row waits for a commit like an
@@ -845,6 +852,48 @@ mod tests {
             assert!(matches!(job.now_or_never(), Some(Ok(()))));
         }
         assert_eq!(wal_commits(&wal) - commits_before, 1, "one commit for all");
+        writer.close().await;
+    }
+
+    #[tokio::test]
+    async fn a_key_another_writer_journaled_stays_claimed_while_jobs_wait() {
+        use crate::ChatStore;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("claims.db");
+        let store = crate::SqliteStore::open(&path).await.expect("store");
+        store
+            .create_chat(crate::ChatRecord {
+                chat_id: "c1".into(),
+                tenant: "t".into(),
+                user_id: "u".into(),
+                workflow: "w".into(),
+                workflow_version: "v".into(),
+                created_at_ms: 1,
+            })
+            .await
+            .expect("chat");
+        store.close().await;
+        // A wait no test outlives: the group below commits only when the claim needs it.
+        let writer =
+            Writer::start_with_wait(&path, Duration::from_secs(5), Duration::from_secs(3600))
+                .expect("writer");
+        // Another process claims the key: it is in the journal, not yet in the database.
+        let other_conn = Connection::open(&path).expect("other connection");
+        let mut other = ClaimsJournal::open(&path, &other_conn).expect("other journal");
+        assert_eq!(
+            other.claim(&other_conn, "c1", "k").expect("other claim"),
+            Some(ToolClaim::Claimed)
+        );
+        // This writer has a job waiting for company when the same key is claimed here.
+        let flush = writer.call_unhurried(|_| Ok(()));
+        until_waiting_for_company(&writer).await;
+        let answer = writer.claim("c1".into(), "k".into()).await;
+        assert!(
+            matches!(answer, Ok(ToolClaim::AlreadyStarted)),
+            "the other process's claim holds: {answer:?}"
+        );
+        assert!(matches!(writer.call(|_| Ok(())).await, Ok(())));
+        assert!(matches!(flush.await, Ok(())));
         writer.close().await;
     }
 

@@ -512,6 +512,32 @@ fn decode(bytes: &[u8]) -> Option<(Claim, usize)> {
     ))
 }
 
+/// A migrated database at `path` with chat "c1", through the store itself (tests of the
+/// journal and of the writer; call it outside any async runtime).
+#[cfg(test)]
+pub(crate) fn database_with_a_chat(path: &Path) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        use crate::ChatStore;
+        let store = crate::SqliteStore::open(path).await.unwrap();
+        store
+            .create_chat(crate::ChatRecord {
+                chat_id: "c1".into(),
+                tenant: "t".into(),
+                user_id: "u".into(),
+                workflow: "w".into(),
+                workflow_version: "v".into(),
+                created_at_ms: 1,
+            })
+            .await
+            .unwrap();
+        store.close().await;
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -522,30 +548,6 @@ mod tests {
             key: key.into(),
             started_at_ms: 1_700_000_000_123,
         }
-    }
-
-    /// A migrated database at `path` with chat "c1", through the store itself.
-    fn database_with_a_chat(path: &Path) {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        runtime.block_on(async {
-            use crate::ChatStore;
-            let store = crate::SqliteStore::open(path).await.unwrap();
-            store
-                .create_chat(crate::ChatRecord {
-                    chat_id: "c1".into(),
-                    tenant: "t".into(),
-                    user_id: "u".into(),
-                    workflow: "w".into(),
-                    workflow_version: "v".into(),
-                    created_at_ms: 1,
-                })
-                .await
-                .unwrap();
-            store.close().await;
-        });
     }
 
     fn rows_of(conn: &Connection, key: &str) -> i64 {

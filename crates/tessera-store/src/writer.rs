@@ -857,23 +857,14 @@ mod tests {
 
     #[tokio::test]
     async fn a_key_another_writer_journaled_stays_claimed_while_jobs_wait() {
-        use crate::ChatStore;
         let dir = tempfile::tempdir().expect("temp dir");
         let path = dir.path().join("claims.db");
-        let store = crate::SqliteStore::open(&path).await.expect("store");
-        store
-            .create_chat(crate::ChatRecord {
-                chat_id: "c1".into(),
-                tenant: "t".into(),
-                user_id: "u".into(),
-                workflow: "w".into(),
-                workflow_version: "v".into(),
-                created_at_ms: 1,
-            })
+        let created = path.clone();
+        tokio::task::spawn_blocking(move || crate::claims_journal::database_with_a_chat(&created))
             .await
-            .expect("chat");
-        store.close().await;
-        // A wait no test outlives: the group below commits only when the claim needs it.
+            .expect("a database with chat c1");
+        // A wait no test outlives: the unhurried job below commits with the hurried one at
+        // the end, so its group is still waiting when the key is claimed.
         let writer =
             Writer::start_with_wait(&path, Duration::from_secs(5), Duration::from_secs(3600))
                 .expect("writer");

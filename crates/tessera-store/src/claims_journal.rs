@@ -69,6 +69,9 @@ pub(crate) struct ClaimsJournal {
     others: Vec<Claim>,
     /// Claims this journal appended that no commit has put in the database yet.
     uncommitted: Vec<Claim>,
+    /// The file's generation when the first of `uncommitted` was appended (see
+    /// [`ClaimsJournal::insert_uncommitted`]).
+    uncommitted_generation: u64,
 }
 
 impl std::fmt::Debug for ClaimsJournal {
@@ -109,6 +112,7 @@ impl ClaimsJournal {
             keys: HashMap::new(),
             others: Vec::new(),
             uncommitted: Vec::new(),
+            uncommitted_generation: 0,
         };
         journal.lock()?;
         let recovered = journal.recover(conn);
@@ -175,6 +179,9 @@ impl ClaimsJournal {
             .map_err(|e| self.io_error("append a claim to", e))?;
         self.end += record.len() as u64;
         remember(&mut self.keys, &claim);
+        if self.uncommitted.is_empty() {
+            self.uncommitted_generation = self.generation;
+        }
         self.uncommitted.push(claim);
         Ok(Some(ToolClaim::Claimed))
     }
@@ -189,9 +196,21 @@ impl ClaimsJournal {
     /// transient error fails the transaction (the claims wait for the next one). Any other
     /// means the database holds the key in some form already (a row with a status it cannot
     /// read, an index entry): logged and skipped, rather than failing every later commit.
+    ///
+    /// Each claim was looked up and found absent when it was journaled, under the lock, and
+    /// only a reset of the file puts another writer's journaled claims in the database. So
+    /// when no writer has reset the file since the first of them was appended, they are
+    /// written without a second look-up (a chat deleted since is still skipped).
     pub(crate) fn insert_uncommitted(&self, conn: &Connection) -> Result<(), StoreError> {
+        let unreset =
+            !self.uncommitted.is_empty() && self.unreset_since(self.uncommitted_generation);
         for claim in &self.uncommitted {
-            match insert_if_absent(conn, claim) {
+            let inserted = if unreset {
+                insert_unless_chat_gone(conn, claim)
+            } else {
+                insert_if_absent(conn, claim)
+            };
+            match inserted {
                 Err(e) if e.is_transient() => return Err(e),
                 Err(e) => error!(
                     error = %e,
@@ -283,6 +302,20 @@ impl ClaimsJournal {
         self.keys.clear();
         self.others.clear();
         Ok(())
+    }
+
+    /// True when no writer has reset the file since `generation`. Read under the lock, taken
+    /// without waiting: a writer holding it may be resetting (it writes the new generation
+    /// after its claims are in the database), and then the answer is no.
+    fn unreset_since(&self, generation: u64) -> bool {
+        if self.file.try_lock().is_err() {
+            return false;
+        }
+        let unreset = self
+            .read_generation()
+            .is_ok_and(|current| current == generation);
+        self.unlock();
+        unreset
     }
 
     /// True when another writer's journaled claim holds `key` (read by the last claim's
@@ -408,6 +441,20 @@ fn insert_if_absent(conn: &Connection, claim: &Claim) -> Result<(), StoreError> 
         )?;
     }
     Ok(())
+}
+
+/// Writes `claim`, known to be absent from the database, unless its chat is gone.
+fn insert_unless_chat_gone(conn: &Connection, claim: &Claim) -> Result<(), StoreError> {
+    match crate::log::heads(conn, &claim.chat_id)? {
+        Some(heads) => tools::insert(
+            conn,
+            &claim.chat_id,
+            &heads,
+            &claim.key,
+            claim.started_at_ms,
+        ),
+        None => Ok(()),
+    }
 }
 
 /// Writes every claim of `claims` the database lacks, in one write transaction.

@@ -889,6 +889,50 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_claim_another_writers_reset_stored_meanwhile_is_written_once() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("claims.db");
+        let created = path.clone();
+        tokio::task::spawn_blocking(move || crate::claims_journal::database_with_a_chat(&created))
+            .await
+            .expect("a database with chat c1");
+        // A wait no test outlives: the claim's row is written only with the hurried job.
+        let writer =
+            Writer::start_with_wait(&path, Duration::from_secs(5), Duration::from_secs(3600))
+                .expect("writer");
+        let rows = |key: &'static str| {
+            let conn = Connection::open(&path).expect("reader");
+            move || -> i64 {
+                conn.query_row(
+                    "SELECT COUNT(*) FROM tool_invocations WHERE invocation_key = ?",
+                    [key],
+                    |row| row.get(0),
+                )
+                .expect("count")
+            }
+        };
+        assert!(matches!(
+            writer.claim("c1".into(), "mine".into()).await,
+            Ok(ToolClaim::Claimed)
+        ));
+        assert!(matches!(writer.call(|_| Ok(())).await, Ok(())));
+        assert_eq!(rows("mine")(), 1, "written at the next commit");
+        assert!(matches!(
+            writer.claim("c1".into(), "k".into()).await,
+            Ok(ToolClaim::Claimed)
+        ));
+        // Another process opens the database: it puts every journaled claim in it, this
+        // writer's too, and resets the file.
+        let other_conn = Connection::open(&path).expect("other connection");
+        ClaimsJournal::open(&path, &other_conn).expect("other journal");
+        let stored = rows("k");
+        assert_eq!(stored(), 1, "stored by the other writer");
+        assert!(matches!(writer.call(|_| Ok(())).await, Ok(())));
+        assert_eq!(stored(), 1, "not written a second time");
+        writer.close().await;
+    }
+
+    #[tokio::test]
     async fn dropping_the_last_handle_commits_a_waiting_group_at_once() {
         let dir = tempfile::tempdir().expect("temp dir");
         // A wait no test outlives: only the dropped handle can end it.

@@ -855,19 +855,38 @@ mod tests {
         writer.close().await;
     }
 
-    #[tokio::test]
-    async fn a_key_another_writer_journaled_stays_claimed_while_jobs_wait() {
-        let dir = tempfile::tempdir().expect("temp dir");
+    /// A writer on a fresh Tessera database in `dir` holding chat "c1", whose unhurried jobs
+    /// wait longer than any test (they commit only with a hurried one); the database's path.
+    async fn writer_on_a_chat(dir: &tempfile::TempDir) -> (Writer, std::path::PathBuf) {
         let path = dir.path().join("claims.db");
         let created = path.clone();
         tokio::task::spawn_blocking(move || crate::claims_journal::database_with_a_chat(&created))
             .await
             .expect("a database with chat c1");
-        // A wait no test outlives: the unhurried job below commits with the hurried one at
-        // the end, so its group is still waiting when the key is claimed.
         let writer =
             Writer::start_with_wait(&path, Duration::from_secs(5), Duration::from_secs(3600))
                 .expect("writer");
+        (writer, path)
+    }
+
+    /// The rows of claim `key` in the database at `path`.
+    fn claim_rows(path: &Path, key: &str) -> i64 {
+        Connection::open(path)
+            .expect("reader")
+            .query_row(
+                "SELECT COUNT(*) FROM tool_invocations WHERE invocation_key = ?",
+                [key],
+                |row| row.get(0),
+            )
+            .expect("count")
+    }
+
+    #[tokio::test]
+    async fn a_key_another_writer_journaled_stays_claimed_while_jobs_wait() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        // The unhurried job below commits with the hurried one at the end, so its group is
+        // still waiting when the key is claimed.
+        let (writer, path) = writer_on_a_chat(&dir).await;
         // Another process claims the key: it is in the journal, not yet in the database.
         let other_conn = Connection::open(&path).expect("other connection");
         let mut other = ClaimsJournal::open(&path, &other_conn).expect("other journal");
@@ -891,32 +910,14 @@ mod tests {
     #[tokio::test]
     async fn a_claim_another_writers_reset_stored_meanwhile_is_written_once() {
         let dir = tempfile::tempdir().expect("temp dir");
-        let path = dir.path().join("claims.db");
-        let created = path.clone();
-        tokio::task::spawn_blocking(move || crate::claims_journal::database_with_a_chat(&created))
-            .await
-            .expect("a database with chat c1");
-        // A wait no test outlives: the claim's row is written only with the hurried job.
-        let writer =
-            Writer::start_with_wait(&path, Duration::from_secs(5), Duration::from_secs(3600))
-                .expect("writer");
-        let rows = |key: &'static str| {
-            let conn = Connection::open(&path).expect("reader");
-            move || -> i64 {
-                conn.query_row(
-                    "SELECT COUNT(*) FROM tool_invocations WHERE invocation_key = ?",
-                    [key],
-                    |row| row.get(0),
-                )
-                .expect("count")
-            }
-        };
+        // A claim's row is written only with a hurried job.
+        let (writer, path) = writer_on_a_chat(&dir).await;
         assert!(matches!(
             writer.claim("c1".into(), "mine".into()).await,
             Ok(ToolClaim::Claimed)
         ));
         assert!(matches!(writer.call(|_| Ok(())).await, Ok(())));
-        assert_eq!(rows("mine")(), 1, "written at the next commit");
+        assert_eq!(claim_rows(&path, "mine"), 1, "written at the next commit");
         assert!(matches!(
             writer.claim("c1".into(), "k".into()).await,
             Ok(ToolClaim::Claimed)
@@ -925,10 +926,9 @@ mod tests {
         // writer's too, and resets the file.
         let other_conn = Connection::open(&path).expect("other connection");
         ClaimsJournal::open(&path, &other_conn).expect("other journal");
-        let stored = rows("k");
-        assert_eq!(stored(), 1, "stored by the other writer");
+        assert_eq!(claim_rows(&path, "k"), 1, "stored by the other writer");
         assert!(matches!(writer.call(|_| Ok(())).await, Ok(())));
-        assert_eq!(stored(), 1, "not written a second time");
+        assert_eq!(claim_rows(&path, "k"), 1, "not written a second time");
         writer.close().await;
     }
 

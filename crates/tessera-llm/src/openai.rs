@@ -9,6 +9,7 @@
 //! and never appears in `Debug` output, logs or errors.
 
 mod sse;
+mod transport;
 mod wire;
 
 use std::cell::RefCell;
@@ -20,9 +21,12 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures::future::BoxFuture;
-use reqwest::header::{self, HeaderMap, HeaderValue};
+use http::Response;
+use http::header::{self, HeaderMap, HeaderValue};
+use hyper::body::Incoming;
 
 pub use self::sse::{MAX_EVENT_BYTES, SseParser};
+use self::transport::{HttpClient, RequestHead, describe, next_chunk, transport_error};
 use self::wire::{
     RequestBody, StreamAssembler, encode_request, parse_completion, provider_error_message,
 };
@@ -132,54 +136,50 @@ pub struct OpenAiClient {
 struct Inner {
     /// The client of threads that cannot build their own (never expected: the same settings
     /// built this one).
-    http: reqwest::Client,
-    /// The default headers every thread's client sends (the API key, marked sensitive).
-    headers: HeaderMap,
-    endpoint: reqwest::Url,
+    http: HttpClient,
+    /// The endpoint and the headers every request carries (the API key, marked sensitive).
+    head: RequestHead,
+    endpoint: url::Url,
     config: OpenAiConfig,
 }
 
 thread_local! {
     /// This thread's HTTP clients, one per live [`OpenAiClient`] (usually exactly one).
-    static THREAD_HTTP: RefCell<Vec<(Weak<Inner>, reqwest::Client)>> =
+    static THREAD_HTTP: RefCell<Vec<(Weak<Inner>, HttpClient)>> =
         const { RefCell::new(Vec::new()) };
 }
 
 impl Inner {
-    /// The calling thread's HTTP client for this endpoint.
+    /// Sends `body` on the calling thread's HTTP client for this endpoint.
     ///
-    /// WHY one per thread: a pooled connection is driven by a task on the runtime that opened
-    /// it, and the engine runs chats on several single-threaded arbiters. With one shared pool,
-    /// a request on one arbiter often rode a connection driven by another, and every read and
-    /// write of it woke the other thread. Each arbiter's own pool keeps a call on one thread.
-    fn http(self: &Arc<Self>) -> reqwest::Client {
+    /// WHY one client per thread: a pooled connection is driven by a task on the runtime that
+    /// opened it, and the engine runs chats on several single-threaded arbiters. With one
+    /// shared pool, a request on one arbiter often rode a connection driven by another, and
+    /// every read and write of it woke the other thread. Each arbiter's own pool keeps a call
+    /// on one thread.
+    fn send(
+        self: &Arc<Self>,
+        body: &RequestBody,
+        stream: bool,
+    ) -> hyper_util::client::legacy::ResponseFuture {
+        let request = self.head.post(body, stream);
         THREAD_HTTP.with(|clients| {
             let mut clients = clients.borrow_mut();
             let me = Arc::as_ptr(self);
             if let Some((_, http)) = clients.iter().find(|(owner, _)| owner.as_ptr() == me) {
-                return http.clone();
+                return http.request(request);
             }
             // Clients of dropped `OpenAiClient`s (a reloaded configuration) go here.
             clients.retain(|(owner, _)| owner.strong_count() > 0);
-            let http = build_http(&self.config, &self.headers).unwrap_or_else(|e| {
+            let http = transport::client(self.config.connect_timeout).unwrap_or_else(|e| {
                 tracing::warn!(error = %e, "cannot build a per-thread HTTP client; sharing one");
                 self.http.clone()
             });
-            clients.push((Arc::downgrade(self), http.clone()));
-            http
+            let sent = http.request(request);
+            clients.push((Arc::downgrade(self), http));
+            sent
         })
     }
-}
-
-/// An HTTP client with `config`'s timeouts and `headers`.
-fn build_http(config: &OpenAiConfig, headers: &HeaderMap) -> Result<reqwest::Client, LlmError> {
-    reqwest::Client::builder()
-        .default_headers(headers.clone())
-        .connect_timeout(config.connect_timeout)
-        .pool_idle_timeout(Duration::from_secs(90))
-        .user_agent(concat!("tessera-llm/", env!("CARGO_PKG_VERSION")))
-        .build()
-        .map_err(|e| LlmError::Config(format!("cannot build the HTTP client: {}", describe(&e))))
 }
 
 impl fmt::Debug for OpenAiClient {
@@ -206,21 +206,22 @@ impl OpenAiClient {
                 "timeouts must be greater than zero".to_owned(),
             ));
         }
-        let mut headers = HeaderMap::new();
-        if let Some(key) = config.api_key.as_deref().filter(|k| !k.is_empty()) {
-            let mut value = HeaderValue::from_str(&format!("Bearer {key}")).map_err(|_| {
-                LlmError::Config(
-                    "the API key contains characters not allowed in a header".to_owned(),
-                )
-            })?;
-            value.set_sensitive(true);
-            headers.insert(header::AUTHORIZATION, value);
-        }
-        let http = build_http(&config, &headers)?;
+        let authorization = match config.api_key.as_deref().filter(|k| !k.is_empty()) {
+            Some(key) => Some(
+                HeaderValue::from_str(&format!("Bearer {key}")).map_err(|_| {
+                    LlmError::Config(
+                        "the API key contains characters not allowed in a header".to_owned(),
+                    )
+                })?,
+            ),
+            None => None,
+        };
+        let head = RequestHead::new(&endpoint, authorization)?;
+        let http = transport::client(config.connect_timeout)?;
         Ok(Self {
             inner: Arc::new(Inner {
                 http,
-                headers,
+                head,
                 endpoint,
                 config,
             }),
@@ -261,9 +262,9 @@ impl ChatModel for OpenAiClient {
 }
 
 /// `{base_url}/chat/completions`, validated.
-fn endpoint_url(base_url: &str) -> Result<reqwest::Url, LlmError> {
+fn endpoint_url(base_url: &str) -> Result<url::Url, LlmError> {
     let base = base_url.trim().trim_end_matches('/');
-    let url = reqwest::Url::parse(&format!("{base}/chat/completions"))
+    let url = url::Url::parse(&format!("{base}/chat/completions"))
         .map_err(|e| LlmError::Config(format!("invalid base URL {base:?}: {e}")))?;
     if !matches!(url.scheme(), "http" | "https") {
         return Err(LlmError::Config(format!(
@@ -367,26 +368,6 @@ impl Inner {
         }
     }
 
-    fn post(self: &Arc<Self>, body: &RequestBody, stream: bool) -> reqwest::RequestBuilder {
-        // Static values: a header given as `&str` is copied into an allocation per request.
-        let json = HeaderValue::from_static("application/json");
-        let accept = if stream {
-            HeaderValue::from_static("text/event-stream")
-        } else {
-            json.clone()
-        };
-        let mut request = self
-            .http()
-            .post(self.endpoint.clone())
-            .header(header::CONTENT_TYPE, json)
-            .header(header::ACCEPT, accept);
-        // The caller's `chat` span, when traces are exported: the provider can join the trace.
-        for (name, value) in tessera_telemetry::outgoing_headers() {
-            request = request.header(name, value);
-        }
-        request.body(body.to_http())
-    }
-
     /// One non-streamed attempt; the timeout covers connect, headers and the whole body.
     async fn attempt_plain(
         self: &Arc<Self>,
@@ -396,8 +377,7 @@ impl Inner {
         let timeout = self.config.request_timeout;
         let exchange = async {
             let response = self
-                .post(body, false)
-                .send()
+                .send(body, false)
                 .await
                 .map_err(|e| Failure::retry(transport_error(&e, timeout)))?;
             let response = self.check_status(response).await?;
@@ -425,7 +405,7 @@ impl Inner {
         on_delta: &mut (dyn FnMut(&str) + Send),
     ) -> Result<ChatResponse, Failure> {
         let timeout = self.config.request_timeout;
-        let mut response = tokio::time::timeout(timeout, self.post(body, true).send())
+        let mut response = tokio::time::timeout(timeout, self.send(body, true))
             .await
             .map_err(|_| Failure::retry(LlmError::Timeout(timeout)))?
             .map_err(|e| Failure::retry(transport_error(&e, timeout)))?;
@@ -468,7 +448,7 @@ impl Inner {
         let mut done = false;
         let sent_at = Instant::now();
         while !done {
-            let chunk = match tokio::time::timeout(timeout, response.chunk()).await {
+            let chunk = match tokio::time::timeout(timeout, next_chunk(&mut response)).await {
                 Err(_) => {
                     let error = LlmError::Timeout(timeout);
                     return Err(if started {
@@ -536,8 +516,8 @@ impl Inner {
     /// Pass a success through; turn anything else into a failure carrying a body excerpt.
     async fn check_status(
         &self,
-        response: reqwest::Response,
-    ) -> Result<reqwest::Response, Failure> {
+        response: Response<Incoming>,
+    ) -> Result<Response<Incoming>, Failure> {
         let status = response.status();
         if status.is_success() {
             return Ok(response);
@@ -565,11 +545,11 @@ impl Inner {
 
 /// Read at most `cap` bytes of the body; the flag says whether more was left.
 async fn read_capped(
-    mut response: reqwest::Response,
+    mut response: Response<Incoming>,
     cap: usize,
-) -> Result<(Vec<u8>, bool), reqwest::Error> {
+) -> Result<(Vec<u8>, bool), hyper::Error> {
     let mut body = Vec::new();
-    while let Some(chunk) = response.chunk().await? {
+    while let Some(chunk) = next_chunk(&mut response).await? {
         let room = cap - body.len();
         if chunk.len() > room {
             body.extend_from_slice(&chunk[..room]);
@@ -634,35 +614,6 @@ fn jitter() -> f64 {
         .unwrap_or(0);
     hasher.write_u128(nanos);
     (hasher.finish() >> 11) as f64 / (1u64 << 53) as f64
-}
-
-/// Classify a reqwest error from before any of a successful body was used.
-fn transport_error(error: &reqwest::Error, timeout: Duration) -> LlmError {
-    if error.is_timeout() {
-        LlmError::Timeout(timeout)
-    } else {
-        LlmError::Http(describe(error))
-    }
-}
-
-/// The error and its causes on one line, without the URL.
-fn describe(error: &reqwest::Error) -> String {
-    let mut text = error.to_string();
-    if let Some(url) = error.url() {
-        text = text
-            .replace(&format!(" for url ({url})"), "")
-            .replace(url.as_str(), "<endpoint>");
-    }
-    let mut source = std::error::Error::source(error);
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
 }
 
 /// Remove every occurrence of the API key from the error's text, whatever its origin.

@@ -98,18 +98,24 @@ impl RequestBody {
             .collect()
     }
 
+    /// A body of one part (unit tests of other modules).
+    #[cfg(test)]
+    pub(crate) fn for_tests(bytes: &'static [u8]) -> Self {
+        Self::new(vec![Bytes::from_static(bytes)])
+    }
+
     /// The body for one attempt.
-    pub(crate) fn to_http(&self) -> reqwest::Body {
-        reqwest::Body::wrap(BodyParts {
+    pub(crate) fn to_http(&self) -> BodyParts {
+        BodyParts {
             parts: Arc::clone(&self.parts),
             next: 0,
             remaining: self.len,
-        })
+        }
     }
 }
 
 /// One attempt's read of a [`RequestBody`]: its parts as data frames, in order.
-struct BodyParts {
+pub(crate) struct BodyParts {
     parts: Arc<[Bytes]>,
     next: usize,
     remaining: u64,

@@ -2,7 +2,8 @@
 //! llama.cpp server, LiteLLM, ...).
 //!
 //! One [`OpenAiClient`] is shared by every chat; each thread that calls it gets a pooled HTTP
-//! client of its own (see [`Inner::http`]). Transient
+//! client of its own (see `Inner::send`), which reaches the endpoint directly or through the
+//! proxy the environment names for it (`transport`). Transient
 //! failures (connect errors, timeouts, 408/409/429/5xx) are retried with jittered exponential
 //! backoff, honouring `Retry-After`; a streamed answer is retried only while none of its body
 //! has been read, so deltas are never delivered twice. The API key is sent as a bearer token
@@ -24,9 +25,10 @@ use futures::future::BoxFuture;
 use http::Response;
 use http::header::{self, HeaderMap, HeaderValue};
 use hyper::body::Incoming;
+use hyper_util::client::proxy::matcher::Matcher;
 
 pub use self::sse::{MAX_EVENT_BYTES, SseParser};
-use self::transport::{HttpClient, RequestHead, describe, next_chunk, transport_error};
+use self::transport::{HttpClient, RequestHead, Route, describe, next_chunk, transport_error};
 use self::wire::{
     RequestBody, StreamAssembler, encode_request, parse_completion, provider_error_message,
 };
@@ -137,6 +139,8 @@ struct Inner {
     /// The client of threads that cannot build their own (never expected: the same settings
     /// built this one).
     http: HttpClient,
+    /// How every thread's client connects (directly, or through the environment's proxy).
+    route: Route,
     /// The endpoint and the headers every request carries (the API key, marked sensitive).
     head: RequestHead,
     endpoint: url::Url,
@@ -171,7 +175,7 @@ impl Inner {
             }
             // Clients of dropped `OpenAiClient`s (a reloaded configuration) go here.
             clients.retain(|(owner, _)| owner.strong_count() > 0);
-            let http = transport::client(self.config.connect_timeout).unwrap_or_else(|e| {
+            let http = transport::client(&self.route).unwrap_or_else(|e| {
                 tracing::warn!(error = %e, "cannot build a per-thread HTTP client; sharing one");
                 self.http.clone()
             });
@@ -216,11 +220,16 @@ impl OpenAiClient {
             ),
             None => None,
         };
-        let head = RequestHead::new(&endpoint, authorization)?;
-        let http = transport::client(config.connect_timeout)?;
+        let uri = http::Uri::try_from(endpoint.as_str())
+            .map_err(|e| LlmError::Config(format!("invalid endpoint {endpoint}: {e}")))?;
+        let (route, proxy_authorization) =
+            Route::to(&uri, &Matcher::from_env(), config.connect_timeout)?;
+        let head = RequestHead::new(uri, authorization, proxy_authorization);
+        let http = transport::client(&route)?;
         Ok(Self {
             inner: Arc::new(Inner {
                 http,
+                route,
                 head,
                 endpoint,
                 config,

@@ -1,5 +1,5 @@
 //! `OpenAiClient` keeps one connection pool per calling thread: the engine's arbiters each
-//! drive their own connections (see `Inner::http`). Checked by counting the TCP connections a
+//! drive their own connections (see `Inner::send`). Checked by counting the TCP connections a
 //! keep-alive HTTP/1.1 server accepts.
 
 use std::sync::Arc;

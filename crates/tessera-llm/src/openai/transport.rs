@@ -1,6 +1,9 @@
 //! The HTTP transport of [`super::OpenAiClient`]: hyper's pooled HTTP/1.1 client over rustls
 //! (aws-lc-rs, the platform's certificate verifier), with the request's head built once per
-//! client and cloned per request.
+//! client and cloned per request. The endpoint is reached directly, or through the proxy that
+//! `HTTPS_PROXY` / `HTTP_PROXY` / `ALL_PROXY` name for it unless `NO_PROXY` exempts it (read
+//! as curl and reqwest read them): an `https` endpoint through a CONNECT tunnel, an `http` one
+//! by requests to the proxy that name the whole URL.
 //!
 //! WHY hyper directly and not reqwest: on every request reqwest turned the URL into a string
 //! and parsed it again three times (into the request's `Uri`, for its redirect policy, and for
@@ -9,8 +12,10 @@
 //! turn at 100 chats and ~7.5% at 10,000 (README, nineteenth session). Retries, timeouts and
 //! error bodies are this client's own anyway.
 
-use std::future::poll_fn;
+use std::future::{Future, poll_fn};
+use std::io;
 use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -18,10 +23,14 @@ use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Request, Response, Uri};
 use http_body::Body as _;
 use hyper::body::Incoming;
+use hyper::rt::{Read, ReadBufCursor, Write};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
+use hyper_util::client::legacy::connect::proxy::Tunnel;
+use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
+use hyper_util::client::proxy::matcher::Matcher;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::net::TcpStream;
 
 use super::wire::{BodyParts, RequestBody};
 use crate::LlmError;
@@ -33,28 +42,163 @@ const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 const TCP_KEEPALIVE: Duration = Duration::from_secs(15);
 
 /// A pooled client; cloning shares the pool.
-pub(super) type HttpClient = Client<HttpsConnector<HttpConnector>, BodyParts>;
+pub(super) type HttpClient = Client<HttpsConnector<Route>, BodyParts>;
 
-/// A client for `http` and `https` endpoints that gives up connecting after `connect_timeout`.
-pub(super) fn client(connect_timeout: Duration) -> Result<HttpClient, LlmError> {
-    let mut tcp = HttpConnector::new();
-    // `https` URLs pass through the TCP connector to the TLS layer around it.
-    tcp.enforce_http(false);
-    // A request's head and body pieces go out at once, not after the peer's delayed ACK.
-    tcp.set_nodelay(true);
-    tcp.set_connect_timeout(Some(connect_timeout));
-    tcp.set_keepalive(Some(TCP_KEEPALIVE));
+/// A client whose connections take `route`.
+pub(super) fn client(route: &Route) -> Result<HttpClient, LlmError> {
     let tls = hyper_rustls::HttpsConnectorBuilder::new()
         .with_provider_and_platform_verifier(rustls::crypto::aws_lc_rs::default_provider())
         .map_err(|e| LlmError::Config(format!("cannot set up TLS: {e}")))?
         .https_or_http()
         .enable_http1()
-        .wrap_connector(tcp);
+        .wrap_connector(route.clone());
     Ok(Client::builder(TokioExecutor::new())
         .pool_idle_timeout(IDLE_TIMEOUT)
         .pool_timer(TokioTimer::new())
         .timer(TokioTimer::new())
         .build(tls))
+}
+
+/// How connections reach the endpoint.
+#[derive(Clone, Debug)]
+pub(super) enum Route {
+    Direct(HttpConnector),
+    /// An `https` endpoint through a proxy's CONNECT tunnel (TLS runs end to end inside it).
+    Tunnel(Tunnel<HttpConnector>),
+    /// An `http` endpoint through a forwarding proxy, to which every connection goes.
+    Forward {
+        tcp: HttpConnector,
+        proxy: Uri,
+    },
+}
+
+impl Route {
+    /// The route to `endpoint` that `proxies` choose, with connects that give up after
+    /// `connect_timeout`, and the `Proxy-Authorization` that a forwarding proxy needs on each
+    /// request. Only `http://` proxies are supported.
+    pub(super) fn to(
+        endpoint: &Uri,
+        proxies: &Matcher,
+        connect_timeout: Duration,
+    ) -> Result<(Self, Option<HeaderValue>), LlmError> {
+        let mut tcp = HttpConnector::new();
+        // `https` URLs pass through the TCP connector to the TLS layer around it.
+        tcp.enforce_http(false);
+        // A request's head and body pieces go out at once, not after the peer's delayed ACK.
+        tcp.set_nodelay(true);
+        tcp.set_connect_timeout(Some(connect_timeout));
+        tcp.set_keepalive(Some(TCP_KEEPALIVE));
+        let Some(proxy) = proxies.intercept(endpoint) else {
+            return Ok((Self::Direct(tcp), None));
+        };
+        if proxy.uri().scheme_str() != Some("http") {
+            return Err(LlmError::Config(format!(
+                "the proxy for the model endpoint must be an http:// URL, not {}://",
+                proxy.uri().scheme_str().unwrap_or("?")
+            )));
+        }
+        let auth = proxy.basic_auth().cloned();
+        if endpoint.scheme_str() == Some("https") {
+            let mut tunnel = Tunnel::new(proxy.uri().clone(), tcp);
+            if let Some(auth) = auth {
+                // Marked sensitive by the tunnel.
+                tunnel = tunnel.with_auth(auth);
+            }
+            return Ok((Self::Tunnel(tunnel), None));
+        }
+        let proxy = proxy.uri().clone();
+        Ok((Self::Forward { tcp, proxy }, auth))
+    }
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+impl tower_service::Service<Uri> for Route {
+    type Response = RouteStream;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<RouteStream, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        // Both connectors are always ready: each call is a connection attempt of its own.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, endpoint: Uri) -> Self::Future {
+        match self {
+            Self::Direct(tcp) => {
+                let connect = tcp.call(endpoint);
+                Box::pin(async move { Ok(RouteStream::new(connect.await?, false)) })
+            }
+            Self::Tunnel(tunnel) => {
+                let connect = tunnel.call(endpoint);
+                Box::pin(async move { Ok(RouteStream::new(connect.await?, false)) })
+            }
+            Self::Forward { tcp, proxy } => {
+                let connect = tcp.call(proxy.clone());
+                Box::pin(async move { Ok(RouteStream::new(connect.await?, true)) })
+            }
+        }
+    }
+}
+
+/// A connection of a [`Route`]. One to a forwarding proxy says so, so that the requests on it
+/// name the whole URL.
+pub(super) struct RouteStream {
+    io: TokioIo<TcpStream>,
+    forwarded: bool,
+}
+
+impl RouteStream {
+    fn new(io: TokioIo<TcpStream>, forwarded: bool) -> Self {
+        Self { io, forwarded }
+    }
+}
+
+impl Connection for RouteStream {
+    fn connected(&self) -> Connected {
+        self.io.connected().proxy(self.forwarded)
+    }
+}
+
+impl Read for RouteStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: ReadBufCursor<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_read(cx, buf)
+    }
+}
+
+impl Write for RouteStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+
+    // Vectored, as the socket is: a body's pieces go out in one `writev`, not joined first.
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+    }
 }
 
 /// Where requests go and the headers every one carries, built once.
@@ -66,18 +210,22 @@ pub(super) struct RequestHead {
 }
 
 impl RequestHead {
-    /// Requests to `endpoint` with `authorization` (sensitive: never shown by `Debug`).
+    /// Requests to `uri` with `authorization` and `proxy_authorization` (both sensitive:
+    /// never shown by `Debug`).
     pub(super) fn new(
-        endpoint: &url::Url,
+        uri: Uri,
         authorization: Option<HeaderValue>,
-    ) -> Result<Self, LlmError> {
-        let uri = Uri::try_from(endpoint.as_str()).map_err(|e| {
-            LlmError::Config(format!("invalid endpoint {:?}: {e}", endpoint.as_str()))
-        })?;
-        let mut plain = HeaderMap::with_capacity(4);
-        if let Some(mut value) = authorization {
-            value.set_sensitive(true);
-            plain.insert(header::AUTHORIZATION, value);
+        proxy_authorization: Option<HeaderValue>,
+    ) -> Self {
+        let mut plain = HeaderMap::with_capacity(5);
+        for (name, value) in [
+            (header::AUTHORIZATION, authorization),
+            (header::PROXY_AUTHORIZATION, proxy_authorization),
+        ] {
+            if let Some(mut value) = value {
+                value.set_sensitive(true);
+                plain.insert(name, value);
+            }
         }
         plain.insert(
             header::USER_AGENT,
@@ -93,7 +241,7 @@ impl RequestHead {
             header::ACCEPT,
             HeaderValue::from_static("text/event-stream"),
         );
-        Ok(Self { uri, plain, stream })
+        Self { uri, plain, stream }
     }
 
     /// A POST of `body`, asking for a streamed answer or not. The length of the body is known,
@@ -181,7 +329,151 @@ pub(super) fn describe(error: &(dyn std::error::Error + 'static)) -> String {
 
 #[cfg(test)]
 mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
     use super::*;
+
+    const MODEL_HTTP: &str = "http://model.invalid/v1/chat/completions";
+    const MODEL_HTTPS: &str = "https://model.invalid/v1/chat/completions";
+    /// `user:pw`, as a proxy URL's credentials become a `Proxy-Authorization` header.
+    const BASIC_USER_PW: &str = "Basic dXNlcjpwdw==";
+
+    fn route(endpoint: &str, proxies: &Matcher) -> Result<(Route, Option<HeaderValue>), LlmError> {
+        Route::to(
+            &Uri::try_from(endpoint).unwrap(),
+            proxies,
+            Duration::from_secs(5),
+        )
+    }
+
+    /// A one-connection "proxy" on 127.0.0.1 that hands back the head of the first request it
+    /// reads, after answering it with `answer`.
+    async fn proxy(answer: String) -> (String, tokio::task::JoinHandle<String>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://user:pw@{}", listener.local_addr().unwrap());
+        let seen = tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut head = Vec::new();
+            let mut chunk = [0u8; 4096];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                match socket.read(&mut chunk).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => head.extend_from_slice(&chunk[..n]),
+                }
+            }
+            let _ = socket.write_all(answer.as_bytes()).await;
+            String::from_utf8_lossy(&head).to_ascii_lowercase()
+        });
+        (url, seen)
+    }
+
+    #[test]
+    fn the_environments_proxy_is_taken_unless_no_proxy_exempts_the_endpoint() {
+        let none = Matcher::builder().build();
+        assert!(matches!(
+            route(MODEL_HTTPS, &none),
+            Ok((Route::Direct(_), None))
+        ));
+
+        let proxies = Matcher::builder()
+            .http("http://user:pw@proxy.invalid:3128")
+            .https("http://user:pw@proxy.invalid:3128")
+            .build();
+        assert!(matches!(
+            route(MODEL_HTTPS, &proxies),
+            Ok((Route::Tunnel(_), None))
+        ));
+        match route(MODEL_HTTP, &proxies) {
+            Ok((Route::Forward { proxy, .. }, Some(auth))) => {
+                assert_eq!(proxy.host(), Some("proxy.invalid"));
+                assert_eq!(auth, BASIC_USER_PW);
+            }
+            other => panic!("expected a forwarding proxy with credentials, got {other:?}"),
+        }
+
+        let exempt = Matcher::builder()
+            .https("http://proxy.invalid:3128")
+            .no("model.invalid")
+            .build();
+        assert!(matches!(
+            route(MODEL_HTTPS, &exempt),
+            Ok((Route::Direct(_), None))
+        ));
+
+        let socks = Matcher::builder()
+            .all("socks5://proxy.invalid:1080")
+            .build();
+        match route(MODEL_HTTPS, &socks) {
+            Err(LlmError::Config(text)) => assert!(text.contains("socks5://"), "{text}"),
+            other => panic!("expected a configuration error, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn an_http_endpoint_behind_a_proxy_is_asked_for_in_absolute_form_with_credentials() {
+        let body = r#"{"ok":true}"#;
+        let answer = format!(
+            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        let (url, seen) = proxy(answer).await;
+        let proxies = Matcher::builder().http(url).build();
+        let (route, auth) = route(MODEL_HTTP, &proxies).unwrap();
+        let head = RequestHead::new(Uri::from_static(MODEL_HTTP), None, auth);
+        let mut response = client(&route)
+            .unwrap()
+            .request(head.post(&RequestBody::for_tests(b"{}"), false))
+            .await
+            .expect("the proxy answers");
+        assert_eq!(response.status(), 200);
+        assert_eq!(
+            next_chunk(&mut response).await.unwrap().as_deref(),
+            Some(body.as_bytes())
+        );
+        let head = seen.await.unwrap();
+        assert!(
+            head.starts_with("post http://model.invalid/v1/chat/completions http/1.1\r\n"),
+            "{head}"
+        );
+        assert!(
+            head.contains(&format!(
+                "proxy-authorization: {}",
+                BASIC_USER_PW.to_ascii_lowercase()
+            )),
+            "{head}"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_https_endpoint_behind_a_proxy_is_reached_through_a_connect_tunnel() {
+        let (url, seen) =
+            proxy("HTTP/1.1 403 Forbidden\r\ncontent-length: 0\r\n\r\n".to_owned()).await;
+        let proxies = Matcher::builder().https(url).build();
+        let (route, auth) = route(MODEL_HTTPS, &proxies).unwrap();
+        assert!(
+            auth.is_none(),
+            "the tunnel carries the credentials, not each request"
+        );
+        let head = RequestHead::new(Uri::from_static(MODEL_HTTPS), None, None);
+        let refused = client(&route)
+            .unwrap()
+            .request(head.post(&RequestBody::for_tests(b"{}"), false))
+            .await;
+        assert!(refused.is_err(), "a refused tunnel is an error");
+        let head = seen.await.unwrap();
+        assert!(
+            head.starts_with("connect model.invalid:443 http/1.1\r\n"),
+            "{head}"
+        );
+        assert!(
+            head.contains(&format!(
+                "proxy-authorization: {}",
+                BASIC_USER_PW.to_ascii_lowercase()
+            )),
+            "{head}"
+        );
+    }
 
     #[test]
     fn a_connect_that_timed_out_is_a_timeout_and_other_failures_are_http_errors() {
@@ -197,9 +489,12 @@ mod tests {
 
     #[test]
     fn the_authorization_header_is_sensitive_and_the_accept_header_follows_the_mode() {
-        let endpoint = url::Url::parse("http://127.0.0.1:9/v1/chat/completions").unwrap();
-        let head =
-            RequestHead::new(&endpoint, Some(HeaderValue::from_static("Bearer sk-1"))).unwrap();
+        let endpoint = Uri::from_static("http://127.0.0.1:9/v1/chat/completions");
+        let head = RequestHead::new(
+            endpoint,
+            Some(HeaderValue::from_static("Bearer sk-1")),
+            None,
+        );
         let body = RequestBody::for_tests(b"{}");
         let plain = head.post(&body, false);
         let stream = head.post(&body, true);

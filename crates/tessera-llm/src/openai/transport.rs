@@ -410,6 +410,32 @@ mod tests {
         }
     }
 
+    /// A request for `endpoint` sent through a one-connection proxy that answers `answer`:
+    /// the outcome, the head the proxy read (lowercase), and the `Proxy-Authorization` the
+    /// route puts on each request.
+    async fn through_proxy(
+        endpoint: &'static str,
+        answer: String,
+    ) -> (
+        Result<Response<Incoming>, hyper_util::client::legacy::Error>,
+        String,
+        Option<HeaderValue>,
+    ) {
+        let (url, seen) = proxy(answer).await;
+        let (route, auth) = route(endpoint, &Matcher::builder().all(url).build()).unwrap();
+        let head = RequestHead::new(Uri::from_static(endpoint), None, auth.clone());
+        let outcome = client(&route)
+            .unwrap()
+            .request(head.post(&RequestBody::for_tests(b"{}"), false))
+            .await;
+        (outcome, seen.await.unwrap(), auth)
+    }
+
+    fn assert_carries_the_credentials(head: &str) {
+        let expected = format!("proxy-authorization: {BASIC_USER_PW}").to_ascii_lowercase();
+        assert!(head.contains(&expected), "{head}");
+    }
+
     #[tokio::test]
     async fn an_http_endpoint_behind_a_proxy_is_asked_for_in_absolute_form_with_credentials() {
         let body = r#"{"ok":true}"#;
@@ -417,62 +443,34 @@ mod tests {
             "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
             body.len()
         );
-        let (url, seen) = proxy(answer).await;
-        let proxies = Matcher::builder().http(url).build();
-        let (route, auth) = route(MODEL_HTTP, &proxies).unwrap();
-        let head = RequestHead::new(Uri::from_static(MODEL_HTTP), None, auth);
-        let mut response = client(&route)
-            .unwrap()
-            .request(head.post(&RequestBody::for_tests(b"{}"), false))
-            .await
-            .expect("the proxy answers");
+        let (outcome, head, _) = through_proxy(MODEL_HTTP, answer).await;
+        let mut response = outcome.expect("the proxy answers");
         assert_eq!(response.status(), 200);
         assert_eq!(
             next_chunk(&mut response).await.unwrap().as_deref(),
             Some(body.as_bytes())
         );
-        let head = seen.await.unwrap();
         assert!(
             head.starts_with("post http://model.invalid/v1/chat/completions http/1.1\r\n"),
             "{head}"
         );
-        assert!(
-            head.contains(&format!(
-                "proxy-authorization: {}",
-                BASIC_USER_PW.to_ascii_lowercase()
-            )),
-            "{head}"
-        );
+        assert_carries_the_credentials(&head);
     }
 
     #[tokio::test]
     async fn an_https_endpoint_behind_a_proxy_is_reached_through_a_connect_tunnel() {
-        let (url, seen) =
-            proxy("HTTP/1.1 403 Forbidden\r\ncontent-length: 0\r\n\r\n".to_owned()).await;
-        let proxies = Matcher::builder().https(url).build();
-        let (route, auth) = route(MODEL_HTTPS, &proxies).unwrap();
+        let refusal = "HTTP/1.1 403 Forbidden\r\ncontent-length: 0\r\n\r\n".to_owned();
+        let (outcome, head, auth) = through_proxy(MODEL_HTTPS, refusal).await;
+        assert!(outcome.is_err(), "a refused tunnel is an error");
         assert!(
             auth.is_none(),
             "the tunnel carries the credentials, not each request"
         );
-        let head = RequestHead::new(Uri::from_static(MODEL_HTTPS), None, None);
-        let refused = client(&route)
-            .unwrap()
-            .request(head.post(&RequestBody::for_tests(b"{}"), false))
-            .await;
-        assert!(refused.is_err(), "a refused tunnel is an error");
-        let head = seen.await.unwrap();
         assert!(
             head.starts_with("connect model.invalid:443 http/1.1\r\n"),
             "{head}"
         );
-        assert!(
-            head.contains(&format!(
-                "proxy-authorization: {}",
-                BASIC_USER_PW.to_ascii_lowercase()
-            )),
-            "{head}"
-        );
+        assert_carries_the_credentials(&head);
     }
 
     #[test]

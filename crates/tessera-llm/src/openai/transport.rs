@@ -475,13 +475,27 @@ mod tests {
 
     #[test]
     fn a_connect_that_timed_out_is_a_timeout_and_other_failures_are_http_errors() {
+        /// An error with a cause, as hyper's wrap the connector's I/O error.
+        #[derive(Debug)]
+        struct Wrapped(io::Error);
+        impl std::fmt::Display for Wrapped {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("client error (Connect)")
+            }
+        }
+        impl std::error::Error for Wrapped {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+
         let limit = Duration::from_secs(3);
-        let timed_out = std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out");
+        let timed_out = Wrapped(io::Error::new(io::ErrorKind::TimedOut, "timed out"));
         assert_eq!(transport_error(&timed_out, limit), LlmError::Timeout(limit));
-        let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        let refused = Wrapped(io::Error::new(io::ErrorKind::ConnectionRefused, "refused"));
         assert_eq!(
             transport_error(&refused, limit),
-            LlmError::Http("refused".to_owned())
+            LlmError::Http("client error (Connect): refused".to_owned())
         );
     }
 

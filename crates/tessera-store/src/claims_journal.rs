@@ -585,6 +585,17 @@ pub(crate) fn database_with_a_chat(path: &Path) {
     });
 }
 
+/// The rows of claim `key` in the database of `conn` (tests of the journal and of the writer).
+#[cfg(test)]
+pub(crate) fn claim_rows(conn: &Connection, key: &str) -> i64 {
+    conn.query_row(
+        "SELECT COUNT(*) FROM tool_invocations WHERE invocation_key = ?",
+        [key],
+        |row| row.get(0),
+    )
+    .unwrap()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -595,15 +606,6 @@ mod tests {
             key: key.into(),
             started_at_ms: 1_700_000_000_123,
         }
-    }
-
-    fn rows_of(conn: &Connection, key: &str) -> i64 {
-        conn.query_row(
-            "SELECT COUNT(*) FROM tool_invocations WHERE invocation_key = ?",
-            [key],
-            |row| row.get(0),
-        )
-        .unwrap()
     }
 
     /// Two writers on one file, driven step by step: one resets the journal while the
@@ -653,8 +655,8 @@ mod tests {
         .unwrap();
         a.committed(&conn_a);
         assert_eq!(a.file_len().unwrap(), HEADER_LEN, "reset");
-        assert_eq!(rows_of(&conn_a, "b-early"), 1);
-        assert_eq!(rows_of(&conn_a, "b-late"), 1);
+        assert_eq!(claim_rows(&conn_a, "b-early"), 1);
+        assert_eq!(claim_rows(&conn_a, "b-late"), 1);
 
         assert_eq!(
             b.claim(&conn_b, "c1", "b-after").unwrap(),
@@ -680,7 +682,7 @@ mod tests {
         .unwrap();
         b.committed(&conn_b);
         for key in ["b-early", "b-late", "b-after", keys[0].as_str()] {
-            assert_eq!(rows_of(&conn_b, key), 1, "{key}");
+            assert_eq!(claim_rows(&conn_b, key), 1, "{key}");
         }
     }
 

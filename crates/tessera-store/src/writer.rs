@@ -871,14 +871,7 @@ mod tests {
 
     /// The rows of claim `key` in the database at `path`.
     fn claim_rows(path: &Path, key: &str) -> i64 {
-        Connection::open(path)
-            .expect("reader")
-            .query_row(
-                "SELECT COUNT(*) FROM tool_invocations WHERE invocation_key = ?",
-                [key],
-                |row| row.get(0),
-            )
-            .expect("count")
+        crate::claims_journal::claim_rows(&Connection::open(path).expect("reader"), key)
     }
 
     #[tokio::test]

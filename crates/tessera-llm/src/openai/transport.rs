@@ -119,7 +119,7 @@ impl tower_service::Service<Uri> for Route {
     type Future = Pin<Box<dyn Future<Output = Result<RouteStream, BoxError>> + Send>>;
 
     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
-        // Both connectors are always ready: each call is a connection attempt of its own.
+        // Every variant is always ready: each call is a connection attempt of its own.
         Poll::Ready(Ok(()))
     }
 

@@ -46,6 +46,9 @@ pub struct EngineConfig {
     /// stored leaves memory; it is rebuilt from the store on demand (as after a restart).
     /// `None` keeps open chats in memory (so does running without a store).
     pub idle_evict: Option<Duration>,
+    /// Events of a chat kept in memory for resumes once the store holds them; a resume from
+    /// further back reads the store. Without a store every event stays in memory.
+    pub events_in_memory: usize,
 }
 
 impl Default for EngineConfig {
@@ -65,6 +68,7 @@ impl Default for EngineConfig {
             arbiters: 0,
             vault_key: None,
             idle_evict: None,
+            events_in_memory: 32,
         }
     }
 }

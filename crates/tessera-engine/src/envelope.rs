@@ -4,6 +4,7 @@
 //! rebuilds its exact text on replay.
 
 use std::cell::Cell;
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -132,23 +133,60 @@ fn write_envelope<R>(
 /// and replays skip them — a resuming client gets the complete `chat.text` instead (see
 /// `docs/protocol.md`). A long streamed answer otherwise kept every token in memory for the
 /// chat's whole life.
+///
+/// A chat backed by a store keeps only its last events in memory ([`EventLog::forget_through`]):
+/// a resume from further back reads the store. Without that, a chat's memory grew by every
+/// event it ever published, about 1.6 KB a turn and the largest single item of a chat's memory
+/// (README, twentieth session).
 #[derive(Debug, Default)]
 pub(crate) struct EventLog {
-    /// Record `i` holds the event with seq `i + 1`: `[type index + 1][ms, 8 bytes LE][data]`,
-    /// or `[VERBATIM][whole text]` for an event known only as text (restored from the store),
-    /// or nothing for a dropped delta.
-    records: Vec<Box<[u8]>>,
-    /// Messages still streaming: their id and the positions of their delta records.
-    streaming: Vec<(Box<str>, Vec<usize>)>,
+    /// Record `i` holds the event with seq `forgotten + i + 1`:
+    /// `[type index + 1][ms, 8 bytes LE][data]`, or `[VERBATIM][whole text]` for an event known
+    /// only as text (restored from the store), or nothing for a dropped delta.
+    records: VecDeque<Box<[u8]>>,
+    /// The events up to this seq left memory (the store holds them).
+    forgotten: u64,
+    /// Messages still streaming: their id and the seqs of their delta records.
+    streaming: Vec<(Box<str>, Vec<u64>)>,
 }
 
 /// Tag of a record that holds an event's whole text.
 const VERBATIM: u8 = 0;
 
 impl EventLog {
+    /// An empty log whose next event has seq `after + 1` (older events are elsewhere).
+    pub(crate) fn after(after: u64) -> Self {
+        Self {
+            forgotten: after,
+            ..Self::default()
+        }
+    }
+
     /// The seq of the last logged event (0 when there is none).
     pub(crate) fn last_seq(&self) -> u64 {
-        self.records.len() as u64
+        self.forgotten + self.records.len() as u64
+    }
+
+    /// The events up to this seq are no longer in memory.
+    pub(crate) fn forgotten(&self) -> u64 {
+        self.forgotten
+    }
+
+    /// Lets the oldest events go, down to the last `keep`, but only those the store holds
+    /// (seq up to `stored`) and none from the first delta of a message still streaming on
+    /// (its deltas are dropped when it is final, which a forgotten record could not be).
+    pub(crate) fn forget_through(&mut self, stored: u64, keep: usize) {
+        let streaming_from = self
+            .streaming
+            .iter()
+            .filter_map(|(_, seqs)| seqs.first().copied())
+            .min()
+            .unwrap_or(u64::MAX);
+        let limit = stored.min(streaming_from.saturating_sub(1));
+        while self.records.len() > keep && self.forgotten < limit {
+            self.records.pop_front();
+            self.forgotten += 1;
+        }
     }
 
     /// Logs `event` as the next seq, stamped now; returns its envelope text.
@@ -181,7 +219,7 @@ impl EventLog {
                 (text, record)
             })
         });
-        self.records.push(record);
+        self.records.push_back(record);
         match event {
             ServerEvent::TextDelta { message_id, .. } => self.note_delta(message_id),
             ServerEvent::Text { message_id, .. } => self.drop_deltas(message_id),
@@ -193,7 +231,7 @@ impl EventLog {
     /// Logs the next event as its whole text (an event restored from the store), dropping
     /// deltas as [`EventLog::publish`] does.
     pub(crate) fn push_stored(&mut self, text: &str) {
-        self.records.push(verbatim(text));
+        self.records.push_back(verbatim(text));
         // Only `chat.text` and `chat.text_delta` events need a look inside.
         if !text.contains("\"chat.text") {
             return;
@@ -213,7 +251,7 @@ impl EventLog {
 
     /// The last record is a delta of `message_id`.
     fn note_delta(&mut self, message_id: &str) {
-        let at = self.records.len() - 1;
+        let at = self.last_seq();
         match self
             .streaming
             .iter_mut()
@@ -233,9 +271,11 @@ impl EventLog {
         else {
             return;
         };
-        let (_, positions) = self.streaming.swap_remove(i);
-        for at in positions {
-            if let Some(record) = self.records.get_mut(at) {
+        let (_, seqs) = self.streaming.swap_remove(i);
+        for seq in seqs {
+            let at = seq.checked_sub(self.forgotten + 1);
+            if let Some(record) = at.and_then(|at| self.records.get_mut(usize::try_from(at).ok()?))
+            {
                 *record = Box::default();
             }
         }
@@ -252,19 +292,23 @@ impl EventLog {
     }
 
     /// [`EventLog::replay`] of the events after seq `after` up to seq `until` (in a cluster,
-    /// the last durable one).
+    /// the last durable one), of those still in memory: none up to [`EventLog::forgotten`].
     pub(crate) fn replay_until<'a>(
         &'a self,
         after: u64,
         until: u64,
         chat_id: &'a ChatIdJson,
     ) -> impl Iterator<Item = Arc<str>> + 'a {
-        let len = self.records.len();
-        let to = usize::try_from(until).map_or(len, |u| u.min(len));
-        let from = usize::try_from(after).map_or(to, |a| a.min(to));
-        self.records[from..to]
-            .iter()
-            .zip(after + 1..)
+        let index = |seq: u64| {
+            usize::try_from(seq.saturating_sub(self.forgotten))
+                .map_or(self.records.len(), |i| i.min(self.records.len()))
+        };
+        let to = index(until);
+        let from = index(after).min(to);
+        let first_seq = self.forgotten.max(after) + 1;
+        self.records
+            .range(from..to)
+            .zip(first_seq..)
             .filter(|(record, _)| !record.is_empty())
             .map(move |(record, seq)| rebuild(record, seq, chat_id))
     }
@@ -437,6 +481,66 @@ mod tests {
                 "m1's deltas are gone, m2's (not final) stay"
             );
         }
+    }
+
+    #[test]
+    fn forgetting_keeps_the_last_events_and_every_one_the_store_lacks_or_still_streams() {
+        let chat = ChatIdJson::new("chat_1");
+        let mut log = EventLog::default();
+        let texts: Vec<Arc<str>> = (0..6)
+            .map(|i| {
+                log.publish(
+                    &chat,
+                    &ServerEvent::InputRequest {
+                        agent: format!("A{i}"),
+                    },
+                )
+            })
+            .collect();
+        log.forget_through(3, 1);
+        assert_eq!(log.forgotten(), 3, "only what the store holds leaves");
+        assert_eq!(log.last_seq(), 6);
+        log.forget_through(6, 2);
+        assert_eq!(log.forgotten(), 4, "the last two stay");
+        let replayed: Vec<Arc<str>> = log.replay(0, &chat).collect();
+        assert_eq!(
+            replayed,
+            texts[4..],
+            "memory replays what it holds, with its seqs"
+        );
+        assert_eq!(log.replay(5, &chat).collect::<Vec<_>>(), texts[5..]);
+
+        // A streaming message's deltas stay until it is final, then drop as before.
+        log.publish(&chat, &delta("m1", "Hel"));
+        log.publish(&chat, &delta("m1", "lo"));
+        log.forget_through(8, 0);
+        assert_eq!(log.forgotten(), 6, "not from the first delta of m1 on");
+        log.publish(&chat, &final_text("m1", "Hello"));
+        log.forget_through(8, 0);
+        assert_eq!(log.forgotten(), 8);
+        let seqs: Vec<u64> = log
+            .replay(0, &chat)
+            .map(|t| {
+                let v: serde_json::Value = serde_json::from_str(&t).unwrap_or_default();
+                v["seq"].as_u64().unwrap_or(0)
+            })
+            .collect();
+        assert_eq!(seqs, [9]);
+    }
+
+    #[test]
+    fn a_log_after_a_seq_numbers_its_events_from_there() {
+        let chat = ChatIdJson::new("chat_1");
+        let mut log = EventLog::after(40);
+        let text = log.publish(&chat, &ServerEvent::InputRequest { agent: "A".into() });
+        assert!(text.contains("\"seq\":41"), "{text}");
+        log.push_stored("{\"seq\":42}");
+        assert_eq!(log.last_seq(), 42);
+        assert_eq!(log.replay(0, &chat).count(), 2);
+        assert_eq!(
+            log.replay(41, &chat).collect::<Vec<_>>(),
+            [Arc::from("{\"seq\":42}")]
+        );
     }
 
     #[test]

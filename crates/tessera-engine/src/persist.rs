@@ -51,6 +51,8 @@ pub struct WriteBehind {
     sent_state: Option<Arc<ChatState>>,
     /// The context's change count when `sent_state` was made (see `StateRow::context_changes`).
     sent_context_changes: u64,
+    /// A batch was refused for good: the store's log of the chat has a gap.
+    dropped_batch: bool,
 }
 
 impl WriteBehind {
@@ -68,6 +70,7 @@ impl WriteBehind {
             epoch: None,
             sent_state: None,
             sent_context_changes: 0,
+            dropped_batch: false,
         }
     }
 
@@ -80,6 +83,13 @@ impl WriteBehind {
     /// durability has caught up with the live log.
     pub fn persisted_seq(&self) -> u64 {
         self.persisted_seq
+    }
+
+    /// The seq up to which the store holds the chat's whole event log, so that memory may let
+    /// those events go; `None` once a batch was dropped (the store's log has a gap, so the
+    /// memory's log must stay whole).
+    pub fn log_stored_through(&self) -> Option<u64> {
+        (!self.dropped_batch).then_some(self.persisted_seq)
     }
 
     /// Starts counting from `seq` (a chat restored from the store already holds its log).
@@ -210,7 +220,11 @@ impl WriteBehind {
                 return NextFlush::After(delay);
             }
             // The dropped batch may have held the latest state: send it again with the next.
-            FlushOutcome::Dropped | FlushOutcome::Fenced => self.sent_state = None,
+            FlushOutcome::Dropped => {
+                self.sent_state = None;
+                self.dropped_batch = true;
+            }
+            FlushOutcome::Fenced => self.sent_state = None,
         }
         if self.queued.is_empty() {
             NextFlush::Idle

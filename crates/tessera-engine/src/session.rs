@@ -15,6 +15,7 @@ use actix::prelude::*;
 use serde_json::{Map, Value};
 use tessera_llm::{Message, Role};
 use tessera_protocol::{ErrorCode, PendingUiCall, ServerEvent, ToolCallEvent};
+use tessera_store::StoredEvent;
 use tessera_tools::ToolContext;
 
 use crate::auto_tool::{AutoToolOutcome, InvokeAutoTool};
@@ -198,6 +199,9 @@ pub struct ChatSession {
     status: ChatStatus,
     runner: Option<Addr<AgentRunner>>,
     log: EventLog,
+    /// Resumes reading older events from the store: until they are done, memory keeps every
+    /// event it holds (they replay the rest from it).
+    store_replays: u32,
     subscribers: Vec<Subscriber>,
     /// In-process watchers of typed events.
     watchers: Vec<(u64, Recipient<Observed>)>,
@@ -272,6 +276,7 @@ impl ChatSession {
             status: ChatStatus::AwaitingUser,
             runner: None,
             log: EventLog::default(),
+            store_replays: 0,
             subscribers: Vec::new(),
             watchers: Vec::new(),
             next_subscriber: 1,
@@ -320,6 +325,22 @@ impl ChatSession {
         self.held
             .as_ref()
             .map_or(last, |held| held.visible_seq(last))
+    }
+
+    /// Lets the events the store holds leave memory, but for the last few (a resume from
+    /// further back reads the store).
+    fn forget_stored_events(&mut self) {
+        if self.store_replays > 0 {
+            return;
+        }
+        if let Some(stored) = self
+            .persist
+            .as_ref()
+            .and_then(WriteBehind::log_stored_through)
+        {
+            self.log
+                .forget_through(stored, self.config.events_in_memory);
+        }
     }
 
     /// Assigns the next seq, logs the event, and fans it out.
@@ -946,6 +967,7 @@ impl Handler<FlushDone> for ChatSession {
         }
         let next = self.persist.as_mut().map(|p| p.flush_done(outcome));
         self.release_durable();
+        self.forget_stored_events();
         match next {
             Some(NextFlush::Now) => self.request_flush(),
             Some(NextFlush::After(delay)) => {
@@ -1149,49 +1171,125 @@ impl Handler<Subscribe> for ChatSession {
         let pending = self.shard.correlator.send(ListPendingUiCalls {
             chat_id: self.id.chat_id.clone(),
         });
-        Box::pin(pending.into_actor(self).map(move |pending, act, _ctx| {
-            let pending = act.visible_ui_calls(pending.unwrap_or_default());
-            let recipient = msg.recipient;
-            act.send_direct(
-                &recipient,
-                &ServerEvent::Session {
-                    workflow: act.wf.workflow.name.clone(),
-                    status: act.status.as_str().to_owned(),
-                    current_agent: act.current_agent.to_string(),
-                    last_seq: act.visible_seq(),
-                    pending_ui_calls: pending.clone(),
-                    model: act.wf.model.label().to_owned(),
-                    demo: act.wf.model.is_demo(),
-                },
-            );
-            // In a cluster, up to the last durable event: the held ones follow live.
-            let visible = act.visible_seq();
-            let from = msg.after_seq.min(visible);
-            let replay: Vec<Arc<str>> = act
-                .log
-                .replay_until(from, visible, &act.chat_id_json)
-                .collect();
-            let replayed = replay.len() as u64;
-            if !replay.is_empty() {
-                recipient.do_send(Deliver(replay));
-            }
-            act.send_direct(
-                &recipient,
-                &ServerEvent::ResumeBoundary {
-                    from_seq: from,
-                    last_seq: visible,
-                    replayed,
-                    pending_ui_calls: pending,
-                },
-            );
-            act.subscribers.push(Subscriber {
-                id,
-                recipient,
-                pending: Vec::new(),
-            });
-            id
-        }))
+        let recipient = msg.recipient;
+        Box::pin(
+            pending
+                .into_actor(self)
+                .then(move |pending, act, _ctx| {
+                    let from = msg.after_seq.min(act.visible_seq());
+                    let older = act.read_forgotten_events(from);
+                    async move {
+                        let older = match older {
+                            Some((upto, read)) => Some((upto, read.await)),
+                            None => None,
+                        };
+                        (pending, from, older)
+                    }
+                    .into_actor(act)
+                })
+                .map(move |(pending, from, older), act, _ctx| {
+                    let pending = act.visible_ui_calls(pending.unwrap_or_default());
+                    act.send_direct(
+                        &recipient,
+                        &ServerEvent::Session {
+                            workflow: act.wf.workflow.name.clone(),
+                            status: act.status.as_str().to_owned(),
+                            current_agent: act.current_agent.to_string(),
+                            last_seq: act.visible_seq(),
+                            pending_ui_calls: pending.clone(),
+                            model: act.wf.model.label().to_owned(),
+                            demo: act.wf.model.is_demo(),
+                        },
+                    );
+                    // In a cluster, up to the last durable event: the held ones follow live.
+                    let visible = act.visible_seq();
+                    let mut replay = Vec::new();
+                    let mut from_seq = from;
+                    let mut memory_from = from;
+                    if let Some((upto, read)) = older {
+                        act.store_replays -= 1;
+                        match read {
+                            Ok(events) => {
+                                replay = stored_replay(&events, from, upto, &act.chat_id_json);
+                                memory_from = upto;
+                            }
+                            Err(error) => {
+                                tracing::warn!(chat_id = %act.id.chat_id, tenant = %act.id.tenant, %error, "reading older events for a resume failed; replaying those in memory");
+                                act.send_direct(
+                                    &recipient,
+                                    &ServerEvent::error(
+                                        ErrorCode::Internal,
+                                        "the chat's earlier events could not be read; resume again to get them",
+                                        true,
+                                    ),
+                                );
+                                from_seq = act.log.forgotten();
+                                memory_from = from_seq;
+                            }
+                        }
+                    }
+                    replay.extend(act.log.replay_until(memory_from, visible, &act.chat_id_json));
+                    let replayed = replay.len() as u64;
+                    if !replay.is_empty() {
+                        recipient.do_send(Deliver(replay));
+                    }
+                    act.send_direct(
+                        &recipient,
+                        &ServerEvent::ResumeBoundary {
+                            from_seq,
+                            last_seq: visible,
+                            replayed,
+                            pending_ui_calls: pending,
+                        },
+                    );
+                    act.subscribers.push(Subscriber {
+                        id,
+                        recipient,
+                        pending: Vec::new(),
+                    });
+                    id
+                }),
+        )
     }
+}
+
+impl ChatSession {
+    /// When a resume from seq `from` needs events that left memory: the seq the store's part
+    /// of the replay goes up to (what the store holds, at most what clients may see), and the
+    /// read of those events. Memory keeps what it holds until the read is done, so the two
+    /// parts meet.
+    fn read_forgotten_events(
+        &mut self,
+        from: u64,
+    ) -> Option<(u64, tessera_store::StoreFuture<Vec<StoredEvent>>)> {
+        if from >= self.log.forgotten() {
+            return None;
+        }
+        let store = self.shard.store.as_ref()?;
+        let stored = self
+            .persist
+            .as_ref()
+            .and_then(WriteBehind::log_stored_through)?;
+        let upto = stored.min(self.visible_seq());
+        let limit = u32::try_from(upto.saturating_sub(from)).unwrap_or(u32::MAX);
+        self.store_replays += 1;
+        Some((upto, store.events_after(&self.id.chat_id, from, limit)))
+    }
+}
+
+/// The replay of the stored events after seq `from` up to seq `upto`, as memory would give it
+/// (deltas of a message whose final text is among them are left out).
+fn stored_replay(
+    events: &[StoredEvent],
+    from: u64,
+    upto: u64,
+    chat_id: &ChatIdJson,
+) -> Vec<Arc<str>> {
+    let mut log = EventLog::after(from);
+    for event in events.iter().filter(|e| e.seq > from && e.seq <= upto) {
+        log.push_stored(&event.json);
+    }
+    log.replay_until(from, upto, chat_id).collect()
 }
 
 impl Handler<Watch> for ChatSession {

@@ -185,6 +185,10 @@ struct FlakyStore {
     claims: std::sync::atomic::AtomicU8,
     /// Batch writes refused for good (a conflict) from now on.
     refuse: std::sync::atomic::AtomicBool,
+    /// Reads of a chat's events (`events_after`) so far.
+    event_reads: AtomicUsize,
+    /// Reads of a chat's events fail from now on.
+    fail_event_reads: std::sync::atomic::AtomicBool,
 }
 
 /// What a [`FlakyStore`] does with a tool claim.
@@ -205,6 +209,8 @@ impl FlakyStore {
             failures: AtomicUsize::new(failures),
             claims: std::sync::atomic::AtomicU8::new(claims as u8),
             refuse: std::sync::atomic::AtomicBool::new(false),
+            event_reads: AtomicUsize::new(0),
+            fail_event_reads: std::sync::atomic::AtomicBool::new(false),
         }
     }
 }
@@ -249,6 +255,12 @@ impl ChatStore for FlakyStore {
         self.inner.all_messages(chat_id)
     }
     fn events_after(&self, chat_id: &str, after: u64, limit: u32) -> StoreFuture<Vec<StoredEvent>> {
+        self.event_reads.fetch_add(1, Ordering::SeqCst);
+        if self.fail_event_reads.load(Ordering::SeqCst) {
+            return Box::pin(std::future::ready(Err(StoreError::Transient(
+                "injected read failure".into(),
+            ))));
+        }
         self.inner.events_after(chat_id, after, limit)
     }
     fn pending_ui(&self, chat_id: &str) -> StoreFuture<Vec<PendingUiRecord>> {
@@ -366,6 +378,145 @@ async fn failed_flushes_are_retried_and_lose_nothing() {
     assert_eq!(contents.first(), Some(&"go"), "{contents:?}");
     assert_eq!(contents.last(), Some(&"done"), "{contents:?}");
     assert!(messages.len() >= snapshot.transcript.len());
+}
+
+/// A chat of three turns (tool, then answer) on a store whose event reads are counted, that
+/// keeps only `events_in_memory` of its stored events in memory, once the store holds them all.
+async fn chat_with_few_events_in_memory(
+    events_in_memory: usize,
+) -> (tempfile::TempDir, Arc<FlakyStore>, Harness, Client) {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let inner = match SqliteStore::open(&dir.path().join("t.db")).await {
+        Ok(s) => s,
+        Err(e) => panic!("open store: {e}"),
+    };
+    let store = Arc::new(FlakyStore::new(inner, 0, ClaimMode::Pass));
+    let hooks = EngineHooks {
+        store: Some(store.clone() as Arc<dyn ChatStore>),
+        ..EngineHooks::default()
+    };
+    let config = EngineConfig {
+        events_in_memory,
+        ..EngineConfig::default()
+    };
+    let h = harness_streaming(config, hooks, |req| {
+        if after_tool(req) {
+            return Reply::Streamed("done, and streamed".into());
+        }
+        Reply::Tools(vec![("echo", json!({"message": "hi"}))])
+    });
+    let mut c = new_chat(&h).await;
+    c.until("chat.input_request").await;
+    for turn in ["one", "two", "three"] {
+        assert!(c.chat.addr.send(say(turn)).await.is_ok());
+        c.until("chat.input_request").await;
+    }
+    for _ in 0..500 {
+        let Ok(now) = c.chat.addr.send(GetSnapshot).await else {
+            panic!("session gone")
+        };
+        if now.persisted_seq == Some(now.last_seq) {
+            return (dir, store, h, c);
+        }
+        actix::clock::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("the store never caught up with the chat's log");
+}
+
+/// The logged events a client gets on replay: what it saw live, but the deltas of messages
+/// that are final (their `chat.text` replaces them).
+fn replayable(live: &[serde_json::Value]) -> Vec<serde_json::Value> {
+    live.iter()
+        .filter(|e| e["seq"].as_u64().unwrap_or(0) > 0 && e["type"] != "chat.text_delta")
+        .cloned()
+        .collect()
+}
+
+/// The logged events of a resume, up to its `chat.resume_boundary` (returned too).
+async fn resume(
+    chat: &tessera_engine::ChatHandle,
+    after: u64,
+) -> (Vec<serde_json::Value>, serde_json::Value) {
+    let mut client = subscribe(chat.clone(), after).await;
+    let boundary = client.until("chat.resume_boundary").await;
+    let logged = client
+        .seen
+        .iter()
+        .filter(|e| e["seq"].as_u64().unwrap_or(0) > 0)
+        .cloned()
+        .collect();
+    (logged, boundary)
+}
+
+#[actix::test]
+async fn a_resume_from_before_the_events_in_memory_replays_them_from_the_store() {
+    let (_dir, store, _h, c) = chat_with_few_events_in_memory(4).await;
+    let expected = replayable(&c.seen);
+    assert!(
+        c.of("chat.text_delta").len() > 1 && expected.len() > 12,
+        "the chat must log deltas and more events than memory keeps: {:?}",
+        c.types()
+    );
+
+    // From the start: the store's part, then memory's, byte for byte what was sent live.
+    let reads = store.event_reads.load(Ordering::SeqCst);
+    let (replayed, boundary) = resume(&c.chat, 0).await;
+    assert_eq!(
+        store.event_reads.load(Ordering::SeqCst),
+        reads + 1,
+        "the forgotten events come from the store"
+    );
+    assert_eq!(replayed, expected);
+    assert_eq!(boundary["data"]["from_seq"], 0);
+    assert_eq!(boundary["data"]["replayed"], expected.len());
+
+    // From the middle, and from the last few events, which memory still holds.
+    let last = expected.last().and_then(|e| e["seq"].as_u64()).unwrap_or(0);
+    for after in [5, last - 2] {
+        let (replayed, _) = resume(&c.chat, after).await;
+        let tail: Vec<_> = expected
+            .iter()
+            .filter(|e| e["seq"].as_u64().unwrap_or(0) > after)
+            .cloned()
+            .collect();
+        assert_eq!(replayed, tail, "resume after {after}");
+    }
+    assert_eq!(
+        store.event_reads.load(Ordering::SeqCst),
+        reads + 2,
+        "a resume within memory reads nothing"
+    );
+}
+
+#[actix::test]
+async fn a_failed_read_of_forgotten_events_is_reported_and_the_rest_replayed() {
+    let (_dir, store, _h, c) = chat_with_few_events_in_memory(4).await;
+    let expected = replayable(&c.seen);
+    store.fail_event_reads.store(true, Ordering::SeqCst);
+    let mut client = subscribe(c.chat.clone(), 0).await;
+    let boundary = client.until("chat.resume_boundary").await;
+    let error = client.of("chat.error");
+    assert_eq!(error.len(), 1, "{:?}", client.types());
+    assert_eq!(error[0]["data"]["recoverable"], true);
+    let from = boundary["data"]["from_seq"].as_u64().unwrap_or(0);
+    assert!(from > 0, "the boundary says where the replay starts");
+    let replayed: Vec<_> = client
+        .seen
+        .iter()
+        .filter(|e| e["seq"].as_u64().unwrap_or(0) > 0)
+        .cloned()
+        .collect();
+    let tail: Vec<_> = expected
+        .iter()
+        .filter(|e| e["seq"].as_u64().unwrap_or(0) > from)
+        .cloned()
+        .collect();
+    assert_eq!(replayed, tail);
+
+    // The chat goes on, and a later resume gets everything.
+    store.fail_event_reads.store(false, Ordering::SeqCst);
+    let (replayed, _) = resume(&c.chat, 0).await;
+    assert_eq!(replayed, expected);
 }
 
 #[actix::test]

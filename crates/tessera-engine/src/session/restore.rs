@@ -53,6 +53,7 @@ impl ChatSession {
         if let Some(persist) = &mut session.persist {
             persist.set_persisted_seq(restored_seq);
         }
+        session.forget_stored_events();
         let key = super::turn_key(&session.id.chat_id, &session.current_agent, session.turn);
         // Only the current turn's request (the state and the event were stored together).
         let auto_tool = (session.status == ChatStatus::AwaitingTool && stored.pending.is_empty())

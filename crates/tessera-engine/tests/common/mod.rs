@@ -28,6 +28,8 @@ pub type Script = dyn Fn(&ChatRequest) -> Reply + Send + Sync;
 /// A fake reply.
 pub enum Reply {
     Text(String),
+    /// A text sent word by word through the delta sink first, as a streaming model sends it.
+    Streamed(String),
     Tools(Vec<(&'static str, Value)>),
     Fail,
     /// Never answers (until cancelled).
@@ -44,13 +46,21 @@ impl ChatModel for FakeModel {
     fn complete(
         &self,
         request: ChatRequest,
-        _deltas: Option<DeltaSink>,
+        deltas: Option<DeltaSink>,
     ) -> BoxFuture<'static, Result<ChatResponse, LlmError>> {
         let n = self.calls.fetch_add(1, Ordering::SeqCst);
         let reply = (self.script)(&request);
         Box::pin(async move {
             let message = match reply {
                 Reply::Text(text) => Message::text(Role::Assistant, text),
+                Reply::Streamed(text) => {
+                    if let Some(mut sink) = deltas {
+                        for word in text.split_inclusive(' ') {
+                            sink(word);
+                        }
+                    }
+                    Message::text(Role::Assistant, text)
+                }
                 Reply::Tools(calls) => Message {
                     role: Role::Assistant,
                     content: None,
@@ -158,6 +168,17 @@ pub fn harness_with_hooks(
     harness_custom(config, hooks, None, |_| {}, script)
 }
 
+/// A harness whose engine has `hooks` and streams answers ([`Reply::Streamed`] then publishes
+/// `chat.text_delta` events); the others do not stream.
+#[allow(dead_code)]
+pub fn harness_streaming(
+    config: EngineConfig,
+    hooks: tessera_engine::EngineHooks,
+    script: impl Fn(&ChatRequest) -> Reply + Send + Sync + 'static,
+) -> Harness {
+    build_harness(config, hooks, None, |_| {}, script, true)
+}
+
 /// A harness whose `echo` tool is `echo` (the counting echo when `None`) and whose fixture
 /// workflow is changed by `tweak` before the engine compiles it.
 pub fn harness_custom(
@@ -166,6 +187,17 @@ pub fn harness_custom(
     echo: Option<Arc<dyn Tool>>,
     tweak: impl FnOnce(&mut tessera_manifest::Workflow),
     script: impl Fn(&ChatRequest) -> Reply + Send + Sync + 'static,
+) -> Harness {
+    build_harness(config, hooks, echo, tweak, script, false)
+}
+
+fn build_harness(
+    config: EngineConfig,
+    hooks: tessera_engine::EngineHooks,
+    echo: Option<Arc<dyn Tool>>,
+    tweak: impl FnOnce(&mut tessera_manifest::Workflow),
+    script: impl Fn(&ChatRequest) -> Reply + Send + Sync + 'static,
+    stream: bool,
 ) -> Harness {
     let mut workflow = match tessera_manifest::load_workflow(&fixture_dir()) {
         Ok(w) => w,
@@ -197,7 +229,7 @@ pub fn harness_custom(
         &builtins,
         EngineConfig {
             arbiters: 2,
-            stream: false,
+            stream,
             ..config
         },
         hooks,

@@ -232,6 +232,18 @@ impl EventLog {
     /// deltas as [`EventLog::publish`] does.
     pub(crate) fn push_stored(&mut self, text: &str) {
         self.records.push_back(verbatim(text));
+        self.track_stream(text, true);
+    }
+
+    /// Drops the deltas of the message whose `chat.text` is `text`, an event logged after
+    /// these (a replay's later part, which memory holds); any other text changes nothing.
+    pub(crate) fn finalized_later(&mut self, text: &str) {
+        self.track_stream(text, false);
+    }
+
+    /// Notes the delta that `text`, just logged, is (when `logged`), or drops the deltas of
+    /// the message whose final text it is.
+    fn track_stream(&mut self, text: &str, logged: bool) {
         // Only `chat.text` and `chat.text_delta` events need a look inside.
         if !text.contains("\"chat.text") {
             return;
@@ -243,7 +255,7 @@ impl EventLog {
             return;
         };
         match event["type"].as_str() {
-            Some("chat.text_delta") => self.note_delta(message_id),
+            Some("chat.text_delta") if logged => self.note_delta(message_id),
             Some("chat.text") => self.drop_deltas(message_id),
             _ => {}
         }

@@ -1204,14 +1204,23 @@ impl Handler<Subscribe> for ChatSession {
                     // In a cluster, up to the last durable event: the held ones follow live.
                     let visible = act.visible_seq();
                     let mut replay = Vec::new();
-                    let mut from_seq = from;
-                    let mut memory_from = from;
+                    // Without a read, memory has every event after `from` (a chat without a
+                    // store forgets none); the boundary never claims more than was replayed.
+                    let mut from_seq = from.max(act.log.forgotten());
+                    let mut memory_from = from_seq;
                     if let Some((upto, read)) = older {
+                        from_seq = from;
                         act.store_replays -= 1;
                         match read {
                             Ok(events) => {
-                                replay = stored_replay(&events, from, upto, &act.chat_id_json);
-                                memory_from = upto;
+                                let later: Vec<Arc<str>> = act
+                                    .log
+                                    .replay_until(upto, visible, &act.chat_id_json)
+                                    .collect();
+                                replay =
+                                    stored_replay(&events, from, upto, &later, &act.chat_id_json);
+                                replay.extend(later);
+                                memory_from = visible;
                             }
                             Err(error) => {
                                 tracing::warn!(chat_id = %act.id.chat_id, tenant = %act.id.tenant, %error, "reading older events for a resume failed; replaying those in memory");
@@ -1266,10 +1275,14 @@ impl ChatSession {
             return None;
         }
         let store = self.shard.store.as_ref()?;
+        // The store holds every forgotten event, and past them all it is known to hold (none
+        // more once a batch was dropped and its log has a gap).
         let stored = self
             .persist
             .as_ref()
-            .and_then(WriteBehind::log_stored_through)?;
+            .and_then(WriteBehind::log_stored_through)
+            .unwrap_or(0)
+            .max(self.log.forgotten());
         let upto = stored.min(self.visible_seq());
         let limit = u32::try_from(upto.saturating_sub(from)).unwrap_or(u32::MAX);
         self.store_replays += 1;
@@ -1277,17 +1290,22 @@ impl ChatSession {
     }
 }
 
-/// The replay of the stored events after seq `from` up to seq `upto`, as memory would give it
-/// (deltas of a message whose final text is among them are left out).
+/// The replay of the stored events after seq `from` up to seq `upto`, as memory would give it:
+/// deltas of a message whose final text is among them, or among the `later` events that follow
+/// them in the replay, are left out.
 fn stored_replay(
     events: &[StoredEvent],
     from: u64,
     upto: u64,
+    later: &[Arc<str>],
     chat_id: &ChatIdJson,
 ) -> Vec<Arc<str>> {
     let mut log = EventLog::after(from);
     for event in events.iter().filter(|e| e.seq > from && e.seq <= upto) {
         log.push_stored(&event.json);
+    }
+    for text in later {
+        log.finalized_later(text);
     }
     log.replay_until(from, upto, chat_id).collect()
 }

@@ -489,6 +489,22 @@ async fn a_resume_from_before_the_events_in_memory_replays_them_from_the_store()
 }
 
 #[actix::test]
+async fn after_a_batch_the_store_refused_memory_forgets_nothing_more_and_a_resume_still_gets_all() {
+    let (_dir, store, _h, mut c) = chat_with_few_events_in_memory(4).await;
+    // The next turn's writes are refused for good: the store's log now has a gap.
+    store.refuse.store(true, Ordering::SeqCst);
+    assert!(c.chat.addr.send(say("four")).await.is_ok());
+    c.until("chat.input_request").await;
+    let expected = replayable(&c.seen);
+    let (replayed, boundary) = resume(&c.chat, 0).await;
+    assert_eq!(
+        replayed, expected,
+        "what was forgotten comes from the store, what it lacks from memory"
+    );
+    assert_eq!(boundary["data"]["from_seq"], 0);
+}
+
+#[actix::test]
 async fn a_failed_read_of_forgotten_events_is_reported_and_the_rest_replayed() {
     let (_dir, store, _h, c) = chat_with_few_events_in_memory(4).await;
     let expected = replayable(&c.seen);

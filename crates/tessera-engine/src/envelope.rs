@@ -462,6 +462,16 @@ mod tests {
         }
     }
 
+    /// The seqs a replay of the whole log gives.
+    fn replayed_seqs(log: &EventLog, chat: &ChatIdJson) -> Vec<u64> {
+        log.replay(0, chat)
+            .map(|t| {
+                let v: serde_json::Value = serde_json::from_str(&t).unwrap_or_default();
+                v["seq"].as_u64().unwrap_or(0)
+            })
+            .collect()
+    }
+
     #[test]
     fn deltas_of_a_final_message_are_not_replayed_and_keep_their_seqs() {
         let chat = ChatIdJson::new("chat_1");
@@ -480,15 +490,8 @@ mod tests {
         }
         for log in [&log, &stored] {
             assert_eq!(log.last_seq(), 5);
-            let seqs: Vec<u64> = log
-                .replay(0, &chat)
-                .map(|t| {
-                    let v: serde_json::Value = serde_json::from_str(&t).unwrap_or_default();
-                    v["seq"].as_u64().unwrap_or(0)
-                })
-                .collect();
             assert_eq!(
-                seqs,
+                replayed_seqs(log, &chat),
                 [2, 4, 5],
                 "m1's deltas are gone, m2's (not final) stay"
             );
@@ -530,14 +533,7 @@ mod tests {
         log.publish(&chat, &final_text("m1", "Hello"));
         log.forget_through(8, 0);
         assert_eq!(log.forgotten(), 8);
-        let seqs: Vec<u64> = log
-            .replay(0, &chat)
-            .map(|t| {
-                let v: serde_json::Value = serde_json::from_str(&t).unwrap_or_default();
-                v["seq"].as_u64().unwrap_or(0)
-            })
-            .collect();
-        assert_eq!(seqs, [9]);
+        assert_eq!(replayed_seqs(&log, &chat), [9]);
     }
 
     #[test]

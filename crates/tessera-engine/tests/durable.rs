@@ -191,6 +191,24 @@ struct FlakyStore {
     fail_event_reads: std::sync::atomic::AtomicBool,
 }
 
+/// A [`FlakyStore`] over a new SQLite database in `dir`, and engine hooks that use it.
+async fn flaky_store(
+    dir: &std::path::Path,
+    failures: usize,
+    claims: ClaimMode,
+) -> (Arc<FlakyStore>, EngineHooks) {
+    let inner = match SqliteStore::open(&dir.join("t.db")).await {
+        Ok(s) => s,
+        Err(e) => panic!("open store: {e}"),
+    };
+    let store = Arc::new(FlakyStore::new(inner, failures, claims));
+    let hooks = EngineHooks {
+        store: Some(store.clone() as Arc<dyn ChatStore>),
+        ..EngineHooks::default()
+    };
+    (store, hooks)
+}
+
 /// What a [`FlakyStore`] does with a tool claim.
 #[repr(u8)]
 enum ClaimMode {
@@ -316,15 +334,7 @@ impl ChatStore for FlakyStore {
 #[actix::test]
 async fn failed_flushes_are_retried_and_lose_nothing() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let inner = match SqliteStore::open(&dir.path().join("t.db")).await {
-        Ok(s) => s,
-        Err(e) => panic!("open store: {e}"),
-    };
-    let store = Arc::new(FlakyStore::new(inner, 3, ClaimMode::Pass));
-    let hooks = EngineHooks {
-        store: Some(store.clone() as Arc<dyn ChatStore>),
-        ..EngineHooks::default()
-    };
+    let (store, hooks) = flaky_store(dir.path(), 3, ClaimMode::Pass).await;
     let h = harness_with_hooks(EngineConfig::default(), hooks, |req| {
         if after_tool(req) {
             return Reply::Text("done".into());
@@ -386,15 +396,7 @@ async fn chat_with_few_events_in_memory(
     events_in_memory: usize,
 ) -> (tempfile::TempDir, Arc<FlakyStore>, Harness, Client) {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let inner = match SqliteStore::open(&dir.path().join("t.db")).await {
-        Ok(s) => s,
-        Err(e) => panic!("open store: {e}"),
-    };
-    let store = Arc::new(FlakyStore::new(inner, 0, ClaimMode::Pass));
-    let hooks = EngineHooks {
-        store: Some(store.clone() as Arc<dyn ChatStore>),
-        ..EngineHooks::default()
-    };
+    let (store, hooks) = flaky_store(dir.path(), 0, ClaimMode::Pass).await;
     let config = EngineConfig {
         events_in_memory,
         ..EngineConfig::default()
@@ -863,15 +865,7 @@ async fn stored_seqs(store: &FlakyStore, chat_id: &str) -> Vec<u64> {
 #[actix::test]
 async fn a_fenced_chat_shows_and_acknowledges_only_durable_events() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let inner = match SqliteStore::open(&dir.path().join("t.db")).await {
-        Ok(s) => s,
-        Err(e) => panic!("open store: {e}"),
-    };
-    let store = Arc::new(FlakyStore::new(inner, 0, ClaimMode::Pass));
-    let hooks = EngineHooks {
-        store: Some(store.clone() as Arc<dyn ChatStore>),
-        ..EngineHooks::default()
-    };
+    let (store, hooks) = flaky_store(dir.path(), 0, ClaimMode::Pass).await;
     let h = harness_with_hooks(EngineConfig::default(), hooks, default_plan_script);
     let mut c = fenced_chat(&h).await;
     let chat_id = c.chat.identity.chat_id.to_string();
@@ -1005,15 +999,7 @@ async fn restart_with(store: &Arc<FlakyStore>, chat_id: &str) -> (Harness, Clien
 #[actix::test]
 async fn an_auto_tool_stopped_before_its_claim_runs_after_the_restart() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let inner = match SqliteStore::open(&dir.path().join("t.db")).await {
-        Ok(s) => s,
-        Err(e) => panic!("open store: {e}"),
-    };
-    let store = Arc::new(FlakyStore::new(inner, 0, ClaimMode::HangUnclaimed));
-    let hooks = EngineHooks {
-        store: Some(store.clone() as Arc<dyn ChatStore>),
-        ..EngineHooks::default()
-    };
+    let (store, hooks) = flaky_store(dir.path(), 0, ClaimMode::HangUnclaimed).await;
     let first = harness_with_hooks(EngineConfig::default(), hooks, default_plan_script);
     let chat_id = stop_before_the_ui_call(&first, &store).await;
 
@@ -1042,15 +1028,7 @@ async fn an_auto_tool_stopped_before_its_claim_runs_after_the_restart() {
 #[actix::test]
 async fn an_auto_tool_stopped_after_its_claim_is_reported_interrupted() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let inner = match SqliteStore::open(&dir.path().join("t.db")).await {
-        Ok(s) => s,
-        Err(e) => panic!("open store: {e}"),
-    };
-    let store = Arc::new(FlakyStore::new(inner, 0, ClaimMode::HangClaimed));
-    let hooks = EngineHooks {
-        store: Some(store.clone() as Arc<dyn ChatStore>),
-        ..EngineHooks::default()
-    };
+    let (store, hooks) = flaky_store(dir.path(), 0, ClaimMode::HangClaimed).await;
     let first = harness_with_hooks(EngineConfig::default(), hooks, default_plan_script);
     let chat_id = stop_before_the_ui_call(&first, &store).await;
     let turn_key = format!("turn_{chat_id}_PlannerAgent_2");
@@ -1080,15 +1058,7 @@ async fn an_auto_tool_stopped_after_its_claim_is_reported_interrupted() {
 #[actix::test]
 async fn a_fenced_chat_whose_write_is_refused_for_good_shows_nothing_more_and_stops() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let inner = match SqliteStore::open(&dir.path().join("t.db")).await {
-        Ok(s) => s,
-        Err(e) => panic!("open store: {e}"),
-    };
-    let store = Arc::new(FlakyStore::new(inner, 0, ClaimMode::Pass));
-    let hooks = EngineHooks {
-        store: Some(store.clone() as Arc<dyn ChatStore>),
-        ..EngineHooks::default()
-    };
+    let (store, hooks) = flaky_store(dir.path(), 0, ClaimMode::Pass).await;
     let h = harness_with_hooks(EngineConfig::default(), hooks, default_plan_script);
     let mut c = fenced_chat(&h).await;
     c.until("chat.input_request").await;

@@ -1203,41 +1203,7 @@ impl Handler<Subscribe> for ChatSession {
                     );
                     // In a cluster, up to the last durable event: the held ones follow live.
                     let visible = act.visible_seq();
-                    let mut replay = Vec::new();
-                    // Without a read, memory has every event after `from` (a chat without a
-                    // store forgets none); the boundary never claims more than was replayed.
-                    let mut from_seq = from.max(act.log.forgotten());
-                    let mut memory_from = from_seq;
-                    if let Some((upto, read)) = older {
-                        from_seq = from;
-                        act.store_replays -= 1;
-                        match read {
-                            Ok(events) => {
-                                let later: Vec<Arc<str>> = act
-                                    .log
-                                    .replay_until(upto, visible, &act.chat_id_json)
-                                    .collect();
-                                replay =
-                                    stored_replay(&events, from, upto, &later, &act.chat_id_json);
-                                replay.extend(later);
-                                memory_from = visible;
-                            }
-                            Err(error) => {
-                                tracing::warn!(chat_id = %act.id.chat_id, tenant = %act.id.tenant, %error, "reading older events for a resume failed; replaying those in memory");
-                                act.send_direct(
-                                    &recipient,
-                                    &ServerEvent::error(
-                                        ErrorCode::Internal,
-                                        "the chat's earlier events could not be read; resume again to get them",
-                                        true,
-                                    ),
-                                );
-                                from_seq = act.log.forgotten();
-                                memory_from = from_seq;
-                            }
-                        }
-                    }
-                    replay.extend(act.log.replay_until(memory_from, visible, &act.chat_id_json));
+                    let (replay, from_seq) = act.resume_replay(from, visible, older, &recipient);
                     let replayed = replay.len() as u64;
                     if !replay.is_empty() {
                         recipient.do_send(Deliver(replay));
@@ -1263,6 +1229,52 @@ impl Handler<Subscribe> for ChatSession {
 }
 
 impl ChatSession {
+    /// The replay of a resume from seq `from` up to `visible`, and the seq it starts after:
+    /// the store's part (`older`, when one was read) then memory's. Without the store's part
+    /// it is memory's alone, from where memory starts; a failed read is logged and reported to
+    /// `recipient`, and the boundary never claims more than was replayed.
+    fn resume_replay(
+        &mut self,
+        from: u64,
+        visible: u64,
+        older: Option<(u64, Result<Vec<StoredEvent>, tessera_store::StoreError>)>,
+        recipient: &Recipient<Deliver>,
+    ) -> (Vec<Arc<str>>, u64) {
+        if older.is_some() {
+            self.store_replays -= 1;
+        }
+        match older {
+            Some((upto, Ok(events))) => {
+                let later: Vec<Arc<str>> = self
+                    .log
+                    .replay_until(upto, visible, &self.chat_id_json)
+                    .collect();
+                let mut replay = stored_replay(&events, from, upto, &later, &self.chat_id_json);
+                replay.extend(later);
+                (replay, from)
+            }
+            failed => {
+                if let Some((_, Err(error))) = failed {
+                    tracing::warn!(chat_id = %self.id.chat_id, tenant = %self.id.tenant, %error, "reading older events for a resume failed; replaying those in memory");
+                    self.send_direct(
+                        recipient,
+                        &ServerEvent::error(
+                            ErrorCode::Internal,
+                            "the chat's earlier events could not be read; resume again to get them",
+                            true,
+                        ),
+                    );
+                }
+                let from = from.max(self.log.forgotten());
+                let replay = self
+                    .log
+                    .replay_until(from, visible, &self.chat_id_json)
+                    .collect();
+                (replay, from)
+            }
+        }
+    }
+
     /// When a resume from seq `from` needs events that left memory: the seq the store's part
     /// of the replay goes up to (what the store holds, at most what clients may see), and the
     /// read of those events. Memory keeps what it holds until the read is done, so the two

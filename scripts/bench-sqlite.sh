@@ -128,6 +128,8 @@ jq -s '.[-1] + {
       / (map(.turns_completed) | add) * 100 | round / 100)})}' \
   "${round_files[@]}" >"$WORK/run.json"
 
+# Heartbeat pings the server sent over the whole run (null for a build without the metric).
+pings=$(curl -s "http://$SERVER/metrics" | awk '$1 == "tessera_ws_pings_total" {print $2}')
 # What the database keeps: its size once the WAL is checkpointed away (server stopped first).
 kill "$SERVER_PID"
 wait "$SERVER_PID" 2>/dev/null || true
@@ -144,13 +146,13 @@ if [ -n "$db" ] && command -v sqlite3 >/dev/null; then
   kept_kib=$(stat -c %s "$db" | awk -v t="$turns_done" '{printf "%.2f", $1 / 1024 / t}')
 fi
 
-jq -c --argjson kept "$kept_kib" --arg work "$WORK" '{
+jq -c --argjson kept "$kept_kib" --argjson pings "${pings:-null}" --arg work "$WORK" '{
   chats, turns_per_chat, rounds, turns_per_s, steady_turns_per_s, errors, protocol_violations,
   cpu_ms_per_turn: .server_usage.cpu_ms_per_turn, round_cpu_ms_per_turn,
   write_KiB_per_turn: .server_usage.write_KiB_per_turn,
   kept_KiB_per_turn: $kept,
   turn_p50_ms: .turn_latency.p50_ms, turn_p99_ms: .turn_latency.p99_ms,
-  ui_p50_ms: .ui_round_trip.p50_ms, ui_p99_ms: .ui_round_trip.p99_ms,
+  ui_p50_ms: .ui_round_trip.p50_ms, ui_p99_ms: .ui_round_trip.p99_ms, pings: $pings,
   threads: .server_usage.cpu_percent_by_thread, work: $work}' "$WORK/run.json"
 if [ -z "$KEEP_DATA" ]; then
   rm -rf "$WORK/data" "$WORK/run.wal"

@@ -1189,6 +1189,34 @@ async fn a_silent_client_is_closed_by_the_idle_timeout() {
 }
 
 #[tokio::test]
+async fn a_quiet_client_that_answers_pings_is_pinged_and_stays_open() {
+    // A 1 s idle timeout beats every 500 ms; a client quiet for 250 ms is pinged.
+    let srv = Srv::start(Opts {
+        env: vec![("TESSERA_IDLE_TIMEOUT_S".into(), "1".into())],
+        ..Opts::default()
+    })
+    .await;
+    let who = vec![("x-user-id", "quiet".to_owned())];
+    let chat = srv.create_chat("TodoAssistant", &who).await;
+    let mut quiet = ws(&srv.ws_url(&chat), &who).await;
+    // The client only reads: reading answers each ping with a pong (tungstenite flushes it on
+    // the next read). Four pings take two idle timeouts, so without the pongs the server
+    // would have closed the socket before the fourth.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while srv.metric("tessera_ws_pings_total").await < 4 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "fewer than 4 pings within {WAIT:?}"
+        );
+        match tokio::time::timeout(Duration::from_millis(50), quiet.socket.next()).await {
+            Err(_) | Ok(Some(Ok(Message::Text(_) | Message::Ping(_)))) => {}
+            Ok(other) => panic!("the quiet client's socket ended: {other:?}"),
+        }
+    }
+    assert_eq!(srv.metric("tessera_ws_connections").await, 1);
+}
+
+#[tokio::test]
 async fn a_client_that_never_reads_is_cut_off_and_its_backlog_dropped() {
     // A workflow that never runs out of turns, so the flood can go on as long as needed.
     let workflows = workflows_copy();

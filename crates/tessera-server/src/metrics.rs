@@ -25,6 +25,8 @@ pub struct Metrics {
     pub ws_rate_limited: AtomicU64,
     /// Connections cut off because they did not read their events.
     pub ws_slow_consumers: AtomicU64,
+    /// Heartbeat pings sent to clients quiet for half a beat.
+    pub ws_pings: AtomicU64,
     pub turns: AtomicU64,
     pub tool_calls_ok: AtomicU64,
     pub tool_calls_error: AtomicU64,
@@ -137,6 +139,12 @@ impl Metrics {
             "Connections closed because the client did not read.",
             "counter",
             load(&self.ws_slow_consumers),
+        );
+        gauge(
+            "tessera_ws_pings_total",
+            "Heartbeat pings sent to quiet clients.",
+            "counter",
+            load(&self.ws_pings),
         );
         gauge(
             "tessera_turns_total",

@@ -79,13 +79,11 @@ pub trait DedupRecordStore: Send + Sync + 'static {
         key: &ToolKey,
         epoch: Option<i64>,
     ) -> BoxFuture<'static, Result<ClaimOutcome, String>>;
-    /// Marks the record completed, with the tool's `result` when it has one to keep.
-    fn complete(
-        &self,
-        key: &ToolKey,
-        result: Option<&Value>,
-        epoch: Option<i64>,
-    ) -> BoxFuture<'static, Result<(), String>>;
+    /// Marks the record completed, with the tool's `result` when it has one to keep. Nobody
+    /// waits for it (a failure is logged): a completion lost to a crash leaves the record
+    /// `started`, and the re-run turn reports the tool as interrupted instead of running it
+    /// twice.
+    fn complete(&self, key: &ToolKey, result: Option<&Value>, epoch: Option<i64>);
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -209,16 +207,11 @@ impl Handler<CompleteKey> for DedupCache {
         let claimed_here = self.keys.peek(&key) == Some(&KeyState::InFlight);
         if let (true, Some(store)) = (claimed_here, &self.durable) {
             let epoch = self.epochs.get(&key.chat_id).copied();
-            let done = store.complete(&key, result.as_ref(), epoch);
-            let log_key = key.clone();
-            // A task of its own on the arbiter, not a future of this context: actix polls
-            // every future of a context on each of its wake-ups, so with one pending
-            // completion per active chat each message cost grew with the number of chats.
-            actix::spawn(async move {
-                if let Err(error) = done.await {
-                    tracing::error!(key = %log_key, %error, "durable dedup completion failed");
-                }
-            });
+            // Not a future of this context: actix polls every future of a context on each
+            // of its wake-ups, so with one pending completion per active chat each message
+            // cost grew with the number of chats. Nor a task awaiting it: the store logs
+            // how it went where it finishes it.
+            store.complete(&key, result.as_ref(), epoch);
         }
         self.remember(key, KeyState::Completed);
     }

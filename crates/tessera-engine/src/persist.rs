@@ -162,13 +162,13 @@ impl WriteBehind {
         self.queued.state = Some(state);
     }
 
-    /// Takes the queued writes and returns the future that performs them, unless a flush is
-    /// already running (then the writes wait for the next one) or nothing is queued.
-    pub fn start_flush(
-        &mut self,
-    ) -> Option<impl std::future::Future<Output = FlushOutcome> + Send + 'static> {
+    /// Takes the queued writes and hands them to the store, unless a flush is already
+    /// running (then the writes wait for the next one) or nothing is queued: false then.
+    /// `done` gets the flush's outcome, on whichever thread the store finished it (SQLite's
+    /// writer thread; see [`ChatStore::apply_batch_then`]).
+    pub fn start_flush(&mut self, done: impl FnOnce(FlushOutcome) + Send + 'static) -> bool {
         if self.flushing || self.queued.is_empty() {
-            return None;
+            return false;
         }
         self.flushing = true;
         let mut batch = std::mem::take(&mut self.queued);
@@ -176,27 +176,13 @@ impl WriteBehind {
         let batch = Arc::new(batch);
         self.in_flight_seq = batch.events.last().map_or(self.persisted_seq, |e| e.seq);
         self.in_flight = Some(batch.clone());
-        let store = self.store.clone();
         let chat_id = self.chat_id.clone();
-        // Not boxed: the task that runs it holds it.
-        Some(async move {
-            match store.apply_batch(&chat_id, batch).await {
-                Ok(()) => FlushOutcome::Written,
-                Err(error) if error.is_transient() => {
-                    tracing::warn!(chat_id = %chat_id, %error, "persisting chat failed; will retry");
-                    FlushOutcome::Retry
-                }
-                Err(StoreError::Fenced(_)) => {
-                    tracing::warn!(chat_id = %chat_id, "write fenced: another node owns the chat now");
-                    FlushOutcome::Fenced
-                }
-                Err(error) => {
-                    // A conflict or a deleted chat: the same batch would fail again.
-                    tracing::error!(chat_id = %chat_id, %error, "persisting chat failed; batch dropped");
-                    FlushOutcome::Dropped
-                }
-            }
-        })
+        self.store.apply_batch_then(
+            &self.chat_id,
+            batch,
+            Box::new(move |written| done(flush_outcome(&chat_id, written))),
+        );
+        true
     }
 
     /// The flush finished: what to do next.
@@ -277,6 +263,26 @@ fn prepend(mut first: ChatWriteBatch, then: ChatWriteBatch) -> ChatWriteBatch {
     first
 }
 
+/// What the store's answer to a flush of `chat_id` means for the write-behind queue.
+fn flush_outcome(chat_id: &str, written: Result<(), StoreError>) -> FlushOutcome {
+    match written {
+        Ok(()) => FlushOutcome::Written,
+        Err(error) if error.is_transient() => {
+            tracing::warn!(chat_id = %chat_id, %error, "persisting chat failed; will retry");
+            FlushOutcome::Retry
+        }
+        Err(StoreError::Fenced(_)) => {
+            tracing::warn!(chat_id = %chat_id, "write fenced: another node owns the chat now");
+            FlushOutcome::Fenced
+        }
+        Err(error) => {
+            // A conflict or a deleted chat: the same batch would fail again.
+            tracing::error!(chat_id = %chat_id, %error, "persisting chat failed; batch dropped");
+            FlushOutcome::Dropped
+        }
+    }
+}
+
 /// The store's tool-invocation records (per chat and invocation key) as the `DedupCache`'s
 /// durable layer.
 pub struct StoreDedup(pub Arc<dyn ChatStore>);
@@ -301,20 +307,19 @@ impl DedupRecordStore for StoreDedup {
         })
     }
 
-    fn complete(
-        &self,
-        key: &ToolKey,
-        result: Option<&Value>,
-        epoch: Option<i64>,
-    ) -> BoxFuture<'static, Result<(), String>> {
-        let done = match result {
-            Some(result) => {
-                self.0
-                    .complete_tool_recording(&key.chat_id, &key.invocation, result, epoch)
-            }
-            None => self.0.complete_tool(&key.chat_id, &key.invocation, epoch),
-        };
-        Box::pin(async move { done.await.map_err(|e| e.to_string()) })
+    fn complete(&self, key: &ToolKey, result: Option<&Value>, epoch: Option<i64>) {
+        let log_key = key.clone();
+        self.0.complete_tool_then(
+            &key.chat_id,
+            &key.invocation,
+            result,
+            epoch,
+            Box::new(move |completed| {
+                if let Err(error) = completed {
+                    tracing::error!(key = %log_key, %error, "durable dedup completion failed");
+                }
+            }),
+        );
     }
 }
 
@@ -660,7 +665,7 @@ mod tests {
                     context,
                     context_changes: changes,
                 });
-                let started = queue.start_flush().is_some();
+                let started = queue.start_flush(|_| {});
                 let state = queue
                     .in_flight
                     .as_ref()

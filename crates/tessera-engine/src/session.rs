@@ -928,19 +928,17 @@ impl ChatSession {
                 context_changes: self.context.changes(),
             });
         }
-        let Some(flush) = self.persist.as_mut().and_then(WriteBehind::start_flush) else {
+        // The store reports the outcome by message, not through a future of this context:
+        // `ctx.wait` (e.g. for the vault write) pauses the context's futures, and a paused
+        // flush holding the store's writer connection would deadlock it.
+        let addr = ctx.address();
+        let started = self.persist.as_mut().is_some_and(|persist| {
+            persist.start_flush(move |outcome| addr.do_send(FlushDone(outcome)))
+        });
+        if !started {
             // Nothing to write (or a flush still running, whose end answers them).
             self.answer_stored_waiters();
-            return;
-        };
-        // A task of its own, not a future of this context: `ctx.wait` (e.g. for the vault
-        // write) pauses the context's futures, and a paused flush holding the store's writer
-        // connection would deadlock it.
-        let addr = ctx.address();
-        actix::spawn(async move {
-            let outcome = flush.await;
-            addr.do_send(FlushDone(outcome));
-        });
+        }
     }
 }
 

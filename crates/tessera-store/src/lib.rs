@@ -50,7 +50,7 @@ pub use model::{
 };
 pub use pg::PgStore;
 pub use sqlite::SqliteStore;
-pub use store::{ChatStore, StoreFuture};
+pub use store::{ChatStore, Completion, StoreFuture};
 pub use workflow_versions::{WorkflowVersion, WorkflowVersionStore};
 
 pub use batch::ChatWriteBatch;

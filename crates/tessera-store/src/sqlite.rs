@@ -21,7 +21,7 @@ use sqlx::SqlitePool;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use tessera_tools::{ArtifactRef, ArtifactStore, StoredArtifact, Task, TaskFilter, TaskStore};
 
-use crate::store::StoreFuture;
+use crate::store::{Completion, StoreFuture};
 use crate::writer::Writer;
 use crate::{
     ChatRecord, ChatState, ChatStore, ChatWriteBatch, PendingUiRecord, StoreError, StoredChat,
@@ -149,6 +149,13 @@ impl ChatStore for SqliteStore {
         )
     }
 
+    /// Answered by the writer thread itself, after the commit.
+    fn apply_batch_then(&self, chat_id: &str, batch: Arc<ChatWriteBatch>, done: Completion<()>) {
+        let chat_id = chat_id.to_owned();
+        self.writer
+            .call_unhurried_then(move |conn| batch::apply(conn, &chat_id, &batch), done);
+    }
+
     fn create_chat(&self, record: ChatRecord) -> StoreFuture<()> {
         Box::pin(self.writer.call(move |conn| chats::create(conn, &record)))
     }
@@ -236,6 +243,22 @@ impl ChatStore for SqliteStore {
         _epoch: Option<i64>,
     ) -> StoreFuture<()> {
         self.complete_tool_with_result(chat_id, invocation_key, result)
+    }
+
+    /// Answered by the writer thread itself; `epoch` is ignored, as for
+    /// [`ChatStore::complete_tool`].
+    fn complete_tool_then(
+        &self,
+        chat_id: &str,
+        invocation_key: &str,
+        result: Option<&Value>,
+        _epoch: Option<i64>,
+        done: Completion<()>,
+    ) {
+        match Self::completion_job(chat_id, invocation_key, result.unwrap_or(&Value::Null)) {
+            Ok(work) => self.writer.call_unhurried_then(work, done),
+            Err(error) => done(Err(error)),
+        }
     }
 
     /// `epoch` is ignored, as for [`ChatStore::complete_tool`].
@@ -370,16 +393,22 @@ impl SqliteStore {
         invocation_key: &str,
         result: &Value,
     ) -> StoreFuture<()> {
-        let result = match serde_json::to_string(result) {
-            Ok(text) => text,
-            Err(e) => return Box::pin(std::future::ready(Err(e.into()))),
-        };
+        match Self::completion_job(chat_id, invocation_key, result) {
+            // Unhurried: the engine does not wait on a completion (see `DedupCache`).
+            Ok(work) => Box::pin(self.writer.call_unhurried(work)),
+            Err(error) => Box::pin(std::future::ready(Err(error))),
+        }
+    }
+
+    /// The writer's job that completes `invocation_key` with `result` (`null`: none).
+    fn completion_job(
+        chat_id: &str,
+        invocation_key: &str,
+        result: &Value,
+    ) -> Result<impl Fn(&Connection) -> Result<(), StoreError> + Send + 'static, StoreError> {
+        let result = serde_json::to_string(result)?;
         let (chat_id, key) = (chat_id.to_owned(), invocation_key.to_owned());
-        // Unhurried: the engine does not wait on a completion (see `DedupCache`).
-        Box::pin(
-            self.writer
-                .call_unhurried(move |conn| tools::complete(conn, &chat_id, &key, &result)),
-        )
+        Ok(move |conn: &Connection| tools::complete(conn, &chat_id, &key, &result))
     }
 }
 

@@ -16,6 +16,10 @@ use futures::future::BoxFuture;
 /// A boxed, `'static`, `Send` store future.
 pub type StoreFuture<T> = BoxFuture<'static, Result<T, StoreError>>;
 
+/// What a write handed over with a `…_then` method calls with its outcome, once, on
+/// whichever thread finished it. It must be quick (a message to an actor, a log line).
+pub type Completion<T> = Box<dyn FnOnce(Result<T, StoreError>) + Send>;
+
 /// Durable chat persistence: chats and their state, transcripts, the replayable event log,
 /// pending UI calls and exactly-once tool invocation records.
 ///
@@ -39,6 +43,17 @@ pub trait ChatStore: Send + Sync + 'static {
     /// Shared (`Arc`) so a caller can keep the batch to retry it after a
     /// [`StoreError::Transient`] failure without copying it up front.
     fn apply_batch(&self, chat_id: &str, batch: Arc<ChatWriteBatch>) -> StoreFuture<()>;
+
+    /// [`ChatStore::apply_batch`] whose outcome goes to `done` instead of to a future.
+    ///
+    /// WHY: the engine awaits every flush only to tell its chat how it went. A store that
+    /// finishes writes on a thread of its own (SQLite's writer) calls `done` there, and no
+    /// task per flush is spawned to wait. The default awaits [`ChatStore::apply_batch`] on a
+    /// task of the current tokio runtime (so it must be called inside one).
+    fn apply_batch_then(&self, chat_id: &str, batch: Arc<ChatWriteBatch>, done: Completion<()>) {
+        let write = self.apply_batch(chat_id, batch);
+        tokio::spawn(async move { done(write.await) });
+    }
 
     /// The chat and its state, or `None` when it does not exist.
     fn load_chat(&self, chat_id: &str) -> StoreFuture<Option<StoredChat>>;
@@ -105,6 +120,24 @@ pub trait ChatStore: Send + Sync + 'static {
     ) -> StoreFuture<()> {
         let _ = result;
         self.complete_tool(chat_id, invocation_key, epoch)
+    }
+
+    /// [`ChatStore::complete_tool_recording`] (with a `result`) or
+    /// [`ChatStore::complete_tool`] (without), whose outcome goes to `done`, as for
+    /// [`ChatStore::apply_batch_then`].
+    fn complete_tool_then(
+        &self,
+        chat_id: &str,
+        invocation_key: &str,
+        result: Option<&serde_json::Value>,
+        epoch: Option<i64>,
+        done: Completion<()>,
+    ) {
+        let write = match result {
+            Some(result) => self.complete_tool_recording(chat_id, invocation_key, result, epoch),
+            None => self.complete_tool(chat_id, invocation_key, epoch),
+        };
+        tokio::spawn(async move { done(write.await) });
     }
 
     /// Keep the chat's sealed (already encrypted) secret vault, replacing any previous one.

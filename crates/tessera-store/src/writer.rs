@@ -306,6 +306,19 @@ impl Writer {
         answered(answer)
     }
 
+    /// [`Writer::call_unhurried`] whose answer goes to `done` instead of a future: called on
+    /// the writer thread once the job is durable or has failed ([`StoreError::Closed`] at
+    /// once, on the caller's thread, when the writer has stopped). `done` must be quick: the
+    /// next transaction waits for it.
+    pub(crate) fn call_unhurried_then<T, F, D>(&self, work: F, done: D)
+    where
+        T: Send + 'static,
+        F: Fn(&Connection) -> Result<T, StoreError> + Send + 'static,
+        D: FnOnce(Result<T, StoreError>) + Send + 'static,
+    {
+        self.queue(Call::boxed(work, done), Urgency::Unhurried);
+    }
+
     fn submit<T, F>(
         &self,
         work: F,
@@ -316,13 +329,19 @@ impl Writer {
         F: Fn(&Connection) -> Result<T, StoreError> + Send + 'static,
     {
         let (reply, answer) = oneshot::channel();
-        self.send(Command::Job(Call::boxed(work, reply), urgency));
+        self.queue(answering(work, reply), urgency);
+        answered(answer)
+    }
+
+    /// Queues `job`. A writer that has stopped drops it, and a dropped job answers
+    /// [`StoreError::Closed`].
+    fn queue(&self, job: Box<dyn Job>, urgency: Urgency) {
+        self.send(Command::Job(job, urgency));
         // An unhurried job joins a waiting group without waking the writer: it commits when
         // the group starts, as it would have.
         if urgency == Urgency::Hurried {
             self.wake.nudge();
         }
-        answered(answer)
     }
 
     /// Queues `command`; false when the writer has stopped (a dropped reply then reads as
@@ -452,31 +471,55 @@ trait Job: Send {
     fn finish(self: Box<Self>, committed: Result<(), &str>);
 }
 
-struct Call<T, F> {
+/// `work`, and `reply`, which takes its answer once (a job dropped unanswered answers
+/// [`StoreError::Closed`]).
+struct Call<T, F, R: FnOnce(Result<T, StoreError>)> {
     work: F,
     result: Option<Result<T, StoreError>>,
-    reply: oneshot::Sender<Result<T, StoreError>>,
+    reply: Option<R>,
 }
 
-impl<T, F> Call<T, F>
+impl<T, F, R> Call<T, F, R>
 where
     T: Send + 'static,
     F: Fn(&Connection) -> Result<T, StoreError> + Send + 'static,
+    R: FnOnce(Result<T, StoreError>) + Send + 'static,
 {
-    /// `work` as a job answering on `reply`.
-    fn boxed(work: F, reply: oneshot::Sender<Result<T, StoreError>>) -> Box<dyn Job> {
+    /// `work` as a job whose answer goes to `reply`.
+    fn boxed(work: F, reply: R) -> Box<dyn Job> {
         Box::new(Self {
             work,
             result: None,
-            reply,
+            reply: Some(reply),
         })
     }
 }
 
-impl<T, F> Job for Call<T, F>
+/// `work` as a job answering on the channel `reply` (the caller may have stopped waiting;
+/// that is fine).
+fn answering<T, F>(work: F, reply: oneshot::Sender<Result<T, StoreError>>) -> Box<dyn Job>
+where
+    T: Send + 'static,
+    F: Fn(&Connection) -> Result<T, StoreError> + Send + 'static,
+{
+    Call::boxed(work, move |answer| {
+        let _ = reply.send(answer);
+    })
+}
+
+impl<T, F, R: FnOnce(Result<T, StoreError>)> Drop for Call<T, F, R> {
+    fn drop(&mut self) {
+        if let Some(reply) = self.reply.take() {
+            reply(Err(StoreError::Closed));
+        }
+    }
+}
+
+impl<T, F, R> Job for Call<T, F, R>
 where
     T: Send,
     F: Fn(&Connection) -> Result<T, StoreError> + Send,
+    R: FnOnce(Result<T, StoreError>) + Send,
 {
     fn run(&mut self, conn: &Connection, isolated: bool) -> bool {
         let result = if isolated {
@@ -489,8 +532,8 @@ where
         ok
     }
 
-    fn finish(self: Box<Self>, committed: Result<(), &str>) {
-        let answer = match (committed, self.result) {
+    fn finish(mut self: Box<Self>, committed: Result<(), &str>) {
+        let answer = match (committed, self.result.take()) {
             (Ok(()), Some(result)) => result,
             (Ok(()), None) => Err(StoreError::Closed),
             // The job's own error is the more precise one; a clean job lost to a failed
@@ -498,8 +541,9 @@ where
             (Err(_), Some(Err(e))) => Err(e),
             (Err(reason), _) => Err(StoreError::Transient(format!("commit failed: {reason}"))),
         };
-        // The caller may have stopped waiting; that is fine.
-        let _ = self.reply.send(answer);
+        if let Some(reply) = self.reply.take() {
+            reply(answer);
+        }
     }
 }
 
@@ -670,7 +714,7 @@ impl Thread {
             reply,
         } = request;
         let work = move |conn: &Connection| tools::claim(conn, &chat_id, &key);
-        (Some(Call::boxed(work, reply)), Urgency::Hurried)
+        (Some(answering(work, reply)), Urgency::Hurried)
     }
 
     fn commit_group(&mut self, group: &mut Vec<Box<dyn Job>>) {

@@ -13,8 +13,9 @@ use common::{TestDb, event, message, open, record};
 use futures::future::join_all;
 use serde_json::json;
 use tessera_store::{
-    ChatState, ChatStore, ChatWriteBatch, LeaseStore, PendingUiRecord, STATUS_AWAITING_USER,
-    STATUS_COMPLETED, StoreError, ToolClaim, WorkflowVersion, WorkflowVersionStore,
+    ChatState, ChatStore, ChatWriteBatch, Completion, LeaseStore, PendingUiRecord,
+    STATUS_AWAITING_USER, STATUS_COMPLETED, StoreError, ToolClaim, WorkflowVersion,
+    WorkflowVersionStore,
 };
 use tessera_tools::{ArtifactStore, TaskFilter, TaskStore};
 
@@ -930,6 +931,84 @@ async fn a_completion_through_the_trait_records_the_result(db: TestDb) {
     ));
 }
 
+/// The outcome of a write handed over with a `…_then` method, awaited here.
+async fn outcome_of<T: Send + 'static>(
+    hand_over: impl FnOnce(Completion<T>),
+) -> Result<T, StoreError> {
+    let (reply, outcome) = futures::channel::oneshot::channel();
+    hand_over(Box::new(move |result| {
+        let _ = reply.send(result);
+    }));
+    outcome.await.expect("the store called done")
+}
+
+/// Writes handed over with `apply_batch_then` / `complete_tool_then` (what the engine
+/// calls) report what their futures would: done once the write is durable, the same
+/// errors, `Closed` once the store is closed.
+async fn writes_handed_over_with_then_report_as_their_futures_would(db: TestDb) {
+    let store = open(&db).await;
+    let shared = store.shared();
+    shared
+        .create_chat(record("c1", "acme", "u1", 1))
+        .await
+        .unwrap();
+
+    let batch = |events: Vec<u64>| {
+        Arc::new(ChatWriteBatch {
+            events: events.into_iter().map(event).collect(),
+            ..ChatWriteBatch::default()
+        })
+    };
+    outcome_of(|done| shared.apply_batch_then("c1", batch(vec![1, 2, 3]), done))
+        .await
+        .expect("a good batch is written");
+    assert_eq!(store.last_seq("c1").await.unwrap(), 3, "durable when done");
+    let collides = outcome_of(|done| shared.apply_batch_then("c1", batch(vec![4, 2]), done)).await;
+    assert!(
+        matches!(collides, Err(StoreError::Conflict(_))),
+        "{collides:?}"
+    );
+    let orphan = outcome_of(|done| shared.apply_batch_then("ghost", batch(vec![1]), done)).await;
+    assert!(matches!(orphan, Err(StoreError::NotFound(_))), "{orphan:?}");
+    assert_eq!(
+        store.last_seq("c1").await.unwrap(),
+        3,
+        "the collision left nothing"
+    );
+
+    for key in ["t1:kept", "t1:bare"] {
+        assert_eq!(
+            shared.claim_tool("c1", key, None).await.unwrap(),
+            ToolClaim::Claimed
+        );
+    }
+    let result = json!({"status": "success", "n": 3});
+    outcome_of(|done| shared.complete_tool_then("c1", "t1:kept", Some(&result), None, done))
+        .await
+        .expect("a claimed key completes");
+    assert_eq!(
+        shared.claim_tool("c1", "t1:kept", None).await.unwrap(),
+        ToolClaim::AlreadyCompleted(Some(result))
+    );
+    outcome_of(|done| shared.complete_tool_then("c1", "t1:bare", None, None, done))
+        .await
+        .expect("a claimed key completes without a result");
+    assert!(matches!(
+        shared.claim_tool("c1", "t1:bare", None).await.unwrap(),
+        ToolClaim::AlreadyCompleted(_)
+    ));
+    let unclaimed =
+        outcome_of(|done| shared.complete_tool_then("c1", "never", None, None, done)).await;
+    assert!(
+        matches!(unclaimed, Err(StoreError::Conflict(_))),
+        "{unclaimed:?}"
+    );
+
+    store.close().await;
+    let late = outcome_of(|done| shared.apply_batch_then("c1", batch(vec![4]), done)).await;
+    assert!(matches!(late, Err(StoreError::Closed)), "{late:?}");
+}
+
 async fn concurrent_claims_from_two_stores_have_one_winner(db: TestDb) {
     let a = open(&db).await;
     let b = open(&db).await;
@@ -1522,6 +1601,7 @@ conformance!(
     writes_after_close_fail_cleanly,
     claim_then_complete,
     a_completion_through_the_trait_records_the_result,
+    writes_handed_over_with_then_report_as_their_futures_would,
     concurrent_claims_from_two_stores_have_one_winner,
     a_claim_left_started_survives_a_restart_as_interrupted,
     tasks_are_isolated_by_tenant_and_user,

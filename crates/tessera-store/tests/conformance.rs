@@ -901,8 +901,9 @@ async fn claim_then_complete(db: TestDb) {
     ));
 }
 
-/// Through the trait (what the engine calls): a completion records the tool's result, and a
-/// later claim of the key returns it (a turn re-run after a crash reuses it).
+/// Through the trait's future (the engine hands completions over with `complete_tool_then`,
+/// tested below): a completion records the tool's result, and a later claim of the key
+/// returns it (a turn re-run after a crash reuses it).
 async fn a_completion_through_the_trait_records_the_result(db: TestDb) {
     let store = open(&db).await;
     let shared = store.shared();

@@ -10,8 +10,8 @@
 use std::num::NonZeroUsize;
 use std::sync::Arc;
 
+use actix::dev::{MessageResponse, OneshotSender};
 use actix::prelude::*;
-use futures::future::BoxFuture;
 use lru::LruCache;
 use serde_json::Value;
 
@@ -67,18 +67,18 @@ impl ClaimOutcome {
     }
 }
 
+/// Where a durable claim's answer goes ([`DedupRecordStore::claim`]).
+pub type ClaimDone = Box<dyn FnOnce(Result<ClaimOutcome, String>) + Send>;
+
 /// A durable record of tool invocations behind the cache (the store implements it).
 ///
 /// `epoch` is the chat's lease epoch in a cluster (`None` on a single node): a record store
 /// that fences refuses the write once another node took the chat over (an error, so the tool
 /// does not run).
 pub trait DedupRecordStore: Send + Sync + 'static {
-    /// Inserts the record `started` unless one exists; says which.
-    fn claim(
-        &self,
-        key: &ToolKey,
-        epoch: Option<i64>,
-    ) -> BoxFuture<'static, Result<ClaimOutcome, String>>;
+    /// Inserts the record `started` unless one exists, and tells `done` which (on whichever
+    /// thread the store answered).
+    fn claim(&self, key: &ToolKey, epoch: Option<i64>, done: ClaimDone);
     /// Marks the record completed, with the tool's `result` when it has one to keep. Nobody
     /// waits for it (a failure is logged): a completion lost to a crash leaves the record
     /// `started`, and the re-run turn reports the tool as interrupted instead of running it
@@ -167,7 +167,7 @@ impl Actor for DedupCache {
 }
 
 impl Handler<ClaimKey> for DedupCache {
-    type Result = ResponseFuture<ClaimOutcome>;
+    type Result = ClaimReply;
 
     fn handle(&mut self, ClaimKey(key): ClaimKey, _ctx: &mut Self::Context) -> Self::Result {
         if let Some(state) = self.keys.get(&key) {
@@ -176,24 +176,58 @@ impl Handler<ClaimKey> for DedupCache {
                 KeyState::Completed => ClaimOutcome::Completed(None),
             };
             tracing::warn!(key = %key, ?outcome, "duplicate tool invocation suppressed");
-            return Box::pin(async move { outcome });
+            return ClaimReply::Now(outcome);
         }
         // Claimed here, synchronously: a duplicate handled after this line sees InFlight.
         self.remember(key.clone(), KeyState::InFlight);
         match &self.durable {
-            None => Box::pin(async { ClaimOutcome::Claimed }),
-            Some(store) => {
-                let claim = store.claim(&key, self.epochs.get(&key.chat_id).copied());
-                Box::pin(async move {
-                    match claim.await {
-                        Ok(outcome) => outcome,
-                        Err(error) => {
+            None => ClaimReply::Now(ClaimOutcome::Claimed),
+            Some(store) => ClaimReply::Durable {
+                epoch: self.epochs.get(&key.chat_id).copied(),
+                store: Arc::clone(store),
+                key,
+            },
+        }
+    }
+}
+
+/// The answer to a [`ClaimKey`]: known at once, or the durable record store's.
+///
+/// WHY not a `ResponseFuture`: actix spawns a task to await each one. The store's answer
+/// instead goes from where the store gives it (SQLite's writer thread) straight into the
+/// asker's reply channel.
+pub enum ClaimReply {
+    Now(ClaimOutcome),
+    Durable {
+        store: Arc<dyn DedupRecordStore>,
+        key: ToolKey,
+        epoch: Option<i64>,
+    },
+}
+
+impl MessageResponse<DedupCache, ClaimKey> for ClaimReply {
+    fn handle(self, _ctx: &mut Context<DedupCache>, tx: Option<OneshotSender<ClaimOutcome>>) {
+        let reply = move |outcome| {
+            if let Some(tx) = tx {
+                // The asker may have stopped waiting; that is fine.
+                let _ = tx.send(outcome);
+            }
+        };
+        match self {
+            ClaimReply::Now(outcome) => reply(outcome),
+            ClaimReply::Durable { store, key, epoch } => {
+                let asked = key.clone();
+                store.claim(
+                    &asked,
+                    epoch,
+                    Box::new(move |claimed| {
+                        reply(claimed.unwrap_or_else(|error| {
                             // Refuse rather than risk a second execution.
                             tracing::error!(key = %key, %error, "durable dedup claim failed");
                             ClaimOutcome::InFlight
-                        }
-                    }
-                })
+                        }))
+                    }),
+                );
             }
         }
     }

@@ -14,7 +14,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::future::BoxFuture;
 use serde_json::{Map, Value};
 use tessera_llm::{Message, Role};
 use tessera_protocol::{PendingUiCall, ServerEvent, ToolCallEvent};
@@ -24,7 +23,7 @@ use tessera_store::{
 };
 
 use crate::EngineError;
-use crate::dedup::{ClaimOutcome, DedupRecordStore, ToolKey};
+use crate::dedup::{ClaimDone, ClaimOutcome, DedupRecordStore, ToolKey};
 use crate::status::{ChatIdentity, ChatStatus};
 
 /// A chat's write-behind queue.
@@ -288,23 +287,23 @@ fn flush_outcome(chat_id: &str, written: Result<(), StoreError>) -> FlushOutcome
 pub struct StoreDedup(pub Arc<dyn ChatStore>);
 
 impl DedupRecordStore for StoreDedup {
-    fn claim(
-        &self,
-        key: &ToolKey,
-        epoch: Option<i64>,
-    ) -> BoxFuture<'static, Result<ClaimOutcome, String>> {
-        let claim = self.0.claim_tool(&key.chat_id, &key.invocation, epoch);
-        Box::pin(async move {
-            match claim.await {
-                Ok(ToolClaim::Claimed) => Ok(ClaimOutcome::Claimed),
-                Ok(ToolClaim::AlreadyStarted) => Ok(ClaimOutcome::Interrupted),
-                // `null` is what a completion without a result records.
-                Ok(ToolClaim::AlreadyCompleted(result)) => {
-                    Ok(ClaimOutcome::Completed(result.filter(|r| !r.is_null())))
-                }
-                Err(e) => Err(e.to_string()),
-            }
-        })
+    fn claim(&self, key: &ToolKey, epoch: Option<i64>, done: ClaimDone) {
+        self.0.claim_tool_then(
+            &key.chat_id,
+            &key.invocation,
+            epoch,
+            Box::new(move |claimed| {
+                done(match claimed {
+                    Ok(ToolClaim::Claimed) => Ok(ClaimOutcome::Claimed),
+                    Ok(ToolClaim::AlreadyStarted) => Ok(ClaimOutcome::Interrupted),
+                    // `null` is what a completion without a result records.
+                    Ok(ToolClaim::AlreadyCompleted(result)) => {
+                        Ok(ClaimOutcome::Completed(result.filter(|r| !r.is_null())))
+                    }
+                    Err(e) => Err(e.to_string()),
+                })
+            }),
+        );
     }
 
     fn complete(&self, key: &ToolKey, result: Option<&Value>, epoch: Option<i64>) {

@@ -22,7 +22,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 use tessera_tools::{ArtifactRef, ArtifactStore, StoredArtifact, Task, TaskFilter, TaskStore};
 
 use crate::store::{Completion, StoreFuture};
-use crate::writer::Writer;
+use crate::writer::{Answer, Writer};
 use crate::{
     ChatRecord, ChatState, ChatStore, ChatWriteBatch, PendingUiRecord, StoreError, StoredChat,
     StoredEvent, StoredMessage, ToolClaim, artifacts, batch, chats, log, migrate, pending, secrets,
@@ -152,8 +152,10 @@ impl ChatStore for SqliteStore {
     /// Answered by the writer thread itself, after the commit.
     fn apply_batch_then(&self, chat_id: &str, batch: Arc<ChatWriteBatch>, done: Completion<()>) {
         let chat_id = chat_id.to_owned();
-        self.writer
-            .call_unhurried_then(move |conn| batch::apply(conn, &chat_id, &batch), done);
+        self.writer.call_unhurried_then(
+            move |conn| batch::apply(conn, &chat_id, &batch),
+            Answer::to(done),
+        );
     }
 
     fn create_chat(&self, record: ChatRecord) -> StoreFuture<()> {
@@ -256,7 +258,7 @@ impl ChatStore for SqliteStore {
         done: Completion<()>,
     ) {
         match Self::completion_job(chat_id, invocation_key, result.unwrap_or(&Value::Null)) {
-            Ok(work) => self.writer.call_unhurried_then(work, done),
+            Ok(work) => self.writer.call_unhurried_then(work, Answer::to(done)),
             Err(error) => done(Err(error)),
         }
     }
@@ -272,6 +274,22 @@ impl ChatStore for SqliteStore {
             self.writer
                 .claim(chat_id.to_owned(), invocation_key.to_owned()),
         )
+    }
+
+    /// Answered by the writer thread itself; `epoch` is ignored, as for
+    /// [`ChatStore::complete_tool`].
+    fn claim_tool_then(
+        &self,
+        chat_id: &str,
+        invocation_key: &str,
+        _epoch: Option<i64>,
+        done: Completion<ToolClaim>,
+    ) {
+        self.writer.claim_then(
+            chat_id.to_owned(),
+            invocation_key.to_owned(),
+            Answer::to(done),
+        );
     }
 
     fn put_secrets(&self, chat_id: &str, sealed: Vec<u8>) -> StoreFuture<()> {

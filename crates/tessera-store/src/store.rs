@@ -98,6 +98,20 @@ pub trait ChatStore: Send + Sync + 'static {
         epoch: Option<i64>,
     ) -> StoreFuture<ToolClaim>;
 
+    /// [`ChatStore::claim_tool`] whose answer goes to `done`, as for
+    /// [`ChatStore::apply_batch_then`]: a store that answers claims on a thread of its own
+    /// (SQLite's writer) calls `done` there, and the caller's reply needs no task.
+    fn claim_tool_then(
+        &self,
+        chat_id: &str,
+        invocation_key: &str,
+        epoch: Option<i64>,
+        done: Completion<ToolClaim>,
+    ) {
+        let claim = self.claim_tool(chat_id, invocation_key, epoch);
+        tokio::spawn(async move { done(claim.await) });
+    }
+
     /// Mark a claimed invocation completed. Not claimed, or already completed:
     /// [`StoreError::Conflict`]; a stale `epoch`: [`StoreError::Fenced`], as for
     /// [`ChatStore::claim_tool`].

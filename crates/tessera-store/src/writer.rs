@@ -64,6 +64,7 @@ use rusqlite::hooks::Wal;
 use tracing::{debug, error};
 
 use crate::claims_journal::ClaimsJournal;
+use crate::store::Completion;
 use crate::{StoreError, ToolClaim, tools};
 
 /// Most jobs in one transaction: bounds the time a caller waits for a commit.
@@ -297,26 +298,31 @@ impl Writer {
         key: String,
     ) -> impl Future<Output = Result<ToolClaim, StoreError>> + Send + 'static {
         let (reply, answer) = oneshot::channel();
+        self.claim_then(chat_id, key, Answer::on_channel(reply));
+        answered(answer)
+    }
+
+    /// [`Writer::claim`] whose answer goes to `reply`, called on the writer thread
+    /// ([`StoreError::Closed`] at once when the writer has stopped).
+    pub(crate) fn claim_then(&self, chat_id: String, key: String, reply: Answer<ToolClaim>) {
         self.send(Command::Claim(ClaimRequest {
             chat_id,
             key,
             reply,
         }));
         self.wake.nudge();
-        answered(answer)
     }
 
     /// [`Writer::call_unhurried`] whose answer goes to `done` instead of a future: called on
     /// the writer thread once the job is durable or has failed ([`StoreError::Closed`] at
     /// once, on the caller's thread, when the writer has stopped). `done` must be quick: the
     /// next transaction waits for it.
-    pub(crate) fn call_unhurried_then<T, F, D>(&self, work: F, done: D)
+    pub(crate) fn call_unhurried_then<T, F>(&self, work: F, reply: Answer<T>)
     where
         T: Send + 'static,
         F: Fn(&Connection) -> Result<T, StoreError> + Send + 'static,
-        D: FnOnce(Result<T, StoreError>) + Send + 'static,
     {
-        self.queue(Call::boxed(work, done), Urgency::Unhurried);
+        self.queue(Call::boxed(work, reply), Urgency::Unhurried);
     }
 
     fn submit<T, F>(
@@ -329,7 +335,7 @@ impl Writer {
         F: Fn(&Connection) -> Result<T, StoreError> + Send + 'static,
     {
         let (reply, answer) = oneshot::channel();
-        self.queue(answering(work, reply), urgency);
+        self.queue(Call::boxed(work, Answer::on_channel(reply)), urgency);
         answered(answer)
     }
 
@@ -373,7 +379,41 @@ async fn answered<T>(answer: oneshot::Receiver<Result<T, StoreError>>) -> Result
 struct ClaimRequest {
     chat_id: String,
     key: String,
-    reply: oneshot::Sender<Result<ToolClaim, StoreError>>,
+    reply: Answer<ToolClaim>,
+}
+
+/// Where the writer's answer to one caller goes: a future's channel, or a [`Completion`]
+/// called on the writer thread. Answered once; dropped unanswered (a writer that stopped, or
+/// a command it never took), it answers [`StoreError::Closed`].
+pub(crate) struct Answer<T>(Option<Completion<T>>);
+
+impl<T: Send + 'static> Answer<T> {
+    /// An answer for `done`.
+    pub(crate) fn to(done: Completion<T>) -> Self {
+        Self(Some(done))
+    }
+
+    /// An answer on the channel `reply` (its receiver may have stopped waiting; that is
+    /// fine).
+    fn on_channel(reply: oneshot::Sender<Result<T, StoreError>>) -> Self {
+        Self::to(Box::new(move |answer| {
+            let _ = reply.send(answer);
+        }))
+    }
+
+    fn send(mut self, answer: Result<T, StoreError>) {
+        if let Some(done) = self.0.take() {
+            done(answer);
+        }
+    }
+}
+
+impl<T> Drop for Answer<T> {
+    fn drop(&mut self) {
+        if let Some(done) = self.0.take() {
+            done(Err(StoreError::Closed));
+        }
+    }
 }
 
 /// Whether a job's caller waits on its answer.
@@ -471,55 +511,32 @@ trait Job: Send {
     fn finish(self: Box<Self>, committed: Result<(), &str>);
 }
 
-/// `work`, and `reply`, which takes its answer once (a job dropped unanswered answers
-/// [`StoreError::Closed`]).
-struct Call<T, F, R: FnOnce(Result<T, StoreError>)> {
+/// `work`, and where its answer goes.
+struct Call<T, F> {
     work: F,
     result: Option<Result<T, StoreError>>,
-    reply: Option<R>,
+    reply: Answer<T>,
 }
 
-impl<T, F, R> Call<T, F, R>
+impl<T, F> Call<T, F>
 where
     T: Send + 'static,
     F: Fn(&Connection) -> Result<T, StoreError> + Send + 'static,
-    R: FnOnce(Result<T, StoreError>) + Send + 'static,
 {
     /// `work` as a job whose answer goes to `reply`.
-    fn boxed(work: F, reply: R) -> Box<dyn Job> {
+    fn boxed(work: F, reply: Answer<T>) -> Box<dyn Job> {
         Box::new(Self {
             work,
             result: None,
-            reply: Some(reply),
+            reply,
         })
     }
 }
 
-/// `work` as a job answering on the channel `reply` (the caller may have stopped waiting;
-/// that is fine).
-fn answering<T, F>(work: F, reply: oneshot::Sender<Result<T, StoreError>>) -> Box<dyn Job>
+impl<T, F> Job for Call<T, F>
 where
     T: Send + 'static,
-    F: Fn(&Connection) -> Result<T, StoreError> + Send + 'static,
-{
-    Call::boxed(work, move |answer| {
-        let _ = reply.send(answer);
-    })
-}
-
-impl<T, F, R: FnOnce(Result<T, StoreError>)> Drop for Call<T, F, R> {
-    fn drop(&mut self) {
-        if let Some(reply) = self.reply.take() {
-            reply(Err(StoreError::Closed));
-        }
-    }
-}
-
-impl<T, F, R> Job for Call<T, F, R>
-where
-    T: Send,
     F: Fn(&Connection) -> Result<T, StoreError> + Send,
-    R: FnOnce(Result<T, StoreError>) + Send,
 {
     fn run(&mut self, conn: &Connection, isolated: bool) -> bool {
         let result = if isolated {
@@ -532,8 +549,9 @@ where
         ok
     }
 
-    fn finish(mut self: Box<Self>, committed: Result<(), &str>) {
-        let answer = match (committed, self.result.take()) {
+    fn finish(self: Box<Self>, committed: Result<(), &str>) {
+        let Self { result, reply, .. } = *self;
+        let answer = match (committed, result) {
             (Ok(()), Some(result)) => result,
             (Ok(()), None) => Err(StoreError::Closed),
             // The job's own error is the more precise one; a clean job lost to a failed
@@ -541,9 +559,7 @@ where
             (Err(_), Some(Err(e))) => Err(e),
             (Err(reason), _) => Err(StoreError::Transient(format!("commit failed: {reason}"))),
         };
-        if let Some(reply) = self.reply.take() {
-            reply(answer);
-        }
+        reply.send(answer);
     }
 }
 
@@ -673,15 +689,15 @@ impl Thread {
                     // A new claim is journaled: its row waits for a commit like an
                     // unhurried job.
                     Ok(Some(ToolClaim::Claimed)) => {
-                        let _ = request.reply.send(Ok(ToolClaim::Claimed));
+                        request.reply.send(Ok(ToolClaim::Claimed));
                         (None, Urgency::Unhurried)
                     }
                     Ok(Some(answer)) => {
-                        let _ = request.reply.send(Ok(answer));
+                        request.reply.send(Ok(answer));
                         return None;
                     }
                     Err(e) => {
-                        let _ = request.reply.send(Err(e));
+                        request.reply.send(Err(e));
                         return None;
                     }
                     Ok(None) => Self::claim_in_transaction(request),
@@ -714,7 +730,7 @@ impl Thread {
             reply,
         } = request;
         let work = move |conn: &Connection| tools::claim(conn, &chat_id, &key);
-        (Some(answering(work, reply)), Urgency::Hurried)
+        (Some(Call::boxed(work, reply)), Urgency::Hurried)
     }
 
     fn commit_group(&mut self, group: &mut Vec<Box<dyn Job>>) {

@@ -943,10 +943,10 @@ async fn outcome_of<T: Send + 'static>(
     outcome.await.expect("the store called done")
 }
 
-/// Writes handed over with `apply_batch_then` / `complete_tool_then` (what the engine
-/// calls) report what their futures would: done once the write is durable, the same
-/// errors, `Closed` once the store is closed.
-async fn writes_handed_over_with_then_report_as_their_futures_would(db: TestDb) {
+/// Writes and claims handed over with `apply_batch_then` / `claim_tool_then` /
+/// `complete_tool_then` (what the engine calls) report what their futures would: done once
+/// the write is durable, the same answers and errors, `Closed` once the store is closed.
+async fn writes_and_claims_handed_over_with_then_report_as_their_futures_would(db: TestDb) {
     let store = open(&db).await;
     let shared = store.shared();
     shared
@@ -978,17 +978,20 @@ async fn writes_handed_over_with_then_report_as_their_futures_would(db: TestDb) 
     );
 
     for key in ["t1:kept", "t1:bare"] {
-        assert_eq!(
-            shared.claim_tool("c1", key, None).await.unwrap(),
-            ToolClaim::Claimed
-        );
+        let claimed = outcome_of(|done| shared.claim_tool_then("c1", key, None, done)).await;
+        assert_eq!(claimed.unwrap(), ToolClaim::Claimed, "{key}");
     }
+    let again = outcome_of(|done| shared.claim_tool_then("c1", "t1:kept", None, done)).await;
+    assert_eq!(again.unwrap(), ToolClaim::AlreadyStarted);
+    let ghost = outcome_of(|done| shared.claim_tool_then("ghost", "k", None, done)).await;
+    assert!(matches!(ghost, Err(StoreError::NotFound(_))), "{ghost:?}");
     let result = json!({"status": "success", "n": 3});
     outcome_of(|done| shared.complete_tool_then("c1", "t1:kept", Some(&result), None, done))
         .await
         .expect("a claimed key completes");
+    let completed = outcome_of(|done| shared.claim_tool_then("c1", "t1:kept", None, done)).await;
     assert_eq!(
-        shared.claim_tool("c1", "t1:kept", None).await.unwrap(),
+        completed.unwrap(),
         ToolClaim::AlreadyCompleted(Some(result))
     );
     outcome_of(|done| shared.complete_tool_then("c1", "t1:bare", None, None, done))
@@ -1007,6 +1010,8 @@ async fn writes_handed_over_with_then_report_as_their_futures_would(db: TestDb) 
 
     store.close().await;
     let late = outcome_of(|done| shared.apply_batch_then("c1", batch(vec![4]), done)).await;
+    assert!(matches!(late, Err(StoreError::Closed)), "{late:?}");
+    let late = outcome_of(|done| shared.claim_tool_then("c1", "t1:late", None, done)).await;
     assert!(matches!(late, Err(StoreError::Closed)), "{late:?}");
 }
 
@@ -1602,7 +1607,7 @@ conformance!(
     writes_after_close_fail_cleanly,
     claim_then_complete,
     a_completion_through_the_trait_records_the_result,
-    writes_handed_over_with_then_report_as_their_futures_would,
+    writes_and_claims_handed_over_with_then_report_as_their_futures_would,
     concurrent_claims_from_two_stores_have_one_winner,
     a_claim_left_started_survives_a_restart_as_interrupted,
     tasks_are_isolated_by_tenant_and_user,

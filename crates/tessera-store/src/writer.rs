@@ -313,10 +313,10 @@ impl Writer {
         self.wake.nudge();
     }
 
-    /// [`Writer::call_unhurried`] whose answer goes to `done` instead of a future: called on
+    /// [`Writer::call_unhurried`] whose answer goes to `reply` instead of a future: sent on
     /// the writer thread once the job is durable or has failed ([`StoreError::Closed`] at
-    /// once, on the caller's thread, when the writer has stopped). `done` must be quick: the
-    /// next transaction waits for it.
+    /// once, on the caller's thread, when the writer has stopped). A callback behind it must
+    /// be quick: the next transaction waits for it.
     pub(crate) fn call_unhurried_then<T, F>(&self, work: F, reply: Answer<T>)
     where
         T: Send + 'static,

@@ -1170,17 +1170,24 @@ async fn open_chats_per_tenant_are_capped_with_429() {
     srv.create_chat("TodoAssistant", &key(KEY_B, "bob")).await;
 }
 
-#[tokio::test]
-async fn a_silent_client_is_closed_by_the_idle_timeout() {
+/// A server with a 1 s idle timeout (a beat every 500 ms; a client quiet for 250 ms is
+/// pinged), and a socket of `user`'s to a new chat on it.
+async fn socket_with_a_short_idle_timeout(user: &str) -> (Srv, Ws) {
     let srv = Srv::start(Opts {
         env: vec![("TESSERA_IDLE_TIMEOUT_S".into(), "1".into())],
         ..Opts::default()
     })
     .await;
-    let who = vec![("x-user-id", "idle".to_owned())];
+    let who = vec![("x-user-id", user.to_owned())];
     let chat = srv.create_chat("TodoAssistant", &who).await;
+    let socket = ws(&srv.ws_url(&chat), &who).await;
+    (srv, socket)
+}
+
+#[tokio::test]
+async fn a_silent_client_is_closed_by_the_idle_timeout() {
     // Never read: the client answers no ping, so the server hears nothing.
-    let mut silent = ws(&srv.ws_url(&chat), &who).await;
+    let (srv, mut silent) = socket_with_a_short_idle_timeout("idle").await;
     srv.until_metric("tessera_ws_connections", |v| v == 1).await;
     srv.until_metric("tessera_ws_connections", |v| v == 0).await;
     let (code, reason) = silent.until_closed().await;
@@ -1190,15 +1197,7 @@ async fn a_silent_client_is_closed_by_the_idle_timeout() {
 
 #[tokio::test]
 async fn a_quiet_client_that_answers_pings_is_pinged_and_stays_open() {
-    // A 1 s idle timeout beats every 500 ms; a client quiet for 250 ms is pinged.
-    let srv = Srv::start(Opts {
-        env: vec![("TESSERA_IDLE_TIMEOUT_S".into(), "1".into())],
-        ..Opts::default()
-    })
-    .await;
-    let who = vec![("x-user-id", "quiet".to_owned())];
-    let chat = srv.create_chat("TodoAssistant", &who).await;
-    let mut quiet = ws(&srv.ws_url(&chat), &who).await;
+    let (srv, mut quiet) = socket_with_a_short_idle_timeout("quiet").await;
     // The client only reads: reading answers each ping with a pong (tungstenite flushes it on
     // the next read). Four pings take two idle timeouts, so without the pongs the server
     // would have closed the socket before the fourth.

@@ -20,6 +20,12 @@ pub type StoreFuture<T> = BoxFuture<'static, Result<T, StoreError>>;
 /// whichever thread finished it. It must be quick (a message to an actor, a log line).
 pub type Completion<T> = Box<dyn FnOnce(Result<T, StoreError>) + Send>;
 
+/// The default of the `…_then` methods: awaits `write` on a task of the current tokio runtime,
+/// then hands its outcome to `done`.
+fn answer_when_done<T: Send + 'static>(write: StoreFuture<T>, done: Completion<T>) {
+    tokio::spawn(async move { done(write.await) });
+}
+
 /// Durable chat persistence: chats and their state, transcripts, the replayable event log,
 /// pending UI calls and exactly-once tool invocation records.
 ///
@@ -51,8 +57,7 @@ pub trait ChatStore: Send + Sync + 'static {
     /// task per flush is spawned to wait. The default awaits [`ChatStore::apply_batch`] on a
     /// task of the current tokio runtime (so it must be called inside one).
     fn apply_batch_then(&self, chat_id: &str, batch: Arc<ChatWriteBatch>, done: Completion<()>) {
-        let write = self.apply_batch(chat_id, batch);
-        tokio::spawn(async move { done(write.await) });
+        answer_when_done(self.apply_batch(chat_id, batch), done);
     }
 
     /// The chat and its state, or `None` when it does not exist.
@@ -108,8 +113,7 @@ pub trait ChatStore: Send + Sync + 'static {
         epoch: Option<i64>,
         done: Completion<ToolClaim>,
     ) {
-        let claim = self.claim_tool(chat_id, invocation_key, epoch);
-        tokio::spawn(async move { done(claim.await) });
+        answer_when_done(self.claim_tool(chat_id, invocation_key, epoch), done);
     }
 
     /// Mark a claimed invocation completed. Not claimed, or already completed:
@@ -151,7 +155,7 @@ pub trait ChatStore: Send + Sync + 'static {
             Some(result) => self.complete_tool_recording(chat_id, invocation_key, result, epoch),
             None => self.complete_tool(chat_id, invocation_key, epoch),
         };
-        tokio::spawn(async move { done(write.await) });
+        answer_when_done(write, done);
     }
 
     /// Keep the chat's sealed (already encrypted) secret vault, replacing any previous one.

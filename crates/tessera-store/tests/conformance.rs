@@ -9,7 +9,7 @@ mod common;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use common::{TestDb, event, message, open, record};
+use common::{TestDb, TestStore, event, message, open, record};
 use futures::future::join_all;
 use serde_json::json;
 use tessera_store::{
@@ -901,16 +901,22 @@ async fn claim_then_complete(db: TestDb) {
     ));
 }
 
+/// A store opened on `db`, shared as the engine holds it, with chat `chat_id` created.
+async fn shared_with_chat(db: &TestDb, chat_id: &str) -> (TestStore, Arc<dyn ChatStore>) {
+    let store = open(db).await;
+    let shared = store.shared();
+    shared
+        .create_chat(record(chat_id, "acme", "u1", 1))
+        .await
+        .unwrap();
+    (store, shared)
+}
+
 /// Through the trait's future (the engine hands completions over with `complete_tool_then`,
 /// tested below): a completion records the tool's result, and a later claim of the key
 /// returns it (a turn re-run after a crash reuses it).
 async fn a_completion_through_the_trait_records_the_result(db: TestDb) {
-    let store = open(&db).await;
-    let shared = store.shared();
-    shared
-        .create_chat(record("c1", "acme", "u1", 1))
-        .await
-        .unwrap();
+    let (_store, shared) = shared_with_chat(&db, "c1").await;
     assert_eq!(
         shared.claim_tool("c1", "t1:s1:0", None).await.unwrap(),
         ToolClaim::Claimed
@@ -947,12 +953,7 @@ async fn outcome_of<T: Send + 'static>(
 /// `complete_tool_then` (what the engine calls) report what their futures would: done once
 /// the write is durable, the same answers and errors, `Closed` once the store is closed.
 async fn writes_and_claims_handed_over_with_then_report_as_their_futures_would(db: TestDb) {
-    let store = open(&db).await;
-    let shared = store.shared();
-    shared
-        .create_chat(record("c1", "acme", "u1", 1))
-        .await
-        .unwrap();
+    let (store, shared) = shared_with_chat(&db, "c1").await;
 
     let batch = |events: Vec<u64>| {
         Arc::new(ChatWriteBatch {

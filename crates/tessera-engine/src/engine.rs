@@ -53,7 +53,7 @@ struct EngineInner {
     http: Option<reqwest::Client>,
     /// The MCP hub and the tools listed at start; [`Engine::install`] lists new servers.
     mcp: Option<McpCatalog>,
-    shards: Vec<Shard>,
+    shards: Vec<Arc<Shard>>,
     next: AtomicUsize,
     config: Arc<EngineConfig>,
     _arbiters: Vec<Arbiter>,
@@ -132,9 +132,11 @@ impl Engine {
         let in_memory = Arc::new(AtomicUsize::new(0));
         let shards = handles
             .into_iter()
-            .map(|a| Shard {
-                chats_in_memory: in_memory.clone(),
-                ..Shard::start(a, &config, &hooks)
+            .map(|a| {
+                Arc::new(Shard {
+                    chats_in_memory: in_memory.clone(),
+                    ..Shard::start(a, &config, &hooks)
+                })
             })
             .collect();
         Ok(Self {
@@ -212,9 +214,9 @@ impl Engine {
             .unwrap_or_default()
     }
 
-    fn next_shard(&self) -> Shard {
+    fn next_shard(&self) -> Arc<Shard> {
         let index = self.inner.next.fetch_add(1, Ordering::Relaxed) % self.inner.shards.len();
-        self.inner.shards[index].clone()
+        Arc::clone(&self.inner.shards[index])
     }
 
     /// The store's chat rows, when the engine has a store.

@@ -38,11 +38,12 @@ pub struct TurnFinished {
 
 /// Everything a runner needs besides the machine.
 pub struct RunnerParts {
-    /// Where the turn's events go (the chat's session).
-    pub publish: Recipient<Publish>,
+    /// Where the turn's events go (the chat's session). Peers are shared by `Arc`: cloning
+    /// an actix `Recipient` or `Addr` allocates, and each tool call and stream takes them.
+    pub publish: Arc<Recipient<Publish>>,
     /// Where the turn's outcome goes (the chat's session).
-    pub report: Recipient<TurnFinished>,
-    pub dedup: Addr<DedupCache>,
+    pub report: Arc<Recipient<TurnFinished>>,
+    pub dedup: Arc<Addr<DedupCache>>,
     pub model: Arc<dyn ChatModel>,
     pub tool_ctx: ToolContext,
     pub turn: u32,
@@ -196,8 +197,8 @@ impl AgentRunner {
     /// announces the result. A refused claim never runs the tool.
     fn run_tool(&self, call: ToolInvocation) -> impl Future<Output = ToolResult> + 'static {
         let plan = self.machine.plan().clone();
-        let publish = self.parts.publish.clone();
-        let dedup = self.parts.dedup.clone();
+        let publish = Arc::clone(&self.parts.publish);
+        let dedup = Arc::clone(&self.parts.dedup);
         let mut tool_ctx = self.parts.tool_ctx.clone();
         let workflow = self.parts.workflow_name.clone();
         let call_logged = self.parts.logged_tools.calls.contains(&call.invocation_key);
@@ -309,7 +310,7 @@ impl AgentRunner {
     }
 
     fn delta_sink(&self) -> DeltaSink {
-        let publish = self.parts.publish.clone();
+        let publish = Arc::clone(&self.parts.publish);
         let agent = self.machine.plan().name.to_string();
         let message_id = message_id(&self.parts.tool_ctx.turn_idempotency_key);
         let mut hidden = HiddenTextFilter::new(self.machine.plan().hidden_triggers.clone());

@@ -186,7 +186,7 @@ pub struct ChatSession {
     /// `id.chat_id` escaped once for every event envelope.
     chat_id_json: ChatIdJson,
     wf: Arc<CompiledWorkflow>,
-    shard: Shard,
+    shard: Arc<Shard>,
     config: Arc<EngineConfig>,
     history: Transcript,
     /// Parallel to `history`: message id and hidden flag of each visible-kind message.
@@ -216,7 +216,8 @@ pub struct ChatSession {
     burst_end_sent: bool,
     /// Answered once the write-behind queue is idle (see [`WhenStored`]).
     stored_waiters: Vec<tokio::sync::oneshot::Sender<()>>,
-    self_addr: Option<Addr<ChatSession>>,
+    /// Set once the actor has started.
+    own: Option<OwnAddress>,
     /// Set for a chat rebuilt from the store: `started` resumes instead of starting.
     restored: Option<restore::RestoredWork>,
     /// For the re-run of a turn interrupted by a restart: the turn's tool events the log
@@ -233,6 +234,26 @@ pub struct ChatSession {
     /// Last event, subscription change or read: an open chat idle for the engine's
     /// `idle_evict` leaves memory (see [`IdleCheck`]).
     last_active: std::time::Instant,
+}
+
+/// The session's own address in the forms its turns and flushes hand out, made once: actix
+/// allocates a sender's parking state for every `ctx.address()` and every clone of an `Addr`
+/// or a `Recipient` (~20 allocations a turn before), and an `Arc` clone allocates nothing.
+struct OwnAddress {
+    addr: Arc<Addr<ChatSession>>,
+    publish: Arc<Recipient<Publish>>,
+    report: Arc<Recipient<TurnFinished>>,
+}
+
+impl OwnAddress {
+    fn of(ctx: &Context<ChatSession>) -> Self {
+        let addr = ctx.address();
+        Self {
+            publish: Arc::new(addr.clone().recipient()),
+            report: Arc::new(addr.clone().recipient()),
+            addr: Arc::new(addr),
+        }
+    }
 }
 
 /// The end of a burst, sent to self by its first event or write, so it arrives after the
@@ -252,7 +273,7 @@ impl ChatSession {
     pub fn new(
         id: ChatIdentity,
         wf: Arc<CompiledWorkflow>,
-        shard: Shard,
+        shard: Arc<Shard>,
         config: Arc<EngineConfig>,
         context_overrides: Map<String, Value>,
     ) -> Self {
@@ -289,7 +310,7 @@ impl ChatSession {
             flush_at_burst_end: false,
             burst_end_sent: false,
             stored_waiters: Vec::new(),
-            self_addr: None,
+            own: None,
             restored: None,
             logged_tools: LoggedToolEvents::default(),
             workflow_span: tracing::Span::none(),
@@ -455,10 +476,10 @@ impl ChatSession {
         if self.burst_end_sent {
             return;
         }
-        match &self.self_addr {
-            Some(addr) => {
+        match &self.own {
+            Some(own) => {
                 self.burst_end_sent = true;
-                addr.do_send(EndOfBurst);
+                own.addr.do_send(EndOfBurst);
             }
             None => self.deliver_pending(),
         }
@@ -496,7 +517,7 @@ impl ChatSession {
     }
 
     fn request_flush(&mut self) {
-        if !self.flush_requested && self.self_addr.is_some() {
+        if !self.flush_requested && self.own.is_some() {
             self.flush_requested = true;
             self.flush_at_burst_end = true;
             self.end_burst_soon();
@@ -513,6 +534,11 @@ impl ChatSession {
             agent_name: agent.clone(),
             secrets: self.secrets.view(),
         }
+    }
+
+    /// The session's own address (made when it started; a handler always runs after that).
+    fn own(&mut self, ctx: &Context<Self>) -> &OwnAddress {
+        self.own.get_or_insert_with(|| OwnAddress::of(ctx))
     }
 
     fn start_turn(&mut self, agent: Arc<str>, ctx: &mut Context<Self>) {
@@ -549,10 +575,12 @@ impl ChatSession {
             max_tokens: self.config.max_tokens,
             model_call_deadline: self.config.model_call_deadline,
         };
+        let own = self.own(ctx);
+        let (publish, report) = (Arc::clone(&own.publish), Arc::clone(&own.report));
         let parts = RunnerParts {
-            publish: ctx.address().recipient(),
-            report: ctx.address().recipient(),
-            dedup: self.shard.dedup.clone(),
+            publish,
+            report,
+            dedup: Arc::clone(&self.shard.dedup),
             model: self.wf.model.clone(),
             tool_ctx: self.tool_ctx(&agent),
             turn: self.turn,
@@ -679,7 +707,7 @@ impl ChatSession {
         outcome: impl Future<Output = AutoToolOutcome> + 'static,
         ctx: &mut Context<Self>,
     ) {
-        let (turn, addr) = (self.turn, ctx.address());
+        let (turn, addr) = (self.turn, Arc::clone(&self.own(ctx).addr));
         actix::spawn(async move {
             let outcome = outcome.await;
             addr.do_send(AutoToolDone { turn, outcome });
@@ -832,7 +860,7 @@ impl Actor for ChatSession {
         self.shard
             .chats_in_memory
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.self_addr = Some(ctx.address());
+        self.own = Some(OwnAddress::of(ctx));
         if self.epoch.is_some() {
             // Before any turn starts, so every tool claim of the chat carries the epoch.
             self.shard.dedup.do_send(crate::dedup::FenceChat {
@@ -931,7 +959,7 @@ impl ChatSession {
         // The store reports the outcome by message, not through a future of this context:
         // `ctx.wait` (e.g. for the vault write) pauses the context's futures, and a paused
         // flush holding the store's writer connection would deadlock it.
-        let addr = ctx.address();
+        let addr = Arc::clone(&self.own(ctx).addr);
         let started = self.persist.as_mut().is_some_and(|persist| {
             persist.start_flush(move |outcome| addr.do_send(FlushDone(outcome)))
         });

@@ -32,11 +32,11 @@ pub struct EngineHooks {
     pub mcp: Option<crate::mcp::McpCatalog>,
 }
 
-/// The helper actors of one arbiter.
-#[derive(Clone)]
+/// The helper actors of one arbiter, shared by its chats (`Arc<Shard>`).
 pub struct Shard {
     pub arbiter: ArbiterHandle,
-    pub dedup: Addr<DedupCache>,
+    /// Shared by `Arc`: each turn's runner takes it, and cloning an actix address allocates.
+    pub dedup: Arc<Addr<DedupCache>>,
     pub correlator: Addr<UiCorrelator>,
     pub auto_tools: Addr<AutoToolHandler>,
     pub observer: Option<EventObserver>,
@@ -67,7 +67,7 @@ impl Shard {
         });
         Self {
             arbiter,
-            dedup,
+            dedup: Arc::new(dedup),
             correlator,
             auto_tools,
             observer: hooks.observer.clone(),

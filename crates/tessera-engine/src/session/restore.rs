@@ -32,7 +32,7 @@ impl ChatSession {
     /// A chat rebuilt from its stored state, transcript and event log after a restart.
     pub fn restore(
         wf: Arc<CompiledWorkflow>,
-        shard: Shard,
+        shard: Arc<Shard>,
         config: Arc<EngineConfig>,
         stored: RestoredChat,
     ) -> Self {
@@ -117,7 +117,7 @@ impl ChatSession {
                 // anything else: any later listing of pending calls already sees it.
                 let parts = UiWaitParts {
                     correlator: self.shard.correlator.clone(),
-                    dedup: self.shard.dedup.clone(),
+                    dedup: Addr::clone(&self.shard.dedup),
                     publish: ctx.address().recipient(),
                     default_timeout: self.config.ui_timeout,
                 };

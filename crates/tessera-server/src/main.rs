@@ -14,6 +14,9 @@ use tessera_server::{ServerConfig, validate};
 
 // mimalloc instead of glibc malloc: the engine makes many small, short-lived allocations per
 // turn, and glibc spent about a third of the engine's CPU on them (free-list consolidation).
+// The `system-allocator` feature keeps glibc's, for heap profilers that see only it
+// (`scripts/alloc-sites.sh`).
+#[cfg(not(feature = "system-allocator"))]
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -25,6 +28,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// chats with 100 ms model latency, 7.9 page faults per turn at 0 against 2.6 at 1 s, and
 /// 4–19% less CPU per turn at 100 ms in alternating runs (README, "Current figures against
 /// issue 14"); the price is the pages freed in the last 100 ms, a few MiB under load.
+#[cfg(not(feature = "system-allocator"))]
 fn tune_allocator() {
     /// `mi_option_purge_delay` in mimalloc.h (v2 and v3), which libmimalloc-sys does not name.
     const PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
@@ -171,6 +175,7 @@ fn validate(dirs: &[PathBuf], config: Option<&std::path::Path>) -> ExitCode {
 }
 
 fn main() -> ExitCode {
+    #[cfg(not(feature = "system-allocator"))]
     tune_allocator();
     let cli = Cli::parse();
     match cli.command {

@@ -2,7 +2,10 @@
 # Allocations per turn by call site (README "Performance"): one `scripts/bench-sqlite.sh` run of
 # a server under heaptrack, then `scripts/alloc-sites.py` over its stacks. Where
 # `scripts/alloc-count.sh` says how many allocations a turn makes, this says where they are.
-# Not a timing: heaptrack makes the server several times slower.
+# Not a timing: heaptrack makes the server several times slower. Nor a count to compare builds
+# with: it counts C allocations too (SQLite's), and the slowed server batches differently (two
+# runs of builds 28 allocations a turn apart read 361.7 and 361.3 in all, the sites spread
+# ~8% apart). Compare builds with alloc-count.sh; read the sites here.
 #
 #   cargo build --release -p tessera-server --features system-allocator
 #   cp target/release/tessera /tmp/tessera-sysalloc      # then rebuild without the feature

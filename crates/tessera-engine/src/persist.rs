@@ -380,7 +380,8 @@ pub struct StateRow<'a> {
     pub current_agent: &'a str,
     pub turn: u32,
     pub consecutive: u32,
-    pub context: &'a Map<String, Value>,
+    /// Shared with the row, not copied (see `ContextVars`).
+    pub context: &'a Arc<Map<String, Value>>,
     /// How many times the chat's context was borrowed to change (it never goes down): equal
     /// counts mean an equal context, which is cheaper to know than comparing the maps.
     pub context_changes: u64,
@@ -405,7 +406,7 @@ impl From<StateRow<'_>> for ChatState {
             current_agent: row.current_agent.to_owned(),
             turn: row.turn,
             consecutive: row.consecutive,
-            context: row.context.clone(),
+            context: Arc::clone(row.context),
             updated_at_ms: now_ms(),
         }
     }
@@ -418,7 +419,7 @@ pub struct RestoredState {
     pub current_agent: String,
     pub turn: u32,
     pub consecutive: u32,
-    pub context: Map<String, Value>,
+    pub context: Arc<Map<String, Value>>,
 }
 
 impl From<ChatState> for RestoredState {
@@ -609,6 +610,7 @@ mod tests {
 
         let mut context = Map::new();
         context.insert("approved".into(), json!(true));
+        let context = Arc::new(context);
         let status = ChatStatus::AwaitingTool;
         let state = ChatState::from(StateRow {
             status: &status,
@@ -648,13 +650,13 @@ mod tests {
         let store = tessera_store::SqliteStore::in_memory().await;
         let store: Arc<dyn ChatStore> = Arc::new(store.expect("scratch store"));
         let mut queue = WriteBehind::new(store, Arc::from("chat_1"));
-        let mut context = Map::new();
+        let mut context = Arc::new(Map::new());
         let event = ServerEvent::RunStart {
             agent: "A".into(),
             turn: 1,
         };
         let mut flush_with =
-            |seq: u64, status: &ChatStatus, context: &Map<String, Value>, changes| {
+            |seq: u64, status: &ChatStatus, context: &Arc<Map<String, Value>>, changes| {
                 queue.queue_event(seq, &event, Arc::from("{}"), String::new);
                 queue.queue_state(StateRow {
                     status,
@@ -686,7 +688,7 @@ mod tests {
             Some(("awaiting_user".to_owned(), 0))
         );
         // Only the context changed (its change count says so): the new one is written.
-        context.insert("approved".into(), json!(true));
+        Arc::make_mut(&mut context).insert("approved".into(), json!(true));
         assert_eq!(
             flush_with(4, awaiting, &context, 1),
             Some(("awaiting_user".to_owned(), 1))

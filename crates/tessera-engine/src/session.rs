@@ -290,7 +290,7 @@ impl ChatSession {
             config,
             history: Transcript::default(),
             meta: Vec::new(),
-            context: variables::ContextVars::new(context),
+            context: variables::ContextVars::new(Arc::new(context)),
             current_agent,
             turn: 0,
             consecutive: 0,
@@ -624,7 +624,7 @@ impl ChatSession {
             &self.wf.workflow,
             &agent,
             &output.final_text,
-            self.context.edit(),
+            &mut self.context,
         );
         let final_id = message_id(&turn_key(&self.id.chat_id, &agent, self.turn));
         let count = output.new_messages.len();
@@ -748,7 +748,7 @@ impl ChatSession {
                         &self.wf.workflow,
                         &tool_name,
                         &response,
-                        self.context.edit(),
+                        &mut self.context,
                     );
                 }
                 self.route(ctx);
@@ -952,7 +952,7 @@ impl ChatSession {
                 current_agent: &self.current_agent,
                 turn: self.turn,
                 consecutive: self.consecutive,
-                context: self.context.get(),
+                context: self.context.shared(),
                 context_changes: self.context.changes(),
             });
         }

@@ -274,7 +274,7 @@ pub(crate) fn unpack_state(packed: &[u8]) -> Result<ChatState, StoreError> {
     let turn = fields.number()?;
     let consecutive = fields.number()?;
     let context = match serde_json::from_slice(fields.next()?) {
-        Ok(serde_json::Value::Object(map)) => map,
+        Ok(serde_json::Value::Object(map)) => Arc::new(map),
         _ => return Err(corrupt("a context that is not a JSON object")),
     };
     let updated_at_ms = fields.number()?;
@@ -578,10 +578,12 @@ mod tests {
             current_agent: "triage:1".to_owned(),
             turn: 41,
             consecutive: 2,
-            context: json!({"k": "v:1", "n": [1, 2]})
-                .as_object()
-                .cloned()
-                .unwrap(),
+            context: Arc::new(
+                json!({"k": "v:1", "n": [1, 2]})
+                    .as_object()
+                    .cloned()
+                    .unwrap(),
+            ),
             updated_at_ms: -5,
         };
         assert_eq!(unpack_state(&pack_state(&state).unwrap()).unwrap(), state);

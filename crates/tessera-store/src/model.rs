@@ -48,8 +48,10 @@ pub struct ChatState {
     pub turn: u32,
     /// Consecutive agent replies without user input (loop guard).
     pub consecutive: u32,
-    /// Workflow context variables (secret-free).
-    pub context: Map<String, Value>,
+    /// Workflow context variables (secret-free). Shared with the live chat's copy: a state
+    /// written after every turn would otherwise copy every variable (see the engine's
+    /// `ContextVars`).
+    pub context: Arc<Map<String, Value>>,
     /// Last update time, Unix milliseconds.
     pub updated_at_ms: i64,
 }
@@ -62,7 +64,7 @@ impl ChatState {
             current_agent: String::new(),
             turn: 0,
             consecutive: 0,
-            context: Map::new(),
+            context: Arc::default(),
             updated_at_ms,
         }
     }

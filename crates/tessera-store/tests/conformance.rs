@@ -626,7 +626,7 @@ fn state(status: &str, turn: u32) -> ChatState {
         current_agent: "billing".to_owned(),
         turn,
         consecutive: 1,
-        context,
+        context: context.into(),
         updated_at_ms: 5_000 + i64::from(turn),
     }
 }

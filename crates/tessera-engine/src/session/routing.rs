@@ -2,6 +2,7 @@
 //! no actor, no I/O (like `TurnMachine`): handoff routing, derived variables, `ui_response`
 //! triggers, and which variables clients may read. The session applies the results.
 
+use super::variables::ContextVars;
 use serde_json::{Map, Value};
 use tessera_manifest::{HandoffKind, HandoffTarget, Workflow};
 
@@ -76,13 +77,15 @@ pub(super) fn apply_derived(
     workflow: &Workflow,
     agent: &str,
     text: &str,
-    context: &mut Map<String, Value>,
+    context: &mut ContextVars,
 ) -> bool {
     let mut hidden = false;
     let trimmed = text.trim();
     for derived in &workflow.derived {
         if derived.source_agent == agent && trimmed == derived.trigger_value {
-            context.insert(derived.name.clone(), Value::Bool(true));
+            context
+                .edit()
+                .insert(derived.name.clone(), Value::Bool(true));
             hidden |= derived.ui_hidden;
         }
     }
@@ -94,7 +97,7 @@ pub(super) fn apply_ui_response(
     workflow: &Workflow,
     tool: &str,
     response: &Value,
-    context: &mut Map<String, Value>,
+    context: &mut ContextVars,
 ) {
     for trigger in &workflow.ui_response_triggers {
         if trigger.tool != tool {
@@ -105,7 +108,9 @@ pub(super) fn apply_ui_response(
             .split('.')
             .try_fold(response, |v, key| v.get(key));
         if let Some(value) = value {
-            context.insert(trigger.variable.clone(), value.clone());
+            context
+                .edit()
+                .insert(trigger.variable.clone(), value.clone());
         }
     }
 }
@@ -121,6 +126,8 @@ pub(super) fn client_visible(workflow: &Workflow, name: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
     use serde_json::json;
 
@@ -138,6 +145,27 @@ mod tests {
             .iter()
             .map(|(k, v)| ((*k).to_owned(), v.clone()))
             .collect()
+    }
+
+    #[test]
+    fn triggers_borrow_the_variables_to_change_only_when_they_fire() {
+        let wf = fixture();
+        let mut vars = ContextVars::new(Arc::new(context(&[("ready", json!(false))])));
+        assert!(!apply_derived(&wf, "HelperAgent", "not yet", &mut vars));
+        assert!(!apply_derived(&wf, "PlannerAgent", "NEXT", &mut vars));
+        apply_ui_response(&wf, "other_tool", &json!({"status": "x"}), &mut vars);
+        apply_ui_response(&wf, "review_plan", &json!({"other": "x"}), &mut vars);
+        assert_eq!(
+            vars.changes(),
+            0,
+            "nothing fired: the variables stay shared"
+        );
+
+        assert!(apply_derived(&wf, "HelperAgent", " NEXT ", &mut vars));
+        assert_eq!(vars.get().get("ready"), Some(&json!(true)));
+        apply_ui_response(&wf, "review_plan", &json!({"status": "ok"}), &mut vars);
+        assert_eq!(vars.get().get("plan_status"), Some(&json!("ok")));
+        assert_eq!(vars.changes(), 2);
     }
 
     #[test]

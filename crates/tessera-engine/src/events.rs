@@ -3,6 +3,8 @@
 //! `chat.tool_call` / `chat.tool_response` events, in one place so the auto-tool, agent-tool
 //! and UI paths cannot drift apart.
 
+use std::sync::Arc;
+
 use actix::Message;
 use serde_json::{Map, Value};
 use tessera_protocol::{
@@ -17,23 +19,24 @@ pub struct Publish(pub ServerEvent);
 
 /// What a `chat.tool_call` announces.
 pub struct ToolCallInfo<'a> {
-    pub agent: &'a str,
-    pub tool_name: &'a str,
+    /// The names are the plan's shared strings: each event takes a reference count, not a copy.
+    pub agent: &'a Arc<str>,
+    pub tool_name: &'a Arc<str>,
     /// The correlation id: the turn key for auto tools, the invocation key for agent tools.
     pub corr: &'a str,
     pub component_type: Option<&'a str>,
-    pub workflow_name: &'a str,
+    pub workflow_name: &'a Arc<str>,
     pub interaction: InteractionType,
 }
 
 /// `chat.tool_call` with `awaiting_response: false` (the runtime handles the tool itself).
 pub fn tool_call_event(info: &ToolCallInfo<'_>, tool_args: &Map<String, Value>) -> ServerEvent {
     ServerEvent::ToolCall(ToolCallEvent::Announced(ToolAnnouncement {
-        agent: info.agent.to_owned(),
-        tool_name: info.tool_name.to_owned(),
+        agent: Arc::clone(info.agent),
+        tool_name: Arc::clone(info.tool_name),
         corr: info.corr.to_owned(),
         component_type: info.component_type.map(str::to_owned),
-        workflow_name: info.workflow_name.to_owned(),
+        workflow_name: Arc::clone(info.workflow_name),
         interaction: info.interaction,
         tool_args: tool_args.clone(),
     }))
@@ -48,8 +51,8 @@ pub fn tool_response_event(
     ended_ui_call: Option<String>,
 ) -> ServerEvent {
     ServerEvent::ToolResponse(ToolResponseEvent {
-        agent: info.agent.to_owned(),
-        tool_name: info.tool_name.to_owned(),
+        agent: Arc::clone(info.agent),
+        tool_name: Arc::clone(info.tool_name),
         corr: info.corr.to_owned(),
         handler_ok,
         success: tessera_tools::is_success(handler_ok, &result),

@@ -2,6 +2,8 @@
 //! session and the server read their fields, and only the envelope writer turns them into the
 //! spec's JSON shapes (keys in the order serde_json writes an object's keys: sorted).
 
+use std::sync::Arc;
+
 use serde::Serialize;
 use serde::ser::{SerializeMap, Serializer};
 use serde_json::{Map, Value};
@@ -31,12 +33,14 @@ pub enum ToolCallEvent {
 /// A tool the runtime runs itself, as `chat.tool_call` announces it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolAnnouncement {
-    pub agent: String,
-    pub tool_name: String,
+    /// Shared (`Arc<str>`) with the workflow's compiled plan, as `tool_name` and
+    /// `workflow_name` are: an event per tool call copied each.
+    pub agent: Arc<str>,
+    pub tool_name: Arc<str>,
     /// The correlation id: the turn key for auto tools, the invocation key for agent tools.
     pub corr: String,
     pub component_type: Option<String>,
-    pub workflow_name: String,
+    pub workflow_name: Arc<str>,
     pub interaction: InteractionType,
     pub tool_args: Map<String, Value>,
 }
@@ -44,8 +48,8 @@ pub struct ToolAnnouncement {
 /// `chat.tool_response`: how a tool call ended.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolResponseEvent {
-    pub agent: String,
-    pub tool_name: String,
+    pub agent: Arc<str>,
+    pub tool_name: Arc<str>,
     /// The correlation id of the matching [`ToolAnnouncement`].
     pub corr: String,
     /// The handler itself ran without error (`status: "ok"`, else `"error"`).

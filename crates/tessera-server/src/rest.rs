@@ -1077,9 +1077,9 @@ impl Handler<Observed> for RunCollector {
                 ctx,
             ),
             ServerEvent::ToolCall(ToolCallEvent::Announced(call))
-                if self.started && !self.tools.contains(&call.tool_name) =>
+                if self.started && !self.tools.iter().any(|t| **t == *call.tool_name) =>
             {
-                self.tools.push(call.tool_name);
+                self.tools.push(call.tool_name.to_string());
             }
             ServerEvent::Usage {
                 prompt_tokens,

@@ -33,8 +33,8 @@ pub enum ToolCallEvent {
 /// A tool the runtime runs itself, as `chat.tool_call` announces it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolAnnouncement {
-    /// Shared (`Arc<str>`) with the workflow's compiled plan, as `tool_name` and
-    /// `workflow_name` are: an event per tool call copied each.
+    /// The names are `Arc<str>`, shared with the workflow's compiled plan: every tool call
+    /// announces them, and copying them cost an allocation each.
     pub agent: Arc<str>,
     pub tool_name: Arc<str>,
     /// The correlation id: the turn key for auto tools, the invocation key for agent tools.

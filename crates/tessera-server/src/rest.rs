@@ -8,6 +8,7 @@
 //! sensitive.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -1026,7 +1027,7 @@ async fn run_workflow(
 enum RunOutcome {
     Done {
         response: String,
-        tools_used: Vec<String>,
+        tools_used: Vec<Arc<str>>,
         usage: (u64, u64),
     },
     Failed {
@@ -1040,7 +1041,7 @@ struct RunCollector {
     done: Option<oneshot::Sender<RunOutcome>>,
     started: bool,
     texts: Vec<String>,
-    tools: Vec<String>,
+    tools: Vec<Arc<str>>,
     usage: (u64, u64),
 }
 
@@ -1077,9 +1078,9 @@ impl Handler<Observed> for RunCollector {
                 ctx,
             ),
             ServerEvent::ToolCall(ToolCallEvent::Announced(call))
-                if self.started && !self.tools.iter().any(|t| **t == *call.tool_name) =>
+                if self.started && !self.tools.contains(&call.tool_name) =>
             {
-                self.tools.push(call.tool_name.to_string());
+                self.tools.push(call.tool_name);
             }
             ServerEvent::Usage {
                 prompt_tokens,

@@ -45,7 +45,7 @@ where
     let chat_id: String = row.col("chat_id")?;
     let context_text: String = row.col("context")?;
     let context = match json_from_sql(&context_text, "chat context")? {
-        Value::Object(map) => std::sync::Arc::new(map),
+        Value::Object(map) => Arc::new(map),
         other => {
             return Err(StoreError::Corrupt(format!(
                 "context of chat '{chat_id}' is not an object: {}",

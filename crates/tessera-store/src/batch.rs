@@ -4,8 +4,9 @@
 
 use std::sync::Arc;
 
-use rusqlite::{Connection, params};
+use rusqlite::params;
 
+use crate::db::Db;
 use crate::{ChatState, PendingUiRecord, StoreError, StoredEvent, StoredMessage};
 
 /// Writes of one chat that belong together.
@@ -41,14 +42,10 @@ impl ChatWriteBatch {
 
 /// Applies `batch` on the writer connection (inside the writer's savepoint, so any failure
 /// rolls all of it back).
-pub(crate) fn apply(
-    conn: &Connection,
-    chat_id: &str,
-    batch: &ChatWriteBatch,
-) -> Result<(), StoreError> {
+pub(crate) fn apply(db: &Db<'_>, chat_id: &str, batch: &ChatWriteBatch) -> Result<(), StoreError> {
     if !(batch.messages.is_empty() && batch.events.is_empty() && batch.state.is_none()) {
         crate::log::append(
-            conn,
+            db,
             chat_id,
             &batch.events,
             &batch.messages,
@@ -56,7 +53,7 @@ pub(crate) fn apply(
         )?;
     }
     if !batch.put_pending.is_empty() {
-        let mut upsert = conn.prepare_cached(
+        let mut upsert = db.prepare_cached(
             "INSERT INTO pending_ui (chat_id, corr, turn_key, call, created_at_ms, timeout_at_ms) \
              VALUES (?, ?, ?, ?, ?, ?) \
              ON CONFLICT (chat_id, corr) DO UPDATE SET turn_key = excluded.turn_key, \
@@ -78,7 +75,7 @@ pub(crate) fn apply(
         }
     }
     for corr in &batch.remove_pending {
-        crate::pending::remove(conn, chat_id, corr)?;
+        crate::pending::remove(db, chat_id, corr)?;
     }
     Ok(())
 }

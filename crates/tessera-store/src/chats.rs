@@ -4,6 +4,7 @@
 use rusqlite::{Connection, params};
 use sqlx::{Row, SqlitePool};
 
+use crate::db::Db;
 use crate::{ChatRecord, ChatState, STATUS_COMPLETED, StoreError, StoredChat};
 
 /// Insert a new chat in its initial state.
@@ -174,12 +175,12 @@ pub(crate) fn save_completed_state(
 /// Delete a chat; its log rows and tool claims explicitly (they hang off its `chat_heads` row
 /// and index), rows of the child tables (and through `chat_numbers`, of the tables keyed
 /// by chat number) go by `ON DELETE CASCADE`, artifacts explicitly.
-pub(crate) fn delete(conn: &Connection, chat_id: &str) -> Result<bool, StoreError> {
-    conn.prepare_cached("DELETE FROM artifacts WHERE chat_id = ?")?
+pub(crate) fn delete(db: &Db<'_>, chat_id: &str) -> Result<bool, StoreError> {
+    db.prepare_cached("DELETE FROM artifacts WHERE chat_id = ?")?
         .execute([chat_id])?;
-    crate::log::delete(conn, chat_id)?;
-    crate::tools::delete(conn, chat_id)?;
-    let deleted = conn
+    crate::log::delete(db, chat_id)?;
+    crate::tools::delete(db, chat_id)?;
+    let deleted = db
         .prepare_cached("DELETE FROM chats WHERE chat_id = ?")?
         .execute([chat_id])?;
     Ok(deleted > 0)

@@ -30,6 +30,7 @@ use rusqlite::Connection;
 use tracing::{error, info};
 
 use crate::convert::now_ms;
+use crate::db::{Db, Held};
 use crate::tools::{self, Lookup};
 use crate::{StoreError, ToolClaim};
 
@@ -115,14 +116,14 @@ impl ClaimsJournal {
             uncommitted_generation: 0,
         };
         journal.lock()?;
-        let recovered = journal.recover(conn);
+        let recovered = journal.recover(&Db::new(conn));
         journal.unlock();
         recovered?;
         Ok(journal)
     }
 
     /// Under the lock: puts every claim in the file into the database and resets the file.
-    fn recover(&mut self, conn: &Connection) -> Result<(), StoreError> {
+    fn recover(&mut self, db: &Db<'_>) -> Result<(), StoreError> {
         let len = self.file_len()?;
         if len < HEADER_LEN {
             // New, or its creation was cut short: it cannot hold a claim.
@@ -132,7 +133,7 @@ impl ClaimsJournal {
         let (claims, _) = self.read_records(HEADER_LEN, len)?;
         if !claims.is_empty() {
             info!(claims = claims.len(), path = %self.path.display(), "claims journal: recovering claims");
-            insert_all_absent(conn, &claims)?;
+            insert_all_absent(db, &claims)?;
         }
         self.reset(generation.wrapping_add(1))
     }
@@ -142,26 +143,26 @@ impl ClaimsJournal {
     /// claim), so the caller claims inside a transaction instead.
     pub(crate) fn claim(
         &mut self,
-        conn: &Connection,
+        db: &Db<'_>,
         chat_id: &str,
         key: &str,
     ) -> Result<Option<ToolClaim>, StoreError> {
         self.lock()?;
-        let claimed = self.claim_locked(conn, chat_id, key);
+        let claimed = self.claim_locked(db, chat_id, key);
         self.unlock();
         claimed
     }
 
     fn claim_locked(
         &mut self,
-        conn: &Connection,
+        db: &Db<'_>,
         chat_id: &str,
         key: &str,
     ) -> Result<Option<ToolClaim>, StoreError> {
         self.catch_up()?;
         // Looked up under the lock: a claim leaves the journal only for the database, and
         // only under the lock, so between the two nothing is missed.
-        match in_transaction(conn, "BEGIN", |conn| tools::lookup(conn, chat_id, key))? {
+        match in_transaction(db, Held::Begin, |db| tools::lookup(db, chat_id, key))? {
             Lookup::UnknownChat => return Ok(None),
             Lookup::Found(answer) => return Ok(Some(answer)),
             Lookup::Absent(_) => {}
@@ -201,14 +202,14 @@ impl ClaimsJournal {
     /// only a reset of the file puts another writer's journaled claims in the database. So
     /// when no writer has reset the file since the first of them was appended, they are
     /// written without a second look-up (a chat deleted since is still skipped).
-    pub(crate) fn insert_uncommitted(&self, conn: &Connection) -> Result<(), StoreError> {
+    pub(crate) fn insert_uncommitted(&self, db: &Db<'_>) -> Result<(), StoreError> {
         let unreset =
             !self.uncommitted.is_empty() && self.unreset_since(self.uncommitted_generation);
         for claim in &self.uncommitted {
             let inserted = if unreset {
-                insert_unless_chat_gone(conn, claim)
+                insert_unless_chat_gone(db, claim)
             } else {
-                insert_if_absent(conn, claim)
+                insert_if_absent(db, claim)
             };
             match inserted {
                 Err(e) if e.is_transient() => return Err(e),
@@ -225,7 +226,7 @@ impl ClaimsJournal {
 
     /// After a group transaction that ran [`ClaimsJournal::insert_uncommitted`] committed;
     /// resets the file once it is large (see [`RESET_AFTER_BYTES`]).
-    pub(crate) fn committed(&mut self, conn: &Connection) {
+    pub(crate) fn committed(&mut self, db: &Db<'_>) {
         if !self.uncommitted.is_empty() {
             self.uncommitted.clear();
             // The database holds this writer's claims now; the others' still count.
@@ -235,7 +236,7 @@ impl ClaimsJournal {
             }
         }
         if self.end >= RESET_AFTER_BYTES
-            && let Err(e) = self.reset_when_stored(conn)
+            && let Err(e) = self.reset_when_stored(db)
         {
             // Nothing is lost: the file keeps its claims and the next commit tries again.
             error!(error = %e, path = %self.path.display(), "claims journal reset failed");
@@ -244,11 +245,11 @@ impl ClaimsJournal {
 
     /// Under the lock, outside any transaction: puts the other writers' claims in the
     /// database (this writer's are there already) and starts a new generation.
-    fn reset_when_stored(&mut self, conn: &Connection) -> Result<(), StoreError> {
+    fn reset_when_stored(&mut self, db: &Db<'_>) -> Result<(), StoreError> {
         self.lock()?;
         let reset = self.catch_up().and_then(|()| {
             if !self.others.is_empty() {
-                insert_all_absent(conn, &self.others)?;
+                insert_all_absent(db, &self.others)?;
             }
             self.reset(self.generation.wrapping_add(1))
         });
@@ -430,39 +431,27 @@ fn remember(keys: &mut HashMap<Box<str>, HashSet<Box<str>>>, claim: &Claim) {
 }
 
 /// Writes `claim` unless the database holds its key already or does not know its chat.
-fn insert_if_absent(conn: &Connection, claim: &Claim) -> Result<(), StoreError> {
-    if let Lookup::Absent(heads) = tools::lookup(conn, &claim.chat_id, &claim.key)? {
-        tools::insert(
-            conn,
-            &claim.chat_id,
-            &heads,
-            &claim.key,
-            claim.started_at_ms,
-        )?;
+fn insert_if_absent(db: &Db<'_>, claim: &Claim) -> Result<(), StoreError> {
+    if let Lookup::Absent(heads) = tools::lookup(db, &claim.chat_id, &claim.key)? {
+        tools::insert(db, &claim.chat_id, &heads, &claim.key, claim.started_at_ms)?;
     }
     Ok(())
 }
 
 /// Writes `claim`, known to be absent from the database, unless its chat is gone.
-fn insert_unless_chat_gone(conn: &Connection, claim: &Claim) -> Result<(), StoreError> {
-    match crate::log::heads(conn, &claim.chat_id)? {
-        Some(heads) => tools::insert(
-            conn,
-            &claim.chat_id,
-            &heads,
-            &claim.key,
-            claim.started_at_ms,
-        ),
+fn insert_unless_chat_gone(db: &Db<'_>, claim: &Claim) -> Result<(), StoreError> {
+    match crate::log::heads(db, &claim.chat_id)? {
+        Some(heads) => tools::insert(db, &claim.chat_id, &heads, &claim.key, claim.started_at_ms),
         None => Ok(()),
     }
 }
 
 /// Writes every claim of `claims` the database lacks, in one write transaction.
-fn insert_all_absent(conn: &Connection, claims: &[Claim]) -> Result<(), StoreError> {
-    in_transaction(conn, "BEGIN IMMEDIATE", |conn| {
+fn insert_all_absent(db: &Db<'_>, claims: &[Claim]) -> Result<(), StoreError> {
+    in_transaction(db, Held::BeginImmediate, |db| {
         claims
             .iter()
-            .try_for_each(|claim| insert_if_absent(conn, claim))
+            .try_for_each(|claim| insert_if_absent(db, claim))
     })
 }
 
@@ -472,17 +461,17 @@ fn insert_all_absent(conn: &Connection, claims: &[Claim]) -> Result<(), StoreErr
 /// releases a WAL read lock of its own (`fcntl` calls on the shared-memory file), and a
 /// look-up is up to three statements.
 fn in_transaction<T>(
-    conn: &Connection,
-    begin: &str,
-    work: impl FnOnce(&Connection) -> Result<T, StoreError>,
+    db: &Db<'_>,
+    begin: Held,
+    work: impl FnOnce(&Db<'_>) -> Result<T, StoreError>,
 ) -> Result<T, StoreError> {
-    conn.prepare_cached(begin)?.execute([])?;
-    let result = work(conn).and_then(|value| {
-        conn.prepare_cached("COMMIT")?.execute([])?;
+    db.with(begin, |statement| Ok(statement.execute([])?))?;
+    let result = work(db).and_then(|value| {
+        db.with(Held::Commit, |statement| Ok(statement.execute([])?))?;
         Ok(value)
     });
     if result.is_err() {
-        let _ = conn.execute_batch("ROLLBACK");
+        let _ = db.execute_batch("ROLLBACK");
     }
     result
 }
@@ -617,12 +606,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("t.db");
         database_with_a_chat(&db);
-        let (conn_a, conn_b) = (
+        let (open_a, open_b) = (
             Connection::open(&db).unwrap(),
             Connection::open(&db).unwrap(),
         );
-        let mut a = ClaimsJournal::open(&db, &conn_a).unwrap();
-        let mut b = ClaimsJournal::open(&db, &conn_b).unwrap();
+        let mut a = ClaimsJournal::open(&db, &open_a).unwrap();
+        let mut b = ClaimsJournal::open(&db, &open_b).unwrap();
+        let (conn_a, conn_b) = (Db::new(&open_a), Db::new(&open_b));
 
         assert_eq!(
             b.claim(&conn_b, "c1", "b-early").unwrap(),
@@ -649,7 +639,7 @@ mod tests {
         assert!(b.end > RESET_AFTER_BYTES);
 
         // a commits its claims, then resets: b's claims go into the database with it.
-        in_transaction(&conn_a, "BEGIN IMMEDIATE", |conn| {
+        in_transaction(&conn_a, Held::BeginImmediate, |conn| {
             a.insert_uncommitted(conn)
         })
         .unwrap();
@@ -676,7 +666,7 @@ mod tests {
             Some(ToolClaim::AlreadyStarted)
         );
 
-        in_transaction(&conn_b, "BEGIN IMMEDIATE", |conn| {
+        in_transaction(&conn_b, Held::BeginImmediate, |conn| {
             b.insert_uncommitted(conn)
         })
         .unwrap();

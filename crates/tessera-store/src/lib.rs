@@ -21,6 +21,7 @@ mod batch;
 mod chats;
 mod claims_journal;
 mod convert;
+mod db;
 mod error;
 mod lease;
 mod log;

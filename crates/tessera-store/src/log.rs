@@ -20,6 +20,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use sqlx::{Row, SqlitePool};
 
 use crate::convert::{json_text_from_sql, sql_to_u64, u64_to_sql};
+use crate::db::{Db, Held};
 use crate::{ChatState, StoreError, StoredEvent, StoredMessage};
 
 /// A chat's `chat_heads` row: where its log and its chain of unindexed tool claims stand.
@@ -34,25 +35,33 @@ pub(crate) struct Heads {
     pub(crate) unindexed_claims: i64,
 }
 
+/// [`heads`]' statement.
+pub(crate) const HEADS_SQL: &str = "SELECT h.chat_no, h.log_head, h.last_seq, h.next_idx, \
+     h.claims_head, h.unindexed_claims \
+     FROM chat_numbers n JOIN chat_heads h ON h.chat_no = n.chat_no WHERE n.chat_id = ?";
+/// [`append`]'s new row.
+pub(crate) const APPEND_SQL: &str = "INSERT INTO chat_log \
+     (chat_no, prev, seq_floor, idx_floor, events, messages, state) VALUES (?, ?, ?, ?, ?, ?, ?)";
+/// [`append`]'s move of the chat's heads.
+pub(crate) const MOVE_HEAD_SQL: &str = "UPDATE chat_heads SET log_head = ?, last_seq = ?, \
+     next_idx = ?, state_row = COALESCE(?, state_row) WHERE chat_no = ?";
+
 /// The chat's heads row; `None` for an unknown chat.
-pub(crate) fn heads(conn: &Connection, chat_id: &str) -> Result<Option<Heads>, StoreError> {
-    Ok(conn
-        .prepare_cached(
-            "SELECT h.chat_no, h.log_head, h.last_seq, h.next_idx, h.claims_head, \
-             h.unindexed_claims \
-             FROM chat_numbers n JOIN chat_heads h ON h.chat_no = n.chat_no WHERE n.chat_id = ?",
-        )?
-        .query_row([chat_id], |row| {
-            Ok(Heads {
-                chat_no: row.get(0)?,
-                log_row: row.get(1)?,
-                last_seq: row.get(2)?,
-                next_idx: row.get(3)?,
-                claims_head: row.get(4)?,
-                unindexed_claims: row.get(5)?,
+pub(crate) fn heads(db: &Db<'_>, chat_id: &str) -> Result<Option<Heads>, StoreError> {
+    db.with(Held::ChatHeads, |statement| {
+        Ok(statement
+            .query_row([chat_id], |row| {
+                Ok(Heads {
+                    chat_no: row.get(0)?,
+                    log_row: row.get(1)?,
+                    last_seq: row.get(2)?,
+                    next_idx: row.get(3)?,
+                    claims_head: row.get(4)?,
+                    unindexed_claims: row.get(5)?,
+                })
             })
-        })
-        .optional()?)
+            .optional()?)
+    })
 }
 
 /// Appends one row with `events`, `messages` and `state` (any may be empty) to the chat's log
@@ -64,13 +73,13 @@ pub(crate) fn heads(conn: &Connection, chat_id: &str) -> Result<Option<Heads>, S
 /// idx; in any order within the flush, no repeats. Otherwise: [`StoreError::Conflict`] and
 /// nothing written.
 pub(crate) fn append(
-    conn: &Connection,
+    db: &Db<'_>,
     chat_id: &str,
     events: &[StoredEvent],
     messages: &[StoredMessage],
     state: Option<&ChatState>,
 ) -> Result<(), StoreError> {
-    let head = heads(conn, chat_id)?.ok_or_else(|| StoreError::NotFound(chat_id.to_owned()))?;
+    let head = heads(db, chat_id)?.ok_or_else(|| StoreError::NotFound(chat_id.to_owned()))?;
     let mut events: Vec<&StoredEvent> = events.iter().collect();
     events.sort_unstable_by_key(|e| e.seq);
     let mut messages: Vec<&StoredMessage> = messages.iter().collect();
@@ -108,33 +117,29 @@ pub(crate) fn append(
         ))
     })? + 1;
 
-    conn.prepare_cached(
-        "INSERT INTO chat_log (chat_no, prev, seq_floor, idx_floor, events, messages, state) \
-         VALUES (?, ?, ?, ?, ?, ?, ?)",
-    )?
-    .execute(params![
-        head.chat_no,
-        head.log_row,
-        head.last_seq,
-        head.next_idx,
-        packed_events,
-        packed_messages,
-        packed_state
-    ])?;
-    let row = conn.last_insert_rowid();
-    conn.prepare_cached(
-        "UPDATE chat_heads SET log_head = ?, last_seq = ?, next_idx = ?, \
-         state_row = COALESCE(?, state_row) WHERE chat_no = ?",
-    )?
-    .execute(params![
-        row,
-        last_seq,
-        next_idx,
-        state.map(|_| row),
-        head.chat_no
-    ])?;
+    db.with(Held::AppendLog, |statement| {
+        Ok(statement.execute(params![
+            head.chat_no,
+            head.log_row,
+            head.last_seq,
+            head.next_idx,
+            packed_events,
+            packed_messages,
+            packed_state
+        ])?)
+    })?;
+    let row = db.last_insert_rowid();
+    db.with(Held::MoveLogHead, |statement| {
+        Ok(statement.execute(params![
+            row,
+            last_seq,
+            next_idx,
+            state.map(|_| row),
+            head.chat_no
+        ])?)
+    })?;
     if let Some(state) = state.filter(|s| s.status == crate::STATUS_COMPLETED) {
-        crate::chats::save_completed_state(conn, chat_id, state)?;
+        crate::chats::save_completed_state(db, chat_id, state)?;
     }
     Ok(())
 }

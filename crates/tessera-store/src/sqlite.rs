@@ -21,6 +21,7 @@ use sqlx::SqlitePool;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use tessera_tools::{ArtifactRef, ArtifactStore, StoredArtifact, Task, TaskFilter, TaskStore};
 
+use crate::db::Db;
 use crate::store::{Completion, StoreFuture};
 use crate::writer::{Answer, Writer};
 use crate::{
@@ -423,10 +424,10 @@ impl SqliteStore {
         chat_id: &str,
         invocation_key: &str,
         result: &Value,
-    ) -> Result<impl Fn(&Connection) -> Result<(), StoreError> + Send + 'static, StoreError> {
+    ) -> Result<impl Fn(&Db<'_>) -> Result<(), StoreError> + Send + 'static, StoreError> {
         let result = serde_json::to_string(result)?;
         let (chat_id, key) = (chat_id.to_owned(), invocation_key.to_owned());
-        Ok(move |conn: &Connection| tools::complete(conn, &chat_id, &key, &result))
+        Ok(move |db: &Db<'_>| tools::complete(db, &chat_id, &key, &result))
     }
 }
 

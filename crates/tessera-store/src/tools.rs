@@ -18,9 +18,10 @@
 //! `BEGIN IMMEDIATE`. Either way at most one caller ever claims a key, across stores and
 //! processes.
 
-use rusqlite::{Connection, OptionalExtension, params};
+use rusqlite::{OptionalExtension, params};
 
 use crate::convert::{json_from_sql, now_ms};
+use crate::db::{Db, Held};
 use crate::log::{Heads, heads};
 use crate::{StoreError, ToolClaim};
 
@@ -39,6 +40,23 @@ macro_rules! walk_chain {
     };
 }
 
+/// [`find`]'s step along a chat's chain of claims.
+pub(crate) const CLAIM_IN_CHAIN_SQL: &str =
+    "SELECT invocation_key = ?2, status, result, prev FROM tool_invocations WHERE rowid = ?1";
+/// [`find`]'s look-up in the index of older keys.
+pub(crate) const CLAIM_BY_INDEX_SQL: &str = "SELECT t.rowid, t.status, t.result \
+     FROM tool_invocation_keys k JOIN tool_invocations t ON t.rowid = k.claim_row \
+     WHERE k.chat_no = ? AND k.invocation_key = ?";
+/// [`insert`]'s new claim.
+pub(crate) const INSERT_CLAIM_SQL: &str = "INSERT INTO tool_invocations \
+     (chat_no, invocation_key, status, started_at_ms, prev) VALUES (?, ?, 'started', ?, ?)";
+/// [`insert`]'s move of the chat's chain.
+pub(crate) const MOVE_CLAIMS_HEAD_SQL: &str =
+    "UPDATE chat_heads SET claims_head = ?, unindexed_claims = ? WHERE chat_no = ?";
+/// [`complete`]'s update.
+pub(crate) const COMPLETE_CLAIM_SQL: &str = "UPDATE tool_invocations SET status = 'completed', \
+     result = ?, completed_at_ms = ? WHERE rowid = ?";
+
 /// A stored claim.
 struct Found {
     row: i64,
@@ -52,7 +70,7 @@ struct Found {
 /// SQLite runs one of those through a queue table, which cost ~1.4 µs per claim walked, and
 /// most look-ups are of new keys, which walk the whole chain. Stepping one cached statement
 /// costs a rowid look-up per claim, and a key claimed last (its completion) is found at once.
-fn find(conn: &Connection, claims: &Heads, key: &str) -> Result<Option<Found>, StoreError> {
+fn find(db: &Db<'_>, claims: &Heads, key: &str) -> Result<Option<Found>, StoreError> {
     /// One claim of the chain: the one looked for, or the next older one.
     enum Step {
         Found(Found),
@@ -60,36 +78,38 @@ fn find(conn: &Connection, claims: &Heads, key: &str) -> Result<Option<Found>, S
     }
     let mut next = claims.claims_head;
     if next.is_some() {
-        let mut chained = conn.prepare_cached(
-            "SELECT invocation_key = ?2, status, result, prev FROM tool_invocations \
-             WHERE rowid = ?1",
-        )?;
         // The chain holds `unindexed_claims` rows, at most `UNINDEXED_CLAIMS`; should it be
         // longer, the recursive query below walks the rest.
-        for _ in 0..claims.unindexed_claims.max(UNINDEXED_CLAIMS) {
-            let Some(row) = next else { break };
-            let step = chained
-                .query_row(params![row, key], |r| {
-                    if r.get::<_, bool>(0)? {
-                        Ok(Step::Found(Found {
-                            row,
-                            status: r.get(1)?,
-                            result: r.get(2)?,
-                        }))
-                    } else {
-                        Ok(Step::Older(r.get(3)?))
-                    }
-                })
-                .optional()?;
-            match step {
-                Some(Step::Found(found)) => return Ok(Some(found)),
-                Some(Step::Older(prev)) => next = prev,
-                None => next = None,
+        let walked = db.with(Held::ClaimInChain, |chained| {
+            for _ in 0..claims.unindexed_claims.max(UNINDEXED_CLAIMS) {
+                let Some(row) = next else { break };
+                let step = chained
+                    .query_row(params![row, key], |r| {
+                        if r.get::<_, bool>(0)? {
+                            Ok(Step::Found(Found {
+                                row,
+                                status: r.get(1)?,
+                                result: r.get(2)?,
+                            }))
+                        } else {
+                            Ok(Step::Older(r.get(3)?))
+                        }
+                    })
+                    .optional()?;
+                match step {
+                    Some(Step::Found(found)) => return Ok(Some(found)),
+                    Some(Step::Older(prev)) => next = prev,
+                    None => next = None,
+                }
             }
+            Ok(None)
+        })?;
+        if walked.is_some() {
+            return Ok(walked);
         }
     }
     if let Some(rest) = next {
-        let chained = conn
+        let chained = db
             .prepare_cached(walk_chain!(
                 "SELECT t.rowid, t.status, t.result FROM walk w \
                  JOIN tool_invocations t ON t.rowid = w.r WHERE t.invocation_key = ?2"
@@ -100,14 +120,11 @@ fn find(conn: &Connection, claims: &Heads, key: &str) -> Result<Option<Found>, S
             return Ok(chained);
         }
     }
-    Ok(conn
-        .prepare_cached(
-            "SELECT t.rowid, t.status, t.result FROM tool_invocation_keys k \
-             JOIN tool_invocations t ON t.rowid = k.claim_row \
-             WHERE k.chat_no = ? AND k.invocation_key = ?",
-        )?
-        .query_row(params![claims.chat_no, key], found)
-        .optional()?)
+    db.with(Held::ClaimByIndex, |statement| {
+        Ok(statement
+            .query_row(params![claims.chat_no, key], found)
+            .optional()?)
+    })
 }
 
 /// A row of `(rowid, status, result)` as a [`Found`].
@@ -130,11 +147,11 @@ pub(crate) enum Lookup {
 }
 
 /// The claim of (chat, key), if any.
-pub(crate) fn lookup(conn: &Connection, chat_id: &str, key: &str) -> Result<Lookup, StoreError> {
-    let Some(claims) = heads(conn, chat_id)? else {
+pub(crate) fn lookup(db: &Db<'_>, chat_id: &str, key: &str) -> Result<Lookup, StoreError> {
+    let Some(claims) = heads(db, chat_id)? else {
         return Ok(Lookup::UnknownChat);
     };
-    let Some(existing) = find(conn, &claims, key)? else {
+    let Some(existing) = find(db, &claims, key)? else {
         return Ok(Lookup::Absent(claims));
     };
     match existing.status.as_str() {
@@ -153,12 +170,12 @@ pub(crate) fn lookup(conn: &Connection, chat_id: &str, key: &str) -> Result<Look
 }
 
 /// Claim (chat, key), or report who has it.
-pub(crate) fn claim(conn: &Connection, chat_id: &str, key: &str) -> Result<ToolClaim, StoreError> {
-    match lookup(conn, chat_id, key)? {
+pub(crate) fn claim(db: &Db<'_>, chat_id: &str, key: &str) -> Result<ToolClaim, StoreError> {
+    match lookup(db, chat_id, key)? {
         Lookup::UnknownChat => Err(StoreError::NotFound(chat_id.to_owned())),
         Lookup::Found(answer) => Ok(answer),
         Lookup::Absent(claims) => {
-            insert(conn, chat_id, &claims, key, now_ms())?;
+            insert(db, chat_id, &claims, key, now_ms())?;
             Ok(ToolClaim::Claimed)
         }
     }
@@ -166,29 +183,27 @@ pub(crate) fn claim(conn: &Connection, chat_id: &str, key: &str) -> Result<ToolC
 
 /// Writes the 'started' row of a key [`lookup`] found absent (with the chat's `claims`).
 pub(crate) fn insert(
-    conn: &Connection,
+    db: &Db<'_>,
     chat_id: &str,
     claims: &Heads,
     key: &str,
     started_at_ms: i64,
 ) -> Result<(), StoreError> {
-    conn.prepare_cached(
-        "INSERT INTO tool_invocations (chat_no, invocation_key, status, started_at_ms, prev) \
-         VALUES (?, ?, 'started', ?, ?)",
-    )?
-    .execute(params![
-        claims.chat_no,
-        key,
-        started_at_ms,
-        claims.claims_head
-    ])?;
-    let row = conn.last_insert_rowid();
+    db.with(Held::InsertClaim, |statement| {
+        Ok(statement.execute(params![
+            claims.chat_no,
+            key,
+            started_at_ms,
+            claims.claims_head
+        ])?)
+    })?;
+    let row = db.last_insert_rowid();
     let chained = claims.unindexed_claims + 1;
     let (head, unindexed) = if chained < UNINDEXED_CLAIMS {
         (Some(row), chained)
     } else {
         // The chain is full: index its keys (one leaf of the index, written once for all).
-        conn.prepare_cached(walk_chain!(
+        db.prepare_cached(walk_chain!(
             "INSERT INTO tool_invocation_keys (chat_no, invocation_key, claim_row) \
              SELECT t.chat_no, t.invocation_key, t.rowid FROM walk w \
              JOIN tool_invocations t ON t.rowid = w.r"
@@ -197,32 +212,29 @@ pub(crate) fn insert(
         .map_err(|e| crate::sqlite_error::from_write(e, chat_id, "tool invocation"))?;
         (None, 0)
     };
-    conn.prepare_cached(
-        "UPDATE chat_heads SET claims_head = ?, unindexed_claims = ? WHERE chat_no = ?",
-    )?
-    .execute(params![head, unindexed, claims.chat_no])?;
+    db.with(Held::MoveClaimsHead, |statement| {
+        Ok(statement.execute(params![head, unindexed, claims.chat_no])?)
+    })?;
     Ok(())
 }
 
 /// Mark a claimed invocation completed with its result (JSON text).
 pub(crate) fn complete(
-    conn: &Connection,
+    db: &Db<'_>,
     chat_id: &str,
     key: &str,
     result: &str,
 ) -> Result<(), StoreError> {
     // An unknown chat has no claims: "never claimed".
-    let found = match heads(conn, chat_id)? {
-        Some(claims) => find(conn, &claims, key)?,
+    let found = match heads(db, chat_id)? {
+        Some(claims) => find(db, &claims, key)?,
         None => None,
     };
     match found {
         Some(claim) if claim.status == "started" => {
-            conn.prepare_cached(
-                "UPDATE tool_invocations SET status = 'completed', result = ?, \
-                 completed_at_ms = ? WHERE rowid = ?",
-            )?
-            .execute(params![result, now_ms(), claim.row])?;
+            db.with(Held::CompleteClaim, |statement| {
+                Ok(statement.execute(params![result, now_ms(), claim.row])?)
+            })?;
             Ok(())
         }
         Some(_) => Err(StoreError::Conflict(format!(
@@ -235,17 +247,17 @@ pub(crate) fn complete(
 }
 
 /// Deletes every claim of the chat (before its number goes, which takes the index entries).
-pub(crate) fn delete(conn: &Connection, chat_id: &str) -> Result<(), StoreError> {
-    let Some(claims) = heads(conn, chat_id)? else {
+pub(crate) fn delete(db: &Db<'_>, chat_id: &str) -> Result<(), StoreError> {
+    let Some(claims) = heads(db, chat_id)? else {
         return Ok(());
     };
-    conn.prepare_cached(
+    db.prepare_cached(
         "DELETE FROM tool_invocations WHERE rowid IN \
          (SELECT claim_row FROM tool_invocation_keys WHERE chat_no = ?)",
     )?
     .execute([claims.chat_no])?;
     if let Some(head) = claims.claims_head {
-        conn.prepare_cached(walk_chain!(
+        db.prepare_cached(walk_chain!(
             "DELETE FROM tool_invocations WHERE rowid IN (SELECT r FROM walk)"
         ))?
         .execute([head])?;

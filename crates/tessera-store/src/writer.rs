@@ -64,6 +64,7 @@ use rusqlite::hooks::Wal;
 use tracing::{debug, error};
 
 use crate::claims_journal::ClaimsJournal;
+use crate::db::Db;
 use crate::store::Completion;
 use crate::{StoreError, ToolClaim, tools};
 
@@ -242,7 +243,7 @@ impl Writer {
             .spawn(move || {
                 lower_writer_priority();
                 Thread {
-                    conn,
+                    db: Db::new(&conn),
                     journal,
                     checkpointer,
                     unhurried_wait,
@@ -269,7 +270,7 @@ impl Writer {
     ) -> impl Future<Output = Result<T, StoreError>> + Send + 'static
     where
         T: Send + 'static,
-        F: Fn(&Connection) -> Result<T, StoreError> + Send + 'static,
+        F: Fn(&Db<'_>) -> Result<T, StoreError> + Send + 'static,
     {
         self.submit(work, Urgency::Hurried)
     }
@@ -283,7 +284,7 @@ impl Writer {
     ) -> impl Future<Output = Result<T, StoreError>> + Send + 'static
     where
         T: Send + 'static,
-        F: Fn(&Connection) -> Result<T, StoreError> + Send + 'static,
+        F: Fn(&Db<'_>) -> Result<T, StoreError> + Send + 'static,
     {
         self.submit(work, Urgency::Unhurried)
     }
@@ -320,7 +321,7 @@ impl Writer {
     pub(crate) fn call_unhurried_then<T, F>(&self, work: F, reply: Answer<T>)
     where
         T: Send + 'static,
-        F: Fn(&Connection) -> Result<T, StoreError> + Send + 'static,
+        F: Fn(&Db<'_>) -> Result<T, StoreError> + Send + 'static,
     {
         self.queue(Call::boxed(work, reply), Urgency::Unhurried);
     }
@@ -332,7 +333,7 @@ impl Writer {
     ) -> impl Future<Output = Result<T, StoreError>> + Send + 'static
     where
         T: Send + 'static,
-        F: Fn(&Connection) -> Result<T, StoreError> + Send + 'static,
+        F: Fn(&Db<'_>) -> Result<T, StoreError> + Send + 'static,
     {
         let (reply, answer) = oneshot::channel();
         self.queue(Call::boxed(work, Answer::on_channel(reply)), urgency);
@@ -506,7 +507,7 @@ fn checkpoint(conn: &Connection) {
 trait Job: Send {
     /// Run inside the open group transaction, in a savepoint of its own if `isolated`;
     /// false when the job failed.
-    fn run(&mut self, conn: &Connection, isolated: bool) -> bool;
+    fn run(&mut self, db: &Db<'_>, isolated: bool) -> bool;
     /// Answer the caller once the group transaction has committed (or failed to).
     fn finish(self: Box<Self>, committed: Result<(), &str>);
 }
@@ -521,7 +522,7 @@ struct Call<T, F> {
 impl<T, F> Call<T, F>
 where
     T: Send + 'static,
-    F: Fn(&Connection) -> Result<T, StoreError> + Send + 'static,
+    F: Fn(&Db<'_>) -> Result<T, StoreError> + Send + 'static,
 {
     /// `work` as a job whose answer goes to `reply`.
     fn boxed(work: F, reply: Answer<T>) -> Box<dyn Job> {
@@ -536,13 +537,13 @@ where
 impl<T, F> Job for Call<T, F>
 where
     T: Send + 'static,
-    F: Fn(&Connection) -> Result<T, StoreError> + Send,
+    F: Fn(&Db<'_>) -> Result<T, StoreError> + Send,
 {
-    fn run(&mut self, conn: &Connection, isolated: bool) -> bool {
+    fn run(&mut self, db: &Db<'_>, isolated: bool) -> bool {
         let result = if isolated {
-            in_savepoint(conn, &self.work)
+            in_savepoint(db, &self.work)
         } else {
-            (self.work)(conn)
+            (self.work)(db)
         };
         let ok = result.is_ok();
         self.result = Some(result);
@@ -564,29 +565,30 @@ where
 }
 
 fn in_savepoint<T>(
-    conn: &Connection,
-    work: impl Fn(&Connection) -> Result<T, StoreError>,
+    db: &Db<'_>,
+    work: impl Fn(&Db<'_>) -> Result<T, StoreError>,
 ) -> Result<T, StoreError> {
-    conn.prepare_cached("SAVEPOINT job")?.execute([])?;
-    let result = work(conn);
+    db.prepare_cached("SAVEPOINT job")?.execute([])?;
+    let result = work(db);
     if result.is_err() {
-        conn.prepare_cached("ROLLBACK TO job")?.execute([])?;
+        db.prepare_cached("ROLLBACK TO job")?.execute([])?;
     }
-    conn.prepare_cached("RELEASE job")?.execute([])?;
+    db.prepare_cached("RELEASE job")?.execute([])?;
     result
 }
 
 /// The writer thread's state: the write connection, the claims journal and the
 /// checkpointer.
-struct Thread {
-    conn: Connection,
+struct Thread<'c> {
+    /// The write connection, which the spawned thread owns.
+    db: Db<'c>,
     journal: ClaimsJournal,
     checkpointer: Checkpointer,
     unhurried_wait: Duration,
     wake: Arc<WriterWake>,
 }
 
-impl Thread {
+impl Thread<'_> {
     fn run(mut self, queue: mpsc::Receiver<Command>) {
         let mut group: Vec<Box<dyn Job>> = Vec::with_capacity(MAX_JOBS_PER_COMMIT);
         // Never earlier than COMMIT_INTERVAL after the previous group started.
@@ -670,10 +672,7 @@ impl Thread {
         let (job, urgency) = match command {
             Command::Job(job, urgency) => (Some(job), urgency),
             Command::Claim(request) => {
-                match self
-                    .journal
-                    .claim(&self.conn, &request.chat_id, &request.key)
-                {
+                match self.journal.claim(&self.db, &request.chat_id, &request.key) {
                     // "Started" may be stale while jobs wait in `group` (the key's
                     // completion, say): then the claim is answered in their transaction.
                     // Not when another writer's journal holds the key: the transaction
@@ -729,7 +728,7 @@ impl Thread {
             key,
             reply,
         } = request;
-        let work = move |conn: &Connection| tools::claim(conn, &chat_id, &key);
+        let work = move |db: &Db<'_>| tools::claim(db, &chat_id, &key);
         (Some(Call::boxed(work, reply)), Urgency::Hurried)
     }
 
@@ -740,7 +739,7 @@ impl Thread {
             other => other.map(|_| ()),
         };
         match &outcome {
-            Ok(()) => self.journal.committed(&self.conn),
+            Ok(()) => self.journal.committed(&self.db),
             // The journal keeps its claims; the next group writes them.
             Err(reason) => {
                 error!(jobs = group.len(), error = %reason, "store write transaction failed")
@@ -757,23 +756,23 @@ impl Thread {
     /// rolls the whole transaction back: `Ok(false)`, nothing written. With them, a failing
     /// job rolls back only itself and the rest commit.
     fn run_group(&self, group: &mut [Box<dyn Job>], isolated: bool) -> Result<bool, String> {
-        let conn = &self.conn;
-        conn.execute_batch("BEGIN IMMEDIATE")
+        let db = &self.db;
+        db.execute_batch("BEGIN IMMEDIATE")
             .map_err(|e| e.to_string())?;
-        if let Err(e) = self.journal.insert_uncommitted(conn) {
-            let _ = conn.execute_batch("ROLLBACK");
+        if let Err(e) = self.journal.insert_uncommitted(db) {
+            let _ = db.execute_batch("ROLLBACK");
             return Err(format!("journaled tool claims: {e}"));
         }
         for job in group.iter_mut() {
-            if !job.run(conn, isolated) && !isolated {
-                conn.execute_batch("ROLLBACK").map_err(|e| e.to_string())?;
+            if !job.run(db, isolated) && !isolated {
+                db.execute_batch("ROLLBACK").map_err(|e| e.to_string())?;
                 return Ok(false);
             }
         }
-        conn.execute_batch("COMMIT").map_err(|e| {
+        db.execute_batch("COMMIT").map_err(|e| {
             // A failed COMMIT may leave the transaction open; end it so the next group starts
             // clean.
-            let _ = conn.execute_batch("ROLLBACK");
+            let _ = db.execute_batch("ROLLBACK");
             e.to_string()
         })?;
         Ok(true)
@@ -843,7 +842,7 @@ mod tests {
         );
     }
 
-    fn insert(x: i64) -> impl Fn(&Connection) -> Result<(), StoreError> + Send + 'static {
+    fn insert(x: i64) -> impl Fn(&Db<'_>) -> Result<(), StoreError> + Send + 'static {
         move |conn| {
             conn.execute("INSERT INTO t (x) VALUES (?1)", [x])?;
             Ok(())
@@ -944,7 +943,9 @@ mod tests {
         let other_conn = Connection::open(&path).expect("other connection");
         let mut other = ClaimsJournal::open(&path, &other_conn).expect("other journal");
         assert_eq!(
-            other.claim(&other_conn, "c1", "k").expect("other claim"),
+            other
+                .claim(&Db::new(&other_conn), "c1", "k")
+                .expect("other claim"),
             Some(ToolClaim::Claimed)
         );
         // This writer has a job waiting for company when the same key is claimed here.

@@ -401,7 +401,7 @@ fn finish(
     parts.publish.do_send(Publish(tool_response_event(
         &info,
         ended.handler_ok,
-        ended.result.clone(),
+        Arc::new(ended.result.clone()),
         ended.ended_ui_call,
     )));
     parts.dedup.do_send(CompleteKey::new(ToolKey::of_turn(ctx)));

@@ -103,8 +103,8 @@ pub struct ClaimKey(pub ToolKey);
 pub struct CompleteKey {
     pub key: ToolKey,
     /// The result to record with the durable completion (an agent tool's), reused by a turn
-    /// re-run after a crash; `None` records nothing.
-    pub result: Option<Value>,
+    /// re-run after a crash; `None` records nothing. Shared with the `chat.tool_response`.
+    pub result: Option<Arc<Value>>,
 }
 
 impl CompleteKey {
@@ -245,7 +245,7 @@ impl Handler<CompleteKey> for DedupCache {
             // of its wake-ups, so with one pending completion per active chat each message
             // cost grew with the number of chats. Nor a task awaiting it: the store logs
             // how it went where it finishes it.
-            store.complete(&key, result.as_ref(), epoch);
+            store.complete(&key, result.as_deref(), epoch);
         }
         self.remember(key, KeyState::Completed);
     }

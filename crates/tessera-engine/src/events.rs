@@ -47,7 +47,7 @@ pub fn tool_call_event(info: &ToolCallInfo<'_>, tool_args: &Map<String, Value>) 
 pub fn tool_response_event(
     info: &ToolCallInfo<'_>,
     handler_ok: bool,
-    result: Value,
+    result: Arc<Value>,
     ended_ui_call: Option<String>,
 ) -> ServerEvent {
     ServerEvent::ToolResponse(ToolResponseEvent {

@@ -236,12 +236,13 @@ impl AgentRunner {
                 ClaimOutcome::Interrupted => {
                     return ToolResult {
                         call_id: call.call_id,
-                        result: Ok(tessera_tools::interrupted_result()),
+                        result: Ok(Arc::new(tessera_tools::interrupted_result())),
                     };
                 }
                 // Ran to completion before a crash or a takeover, and its result was recorded:
                 // the re-run turn gets the same result, the tool does not run again.
                 ClaimOutcome::Completed(Some(recorded)) => {
+                    let recorded = Arc::new(recorded);
                     if !call_logged {
                         publish.do_send(Publish(tool_call_event(&info, &call.args)));
                     }
@@ -249,7 +250,7 @@ impl AgentRunner {
                         publish.do_send(Publish(tool_response_event(
                             &info,
                             true,
-                            recorded.clone(),
+                            Arc::clone(&recorded),
                             None,
                         )));
                     }
@@ -283,7 +284,7 @@ impl AgentRunner {
                 match tokio::time::timeout(tool.timeout, tool.exec.invoke(call.args, tool_ctx))
                     .await
                 {
-                    Ok(result) => result,
+                    Ok(result) => result.map(Arc::new),
                     Err(_) => Err(ToolError::Timeout(tool.timeout)),
                 };
             dedup.do_send(CompleteKey {
@@ -294,10 +295,10 @@ impl AgentRunner {
                 capture(&traced, "gen_ai.tool.call.result", value, secrets.as_ref());
             }
             let (ok, shown) = match &result {
-                Ok(value) => (true, value.clone()),
+                Ok(value) => (true, Arc::clone(value)),
                 Err(err) => {
                     tessera_telemetry::record_error(&traced, err.code());
-                    (false, err.to_result())
+                    (false, Arc::new(err.to_result()))
                 }
             };
             publish.do_send(Publish(tool_response_event(&info, ok, shown, None)));

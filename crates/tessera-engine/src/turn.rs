@@ -62,7 +62,8 @@ pub struct ToolInvocation {
 #[derive(Debug)]
 pub struct ToolResult {
     pub call_id: String,
-    pub result: Result<Value, ToolError>,
+    /// Shared with the `chat.tool_response` and the durable completion.
+    pub result: Result<Arc<Value>, ToolError>,
 }
 
 /// What a successful turn produced.

@@ -361,7 +361,7 @@ mod tests {
                 handler_ok: true,
                 success: true,
                 interaction: crate::InteractionType::AgentTool,
-                result: json!({}),
+                result: std::sync::Arc::new(json!({})),
                 ended_ui_call: None,
             }),
             ServerEvent::RunStart {

@@ -57,8 +57,9 @@ pub struct ToolResponseEvent {
     /// The spec's success rule over the handler and its result.
     pub success: bool,
     pub interaction: InteractionType,
-    /// What the agent reads (secrets removed).
-    pub result: Value,
+    /// What the agent reads (secrets removed). Shared with the turn's tool result and the
+    /// durable completion: a tool's result was copied for each of them.
+    pub result: Arc<Value>,
     /// The UI call this response ends, when the tool waited for one (never sent: the
     /// engine's bookkeeping of pending calls).
     pub ended_ui_call: Option<String>,
@@ -131,7 +132,7 @@ impl Serialize for ToolResponseEvent {
         map.serialize_entry("corr", &self.corr)?;
         map.serialize_entry("interaction_type", &self.interaction)?;
         map.serialize_entry("kind", "tool_response")?;
-        map.serialize_entry("payload", &self.result)?;
+        map.serialize_entry("payload", &*self.result)?;
         map.serialize_entry("status", if self.handler_ok { "ok" } else { "error" })?;
         map.serialize_entry("success", &self.success)?;
         map.serialize_entry("tool_name", &self.tool_name)?;
@@ -196,7 +197,7 @@ mod tests {
             handler_ok: false,
             success: false,
             interaction: InteractionType::AutoTool,
-            result: json!({"status": "error"}),
+            result: Arc::new(json!({"status": "error"})),
             ended_ui_call: Some("ui_1".into()),
         };
         let expected = json!({

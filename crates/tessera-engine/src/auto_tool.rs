@@ -114,10 +114,11 @@ pub struct InvokeAutoTool {
 /// How an auto-tool invocation ended.
 #[derive(Debug, Clone, PartialEq)]
 pub enum AutoToolOutcome {
-    /// The tool ran; `result` is what the agent reads (secrets removed).
+    /// The tool ran; `result` is what the agent reads (secrets removed), shared with the
+    /// `chat.tool_response`.
     Completed {
         tool_name: Arc<str>,
-        result: Value,
+        result: Arc<Value>,
         /// The browser's answer (secrets removed), for `ui_response` triggers.
         ui_response: Option<Value>,
         /// Secret values collected from the answer, for the chat's vault only.
@@ -398,16 +399,17 @@ fn finish(
     parts: &UiWaitParts,
 ) -> AutoToolOutcome {
     let info = tool_info(binding, ctx);
+    let result = Arc::new(ended.result);
     parts.publish.do_send(Publish(tool_response_event(
         &info,
         ended.handler_ok,
-        Arc::new(ended.result.clone()),
+        Arc::clone(&result),
         ended.ended_ui_call,
     )));
     parts.dedup.do_send(CompleteKey::new(ToolKey::of_turn(ctx)));
     AutoToolOutcome::Completed {
         tool_name: binding.tool_name.clone(),
-        result: ended.result,
+        result,
         ui_response: ended.ui_response,
         secrets: ended.secrets,
     }

@@ -19,6 +19,7 @@ use tessera_tools::{BuiltinRegistry, InMemoryArtifactStore, InMemoryTaskStore, T
 use tokio::sync::mpsc;
 
 use crate::report::{proc_status_number, process_cpu_seconds};
+use crate::turn_gate::{Acquire, Permit, Release, TurnGate};
 
 /// Options of `engine-bench`.
 #[derive(Debug, Clone, clap::Args)]
@@ -38,6 +39,10 @@ pub struct EngineBenchArgs {
     /// Hard limit of the run, in seconds.
     #[arg(long, default_value_t = 300)]
     pub max_seconds: u64,
+    /// At most this many turns in flight at once on each engine thread (0: every chat's turn
+    /// at once). See `turn_gate.rs`.
+    #[arg(long, default_value_t = 0)]
+    pub active: usize,
 }
 
 /// The in-process model: a call of the first offered tool after a user message, a final
@@ -107,6 +112,8 @@ struct Driver {
     turns: u32,
     done: mpsc::UnboundedSender<usize>,
     go: bool,
+    /// With `--active`: this thread's gate, and this driver as the gate's permit recipient.
+    gate: Option<(Addr<TurnGate>, Recipient<Permit>)>,
 }
 
 /// Start the first turn (sent once every chat is ready).
@@ -119,6 +126,14 @@ impl Actor for Driver {
 }
 
 impl Driver {
+    /// Starts the next turn, once the gate (if any) admits it.
+    fn next_turn(&self) {
+        match &self.gate {
+            Some((gate, me)) => gate.do_send(Acquire(me.clone())),
+            None => self.send_input(),
+        }
+    }
+
     fn send_input(&self) {
         self.chat.addr.do_send(UserInput {
             content: format!(
@@ -135,14 +150,18 @@ impl Driver {
         // The first input request is the chat's initial one (replayed on subscribe).
         if self.requests_seen == 1 {
             if self.go {
-                self.send_input();
+                self.next_turn();
             }
             return;
+        }
+        // Every later one ends a turn.
+        if let Some((gate, _)) = &self.gate {
+            gate.do_send(Release);
         }
         if self.requests_seen > self.turns {
             let _ = self.done.send(self.index);
         } else {
-            self.send_input();
+            self.next_turn();
         }
     }
 }
@@ -165,8 +184,16 @@ impl Handler<Go> for Driver {
     fn handle(&mut self, _: Go, _: &mut Self::Context) {
         self.go = true;
         if self.requests_seen >= 1 {
-            self.send_input();
+            self.next_turn();
         }
+    }
+}
+
+impl Handler<Permit> for Driver {
+    type Result = ();
+
+    fn handle(&mut self, _: Permit, _: &mut Self::Context) {
+        self.send_input();
     }
 }
 
@@ -209,6 +236,7 @@ async fn bench(
     )
     .map_err(|e| anyhow::anyhow!("engine: {e}"))?;
 
+    let (active, peak) = (args.active, Arc::new(AtomicU64::new(0)));
     let (done_tx, mut done_rx) = mpsc::unbounded_channel();
     let mut drivers = Vec::with_capacity(args.chats);
     for index in 0..args.chats {
@@ -227,14 +255,18 @@ async fn bench(
         // input is then a same-thread mailbox send, so the run measures the engine rather than
         // cross-thread wake-ups between the harness and the engine.
         let arbiter = chat.arbiter.clone();
-        let (turns, done) = (args.turns, done_tx.clone());
-        let driver = Driver::start_in_arbiter(&arbiter, move |_| Driver {
+        let (turns, done, peak) = (args.turns, done_tx.clone(), Arc::clone(&peak));
+        let driver = Driver::start_in_arbiter(&arbiter, move |ctx| Driver {
             chat,
             index,
             requests_seen: 0,
             turns,
             done,
             go: false,
+            gate: (active > 0).then(|| {
+                let gate = TurnGate::of_this_thread(active, &peak);
+                (gate, ctx.address().recipient())
+            }),
         });
         addr.send(Subscribe {
             recipient: driver.clone().recipient(),
@@ -268,6 +300,7 @@ async fn bench(
     let wall = started.elapsed().as_secs_f64();
     let cpu = process_cpu_seconds() - cpu_start;
     let turns = args.chats as f64 * f64::from(args.turns);
+    let in_flight_peak = peak;
     let peak = proc_status_number("self", "VmHWM").map_or(0.0, |k| k as f64 / 1024.0);
     let round = |v: f64, digits: i32| {
         let f = 10f64.powi(digits);
@@ -280,6 +313,44 @@ async fn bench(
         "turns_per_s": round(turns / wall, 0),
         "cpu_ms_per_turn": round(cpu * 1000.0 / turns, 4),
         "peak_rss_MiB": round(peak, 1),
+        "active": (active > 0).then_some(active),
+        "peak_in_flight_per_thread": (active > 0).then(|| in_flight_peak.load(Ordering::Relaxed)),
     })
     .to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One run of the benchmark on one engine thread.
+    fn bench_once(chats: usize, turns: u32, active: usize) -> anyhow::Result<serde_json::Value> {
+        let dir = workflows_dir(None).join("LoadTest");
+        let workflow = tessera_manifest::load_workflow(&dir)
+            .map_err(|e| anyhow::anyhow!("cannot load {}: {e}", dir.display()))?;
+        let args = EngineBenchArgs {
+            chats,
+            turns,
+            arbiters: 1,
+            workflows: None,
+            max_seconds: 60,
+            active,
+        };
+        let line = actix::System::new().block_on(bench(args, workflow))?;
+        Ok(serde_json::from_str(&line)?)
+    }
+
+    #[test]
+    fn a_gate_keeps_its_limit_of_turns_in_flight_and_every_chat_finishes() -> anyhow::Result<()> {
+        // `bench` fails unless every chat finishes all its turns.
+        let gated = bench_once(8, 3, 2)?;
+        assert_eq!(gated["active"], 2);
+        // Eight chats ask at once; exactly two turns run at a time.
+        assert_eq!(gated["peak_in_flight_per_thread"], 2);
+
+        let ungated = bench_once(8, 3, 0)?;
+        assert!(ungated["active"].is_null());
+        assert!(ungated["peak_in_flight_per_thread"].is_null());
+        Ok(())
+    }
 }

@@ -8,6 +8,7 @@ mod report;
 mod run;
 mod schema;
 mod soak;
+mod turn_gate;
 
 use clap::{Parser, Subcommand};
 

@@ -236,7 +236,7 @@ async fn bench(
     )
     .map_err(|e| anyhow::anyhow!("engine: {e}"))?;
 
-    let (active, peak) = (args.active, Arc::new(AtomicU64::new(0)));
+    let (active, in_flight_peak) = (args.active, Arc::new(AtomicU64::new(0)));
     let (done_tx, mut done_rx) = mpsc::unbounded_channel();
     let mut drivers = Vec::with_capacity(args.chats);
     for index in 0..args.chats {
@@ -255,7 +255,8 @@ async fn bench(
         // input is then a same-thread mailbox send, so the run measures the engine rather than
         // cross-thread wake-ups between the harness and the engine.
         let arbiter = chat.arbiter.clone();
-        let (turns, done, peak) = (args.turns, done_tx.clone(), Arc::clone(&peak));
+        let (turns, done, in_flight_peak) =
+            (args.turns, done_tx.clone(), Arc::clone(&in_flight_peak));
         let driver = Driver::start_in_arbiter(&arbiter, move |ctx| Driver {
             chat,
             index,
@@ -264,7 +265,7 @@ async fn bench(
             done,
             go: false,
             gate: (active > 0).then(|| {
-                let gate = TurnGate::of_this_thread(active, &peak);
+                let gate = TurnGate::of_this_thread(active, &in_flight_peak);
                 (gate, ctx.address().recipient())
             }),
         });
@@ -300,7 +301,6 @@ async fn bench(
     let wall = started.elapsed().as_secs_f64();
     let cpu = process_cpu_seconds() - cpu_start;
     let turns = args.chats as f64 * f64::from(args.turns);
-    let in_flight_peak = peak;
     let peak = proc_status_number("self", "VmHWM").map_or(0.0, |k| k as f64 / 1024.0);
     let round = |v: f64, digits: i32| {
         let f = 10f64.powi(digits);

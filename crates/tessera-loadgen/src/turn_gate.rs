@@ -47,7 +47,8 @@ pub struct Release;
 pub struct Permit;
 
 impl TurnGate {
-    /// This thread's gate, started on first use; `peak` is shared by every thread's gate.
+    /// This thread's gate, started on first use with `limit` (which holds for the thread's
+    /// life: one benchmark per engine); `peak` is shared by every thread's gate.
     pub fn of_this_thread(limit: usize, peak: &Arc<AtomicU64>) -> Addr<TurnGate> {
         thread_local! {
             static GATE: RefCell<Option<Addr<TurnGate>>> = const { RefCell::new(None) };

@@ -52,7 +52,7 @@ MOCK_LLM=${MOCK_LLM:-$LOADGEN}
 # SERVER_CPUS / PEER_CPUS pin the server / the mock and the load generator to CPUs (taskset
 # lists, e.g. SERVER_CPUS=0 PEER_CPUS=1), so that the server's CPU figures hold only its own
 # work: on shared cores the peers' softirqs and timers are charged to whichever thread they
-# interrupt (README, sixteenth session).
+# interrupt (docs/performance-log.md, sixteenth session).
 SERVER_CPUS=${SERVER_CPUS:-}
 PEER_CPUS=${PEER_CPUS:-}
 server_pin=()

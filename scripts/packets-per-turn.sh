@@ -4,9 +4,10 @@
 # server <-> mock model) and by direction and kind (data, pure ACK, SYN/FIN/RST).
 #
 # WHY: a turn with 100 ms model latency costs more CPU than one at 0 ms although the server
-# makes the same system calls (README, fourteenth and sixteenth sessions). The difference is
-# packets: with the model slow, a turn's events and the model's answers no longer arrive in
-# one burst, and the peers' delayed ACKs become packets of their own. These counts show where.
+# makes the same system calls (docs/performance-log.md, fourteenth and sixteenth sessions). The
+# difference is packets: with the model slow, a turn's events and the model's answers no longer
+# arrive in one burst, and the peers' delayed ACKs become packets of their own. These counts show
+# where.
 #
 #   LATENCY_MS=0 scripts/packets-per-turn.sh                 # 300 chats x 10 turns
 #   LATENCY_MS=100 scripts/packets-per-turn.sh

@@ -137,7 +137,7 @@ fn write_envelope<R>(
 /// A chat backed by a store keeps only its last events in memory ([`EventLog::forget_through`]):
 /// a resume from further back reads the store. Without that, a chat's memory grew by every
 /// event it ever published, about 1.6 KB a turn and the largest single item of a chat's memory
-/// (README, twentieth session).
+/// (docs/performance-log.md, twentieth session).
 #[derive(Debug, Default)]
 pub(crate) struct EventLog {
     /// Record `i` holds the event with seq `forgotten + i + 1`:

@@ -96,9 +96,9 @@ impl Transcript {
 /// WHY neither `reserve_exact` nor `reserve`: a chat keeps its transcript (and its message ids)
 /// for its whole life. Exact growth reallocated them twice a turn, and each reallocation moved
 /// every message, a pass over memory that has gone cold once the chats outgrow the caches
-/// (README, eleventh session: ~12 last-level read misses per turn fewer at 1,500 chats).
-/// Doubling leaves up to half of each unused. Growing by half moves each element about twice
-/// over a chat's life and leaves at most a third unused.
+/// (docs/performance-log.md, eleventh session: ~12 last-level read misses per turn fewer at 1,500
+/// chats). Doubling leaves up to half of each unused. Growing by half moves each element about
+/// twice over a chat's life and leaves at most a third unused.
 pub(crate) fn reserve_with_headroom<T>(vec: &mut Vec<T>, n: usize) {
     if vec.capacity() - vec.len() < n {
         vec.reserve_exact(n.max(vec.len() / 2));

@@ -100,7 +100,7 @@ impl PartialEq for WireCache {
 /// WHY pieces, not one string: joining the earlier encoding and the new messages into one
 /// string copied the whole transcript once per turn, and copying it into the body once more
 /// per request; each copy reads the transcript's encoding, cold once the chats outgrow the
-/// caches (README, eleventh session). The socket write reads the pieces anyway.
+/// caches (docs/performance-log.md, eleventh session). The socket write reads the pieces anyway.
 #[derive(Clone, Default)]
 pub struct WirePrefix {
     this: Arc<OnceLock<EncodedPrefix>>,

@@ -83,7 +83,8 @@ fn listen(port: u16) -> anyhow::Result<std::net::TcpListener> {
 /// past the 128 requests actix-web pools, every request allocated and freed its own. Here the
 /// request is dropped before the wait, and no router runs: the mock, whose CPU sits on the
 /// cores the server is measured on, costs ~15% less per turn at 0 ms and ~20% less at 100 ms
-/// (README, fifth session). Each answer at latency is still a wake-up and a write of its own.
+/// (docs/performance-log.md, fifth session). Each answer at latency is still a wake-up and a write
+/// of its own.
 pub fn run(args: MockArgs) -> anyhow::Result<()> {
     let settings = Arc::new(Settings {
         latency: Duration::from_millis(args.latency_ms),

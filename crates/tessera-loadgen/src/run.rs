@@ -268,8 +268,9 @@ async fn shared(common: &Common) -> anyhow::Result<Arc<Shared>> {
 /// its ramp-up and its tail. WHY: `turns_per_s` spans first send to last turn, and in a
 /// closed-loop run with model latency the last chats finish their turns one model wait after
 /// another once the others are done, so a run's tail is bound by latency, not CPU, however
-/// cheap the server is (measured: 2-7% of a 3,000 x 10 run at 100 ms, README). `None` with
-/// too few turns to tell, or when the 90th percentile lies past what the histogram keeps.
+/// cheap the server is (measured: 2-7% of a 3,000 x 10 run at 100 ms, docs/performance-log.md).
+/// `None` with too few turns to tell, or when the 90th percentile lies past what the histogram
+/// keeps.
 fn steady_turns_per_s(turn_ends: &Latency) -> Option<f64> {
     let (from, to) = (turn_ends.quantile_us(0.10)?, turn_ends.quantile_us(0.90)?);
     if to >= Latency::MAX_US {

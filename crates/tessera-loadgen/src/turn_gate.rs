@@ -5,7 +5,7 @@
 //! chat's state has gone cold between two steps of one turn. Bounding the turns in flight keeps
 //! the steps of one turn close together; the difference between the two runs tells how much of
 //! the cost per turn at many chats is that interleaving, and how much is a chat's state being
-//! cold when its turn starts (README, "Twenty-fourth session").
+//! cold when its turn starts (docs/performance-log.md, "Twenty-fourth session").
 //!
 //! One gate per engine thread, started on that thread by its first driver: a permit is a
 //! same-thread message, so the gate adds no cross-thread wake-up of its own.

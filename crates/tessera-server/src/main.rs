@@ -26,8 +26,8 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// WHY not 0 (returned at once), which this was: chats keep allocating while short-lived
 /// turn data is freed, so pages handed back were faulted in again moments later. At 3,000
 /// chats with 100 ms model latency, 7.9 page faults per turn at 0 against 2.6 at 1 s, and
-/// 4–19% less CPU per turn at 100 ms in alternating runs (README, "Current figures against
-/// issue 14"); the price is the pages freed in the last 100 ms, a few MiB under load.
+/// 4–19% less CPU per turn at 100 ms in alternating runs (docs/performance-log.md, "Current figures
+/// against issue 14"); the price is the pages freed in the last 100 ms, a few MiB under load.
 #[cfg(not(feature = "system-allocator"))]
 fn tune_allocator() {
     /// `mi_option_purge_delay` in mimalloc.h (v2 and v3), which libmimalloc-sys does not name.

@@ -3,7 +3,7 @@
 //! WHY: rusqlite's `prepare_cached` hashes the statement's text, copies it into a new
 //! `Arc<str>` key and moves the statement out of its LRU and back on every call. A turn's
 //! flush and tool claims made ~16 such calls; holding those statements instead cut 13.6
-//! allocations and 1.4% of the server's instructions per turn (README, issue 14,
+//! allocations and 1.4% of the server's instructions per turn (docs/performance-log.md, issue 14,
 //! twenty-third session). A statement held here is prepared once for the connection's life
 //! and found by its [`Held`] name.
 //!

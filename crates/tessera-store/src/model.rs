@@ -102,8 +102,8 @@ pub struct StoredMessage {
 ///
 /// WHY not a `Value`: every transcript row the engine queues was turned into a `Value` tree
 /// (a map and a string per field) only for the store to write it out as text again. One
-/// string instead: 547 allocations per LoadTest turn instead of 557-577 (README, fifth
-/// session).
+/// string instead: 547 allocations per LoadTest turn instead of 557-577 (docs/performance-log.md,
+/// fifth session).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct JsonText(Box<RawValue>);

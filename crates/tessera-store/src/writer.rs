@@ -168,8 +168,8 @@ impl fmt::Debug for Writer {
 /// while the writer held a core waited for the writer's time slice: at 420 turns/s with UI
 /// tools, four alternating pairs read a UI round trip p99 of 0.79 / 0.74 / 0.82 / 0.80 ms at
 /// the same priority against 0.62 / 0.55 / 0.56 / 0.56 ms ten steps lower, turn p99 unchanged
-/// (README, "Fifteenth session"). It still gets a share of a busy core (about a tenth beside
-/// one thread of normal priority) and all of an idle one, so it never starves.
+/// (docs/performance-log.md, "Fifteenth session"). It still gets a share of a busy core (about a
+/// tenth beside one thread of normal priority) and all of an idle one, so it never starves.
 /// The checkpoint thread keeps its priority: the writer waits for its catch-up passes.
 const WRITER_NICE: c_int = 10;
 

@@ -15,7 +15,8 @@ use serde_json::{Map, Value};
 /// The map is shared with the state rows written to the store ([`ContextVars::shared`]) and
 /// copied only when changed while a row still holds it: the state is written after every
 /// turn, and copying every variable into it was an allocation per key and value each time
-/// (README, twenty-second session). So a caller borrows to change only what it changes.
+/// (docs/performance-log.md, twenty-second session). So a caller borrows to change only what it
+/// changes.
 #[derive(Debug, Default)]
 pub(crate) struct ContextVars {
     map: Arc<Map<String, Value>>,

@@ -9,8 +9,8 @@
 //! and parsed it again three times (into the request's `Uri`, for its redirect policy, and for
 //! the response's URL), merged its default headers, and passed the request through retry and
 //! redirect layers that a chat completion never uses. That was ~5% of the server's CPU per
-//! turn at 100 chats and ~7.5% at 10,000 (README, nineteenth session). Retries, timeouts and
-//! error bodies are this client's own anyway.
+//! turn at 100 chats and ~7.5% at 10,000 (docs/performance-log.md, nineteenth session). Retries,
+//! timeouts and error bodies are this client's own anyway.
 
 use std::future::{Future, poll_fn};
 use std::io;

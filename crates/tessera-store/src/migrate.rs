@@ -48,10 +48,15 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "chat_log",
         include_str!("../migrations/0008_chat_log.sql"),
     ),
+    (
+        9,
+        "claims_filter",
+        include_str!("../migrations/0009_claims_filter.sql"),
+    ),
 ];
 
 /// Highest schema version this build knows.
-pub(crate) const LATEST_VERSION: i64 = 8;
+pub(crate) const LATEST_VERSION: i64 = 9;
 
 /// Bring the schema up to [`LATEST_VERSION`]; a no-op when it already is.
 pub(crate) async fn run(pool: &SqlitePool) -> Result<(), StoreError> {

@@ -11,7 +11,10 @@
 //! way a claim dirties the table's tail and the chat's small heads row (shared with other
 //! chats), and the index one leaf per [`UNINDEXED_CLAIMS`] claims.
 //!
-//! A key is looked for in the chain and in the index. On SQLite's own path a new claim is
+//! A key is looked for in the chain and in the index. The chain is walked only when its
+//! filter (`claims_filter`, migration 9: a 64-bit Bloom filter of the chain's keys, kept in
+//! the same row and written by the same UPDATE as `claims_head`) may hold the key: a claim of
+//! a new key, the usual case, then costs no walk at all. On SQLite's own path a new claim is
 //! appended to the claims journal under its file lock, after a look into the database and
 //! the journal (`claims_journal`), and its row is inserted by the next group transaction;
 //! a claim answered inside a transaction ([`claim`]) checks and inserts inside the writer's
@@ -51,11 +54,39 @@ pub(crate) const CLAIM_BY_INDEX_SQL: &str = "SELECT t.rowid, t.status, t.result 
 pub(crate) const INSERT_CLAIM_SQL: &str = "INSERT INTO tool_invocations \
      (chat_no, invocation_key, status, started_at_ms, prev) VALUES (?, ?, 'started', ?, ?)";
 /// [`insert`]'s move of the chat's chain.
-pub(crate) const MOVE_CLAIMS_HEAD_SQL: &str =
-    "UPDATE chat_heads SET claims_head = ?, unindexed_claims = ? WHERE chat_no = ?";
+pub(crate) const MOVE_CLAIMS_HEAD_SQL: &str = "UPDATE chat_heads \
+     SET claims_head = ?, unindexed_claims = ?, claims_filter = ? WHERE chat_no = ?";
 /// [`complete`]'s update.
 pub(crate) const COMPLETE_CLAIM_SQL: &str = "UPDATE tool_invocations SET status = 'completed', \
      result = ?, completed_at_ms = ? WHERE rowid = ?";
+
+/// The bits `key` sets in a chain's filter: two of 64, from FNV-1a (64-bit) with a final mix.
+/// Part of the stored format (migration 9): changing it needs a migration that forgets every
+/// stored filter.
+fn filter_bits(key: &str) -> i64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for &byte in key.as_bytes() {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    // FNV's low bits depend little on the last bytes, where keys differ (`...:s3:0`).
+    hash ^= hash >> 29;
+    hash = hash.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    hash ^= hash >> 32;
+    ((1u64 << (hash & 63)) | (1u64 << ((hash >> 6) & 63))) as i64
+}
+
+/// False when the chat's chain of unindexed claims certainly does not hold `key`.
+fn chain_may_hold(claims: &Heads, key: &str) -> bool {
+    match (claims.claims_head, claims.claims_filter) {
+        (None, _) => false,
+        (Some(_), None) => true,
+        (Some(_), Some(filter)) => {
+            let bits = filter_bits(key);
+            filter & bits == bits
+        }
+    }
+}
 
 /// A stored claim.
 struct Found {
@@ -76,7 +107,11 @@ fn find(db: &Db<'_>, claims: &Heads, key: &str) -> Result<Option<Found>, StoreEr
         Found(Found),
         Older(Option<i64>),
     }
-    let mut next = claims.claims_head;
+    let mut next = if chain_may_hold(claims, key) {
+        claims.claims_head
+    } else {
+        None
+    };
     if next.is_some() {
         // The chain holds `unindexed_claims` rows, at most `UNINDEXED_CLAIMS`; should it be
         // longer, the recursive query below walks the rest.
@@ -199,8 +234,14 @@ pub(crate) fn insert(
     })?;
     let row = db.last_insert_rowid();
     let chained = claims.unindexed_claims + 1;
-    let (head, unindexed) = if chained < UNINDEXED_CLAIMS {
-        (Some(row), chained)
+    let (head, unindexed, filter) = if chained < UNINDEXED_CLAIMS {
+        let bits = filter_bits(key);
+        // A chain begun without a filter (before migration 9) keeps none until it is indexed.
+        let filter = match claims.claims_head {
+            None => Some(bits),
+            Some(_) => claims.claims_filter.map(|filter| filter | bits),
+        };
+        (Some(row), chained, filter)
     } else {
         // The chain is full: index its keys (one leaf of the index, written once for all).
         db.prepare_cached(walk_chain!(
@@ -210,10 +251,10 @@ pub(crate) fn insert(
         ))?
         .execute([row])
         .map_err(|e| crate::sqlite_error::from_write(e, chat_id, "tool invocation"))?;
-        (None, 0)
+        (None, 0, None)
     };
     db.with(Held::MoveClaimsHead, |statement| {
-        Ok(statement.execute(params![head, unindexed, claims.chat_no])?)
+        Ok(statement.execute(params![head, unindexed, filter, claims.chat_no])?)
     })?;
     Ok(())
 }
@@ -263,4 +304,20 @@ pub(crate) fn delete(db: &Db<'_>, chat_id: &str) -> Result<(), StoreError> {
         .execute([head])?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::filter_bits;
+
+    #[test]
+    fn a_keys_filter_bits_are_two_fixed_bits_of_the_stored_format() {
+        // Stored in `chat_heads.claims_filter`: a change here misreads every stored filter.
+        assert_eq!(filter_bits("turn_c1_agent_1:s0:0"), 0x0080_8000_0000_0000);
+        assert_eq!(filter_bits(""), 0x4000_0080_0000_0000);
+        for key in ["a", "turn_c1_agent_1:s0:0", "turn_c1_agent_1:s1:0"] {
+            let ones = filter_bits(key).count_ones();
+            assert!(ones == 1 || ones == 2, "{key}: {ones} bits");
+        }
+    }
 }

@@ -511,6 +511,156 @@ async fn a_chain_of_claims_longer_than_its_count_is_still_walked_to_its_end() {
     store.close().await;
 }
 
+/// `claims_filter` of every chat, by chat id.
+fn claims_filters(path: &std::path::Path) -> Vec<(String, Option<i64>)> {
+    let conn = rusqlite::Connection::open(path).unwrap();
+    let mut statement = conn
+        .prepare(
+            "SELECT n.chat_id, h.claims_filter FROM chat_numbers n \
+             JOIN chat_heads h ON h.chat_no = n.chat_no ORDER BY n.chat_id",
+        )
+        .unwrap();
+    statement
+        .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect()
+}
+
+#[tokio::test]
+async fn a_chain_begun_without_a_filter_is_walked_until_it_is_indexed() {
+    let (_db, path) = temp_db();
+    let store = open_with_chat(&path).await;
+    let key = |i: usize| format!("turn_c1:s{i}:0");
+    for i in 0..5 {
+        assert_eq!(
+            store.claim_tool("c1", &key(i), None).await.unwrap(),
+            ToolClaim::Claimed
+        );
+    }
+    // A write of its own commits the journaled claims.
+    store
+        .create_chat(record("c2", "acme", "u1", 2))
+        .await
+        .unwrap();
+    store.close().await;
+    assert!(
+        matches!(claims_filters(&path)[0], (ref c, Some(_)) if c == "c1"),
+        "a chain begun now has a filter"
+    );
+    // As a chain begun before migration 9 stands: no filter.
+    rusqlite::Connection::open(&path)
+        .unwrap()
+        .execute("UPDATE chat_heads SET claims_filter = NULL", [])
+        .unwrap();
+    let store = SqliteStore::open(&path).await.unwrap();
+    for i in 5..8 {
+        assert_eq!(
+            store.claim_tool("c1", &key(i), None).await.unwrap(),
+            ToolClaim::Claimed
+        );
+    }
+    store
+        .create_chat(record("c3", "acme", "u1", 3))
+        .await
+        .unwrap();
+    for i in 0..8 {
+        assert_eq!(
+            store.claim_tool("c1", &key(i), None).await.unwrap(),
+            ToolClaim::AlreadyStarted,
+            "{}",
+            key(i)
+        );
+    }
+    store.close().await;
+    assert_eq!(
+        claims_filters(&path)[0],
+        ("c1".to_owned(), None),
+        "a chain without a filter gets none from later claims"
+    );
+    // Claims 8..16 fill the chain (16 keys), which is indexed; claim 16 begins a new one.
+    let store = SqliteStore::open(&path).await.unwrap();
+    for i in 8..17 {
+        assert_eq!(
+            store.claim_tool("c1", &key(i), None).await.unwrap(),
+            ToolClaim::Claimed
+        );
+    }
+    store
+        .create_chat(record("c4", "acme", "u1", 4))
+        .await
+        .unwrap();
+    for i in [0, 7, 15, 16] {
+        assert_eq!(
+            store.claim_tool("c1", &key(i), None).await.unwrap(),
+            ToolClaim::AlreadyStarted,
+            "{}",
+            key(i)
+        );
+    }
+    store.close().await;
+    assert!(
+        matches!(claims_filters(&path)[0], (ref c, Some(_)) if c == "c1"),
+        "the new chain has a filter"
+    );
+}
+
+#[tokio::test]
+async fn the_filter_decides_whether_the_chain_is_walked() {
+    let (_db, path) = temp_db();
+    let store = open_with_chat(&path).await;
+    let key = |i: usize| format!("turn_c1:s{i}:0");
+    for i in 0..4 {
+        store.claim_tool("c1", &key(i), None).await.unwrap();
+    }
+    store
+        .complete_tool_with_result("c1", &key(1), &serde_json::json!("one"))
+        .await
+        .unwrap();
+    store
+        .create_chat(record("c2", "acme", "u1", 2))
+        .await
+        .unwrap();
+    store.close().await;
+    let set_filter = |filter: i64| {
+        rusqlite::Connection::open(&path)
+            .unwrap()
+            .execute(
+                "UPDATE chat_heads SET claims_filter = ?1 \
+                 WHERE chat_no = (SELECT chat_no FROM chat_numbers WHERE chat_id = 'c1')",
+                [filter],
+            )
+            .unwrap()
+    };
+    // Every bit set: every key may be in the chain, so each is walked for and found, or not.
+    assert_eq!(set_filter(-1), 1);
+    let store = SqliteStore::open(&path).await.unwrap();
+    assert_eq!(
+        store.claim_tool("c1", &key(0), None).await.unwrap(),
+        ToolClaim::AlreadyStarted
+    );
+    assert_eq!(
+        store.claim_tool("c1", &key(1), None).await.unwrap(),
+        ToolClaim::AlreadyCompleted(Some(serde_json::json!("one")))
+    );
+    assert_eq!(
+        store.claim_tool("c1", &key(9), None).await.unwrap(),
+        ToolClaim::Claimed
+    );
+    store.close().await;
+    // No bit set: the chain is not looked into, so a chained key reads as never claimed.
+    // (Which is why the filter is written in the same UPDATE as the chain's head.)
+    assert_eq!(set_filter(0), 1);
+    let store = SqliteStore::open(&path).await.unwrap();
+    assert!(matches!(
+        store
+            .complete_tool_with_result("c1", &key(2), &serde_json::Value::Null)
+            .await,
+        Err(StoreError::Conflict(_))
+    ));
+    store.close().await;
+}
+
 /// The store on `path`, holding chat "c1".
 async fn open_with_chat(path: &std::path::Path) -> SqliteStore {
     let store = SqliteStore::open(path).await.unwrap();

@@ -1,0 +1,12 @@
+-- Tessera store schema, version 9: a filter of the keys in each chat's chain of unindexed
+-- tool claims (`chat_heads.claims_filter`).
+--
+-- WHY: a claim of a new key must show that no row of the chain holds it, and the chain was
+-- walked a row at a time, one statement per row (~4,500 instructions each, ~20,000 per turn;
+-- docs/performance-log.md, twenty-fifth session). The filter is a 64-bit Bloom filter of
+-- the chain's keys, two bits per key (the `tools` module gives the hash; it is part of this
+-- format). A key whose bits are not all set is in no row of the chain, which is then not
+-- walked. Written together with `claims_head` in the same UPDATE; a new chain starts from
+-- its first key's bits. NULL: not known (a chain begun before this version), so the chain
+-- is walked, until it is indexed and a new chain starts.
+ALTER TABLE chat_heads ADD COLUMN claims_filter INTEGER;

@@ -24,6 +24,7 @@ mod envelope;
 mod error;
 pub mod events;
 mod hidden_text;
+mod ids;
 pub mod mcp;
 pub mod persist;
 pub mod plan;

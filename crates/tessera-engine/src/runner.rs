@@ -368,7 +368,7 @@ fn capture(
 
 /// The id of the message a turn's final text is published under.
 pub fn message_id(turn_key: &str) -> String {
-    format!("msg_{turn_key}")
+    crate::ids::join(&["msg_", turn_key])
 }
 
 impl Actor for AgentRunner {

@@ -26,6 +26,7 @@ use crate::correlator::{
 use crate::dedup::{CompleteKey, ToolKey};
 use crate::envelope::{ChatIdJson, EventLog, envelope_json};
 pub use crate::events::Publish;
+use crate::ids;
 use crate::persist::{FlushOutcome, NextFlush, StateRow, TranscriptRow, WriteBehind};
 use crate::runner::{
     AgentRunner, CancelTurn, LoggedToolEvents, RunnerParts, TurnFinished, message_id,
@@ -634,7 +635,7 @@ impl ChatSession {
             let id = if is_final {
                 final_id.clone()
             } else {
-                format!("{final_id}_{i}")
+                ids::join(&[&final_id, "_", ids::digits().format(i)])
             };
             self.push_message(message, id, is_final && hidden);
         }
@@ -850,7 +851,14 @@ impl ChatSession {
 
 /// The deterministic idempotency key of a chat's agent turn.
 pub fn turn_key(chat_id: &str, agent: &str, turn: u32) -> String {
-    format!("turn_{chat_id}_{agent}_{turn}")
+    ids::join(&[
+        "turn_",
+        chat_id,
+        "_",
+        agent,
+        "_",
+        ids::digits().format(turn),
+    ])
 }
 
 impl Actor for ChatSession {
@@ -1397,7 +1405,7 @@ impl ChatSession {
         if self.status != ChatStatus::AwaitingUser {
             return Err(self.refuse_input());
         }
-        let id = format!("msg_user_{}", self.history.len());
+        let id = ids::join(&["msg_user_", ids::digits().format(self.history.len())]);
         self.publish(ServerEvent::Text {
             message_id: id.clone(),
             agent: "user".into(),

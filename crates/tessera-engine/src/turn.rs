@@ -15,6 +15,7 @@ use tessera_tools::{
     summarize_for_model,
 };
 
+use crate::ids;
 use crate::plan::{AgentPlan, ToolCallingMode};
 use crate::transcript::Transcript;
 
@@ -244,7 +245,13 @@ impl TurnMachine {
                         tool_index,
                         name,
                         args,
-                        invocation_key: format!("{}:s{}:{}", self.turn_key, self.steps, i),
+                        invocation_key: ids::join(&[
+                            &self.turn_key,
+                            ":s",
+                            ids::digits().format(self.steps),
+                            ":",
+                            ids::digits().format(i),
+                        ]),
                     });
                 }
                 Err(message) => self.pending_calls.push(PendingCall::Refused {
@@ -280,7 +287,12 @@ impl TurnMachine {
                         });
                         self.add(message);
                         Step::RunTools(vec![ToolInvocation {
-                            invocation_key: format!("{}:s{}:0", self.turn_key, self.steps),
+                            invocation_key: ids::join(&[
+                                &self.turn_key,
+                                ":s",
+                                ids::digits().format(self.steps),
+                                ":0",
+                            ]),
                             call_id,
                             tool_index,
                             name,

@@ -136,11 +136,10 @@ pub struct OpenAiClient {
 }
 
 struct Inner {
-    /// The client of threads that cannot build their own (never expected: the same settings
-    /// built this one).
-    http: HttpClient,
     /// How every thread's client connects (directly, or through the environment's proxy).
     route: Route,
+    /// The TLS settings every thread's client clones (`transport::tls_config`).
+    tls: rustls::ClientConfig,
     /// The endpoint and the headers every request carries (the API key, marked sensitive).
     head: RequestHead,
     endpoint: url::Url,
@@ -175,10 +174,7 @@ impl Inner {
             }
             // Clients of dropped `OpenAiClient`s (a reloaded configuration) go here.
             clients.retain(|(owner, _)| owner.strong_count() > 0);
-            let http = transport::client(&self.route).unwrap_or_else(|e| {
-                tracing::warn!(error = %e, "cannot build a per-thread HTTP client; sharing one");
-                self.http.clone()
-            });
+            let http = transport::client(&self.route, &self.tls);
             let sent = http.request(request);
             clients.push((Arc::downgrade(self), http));
             sent
@@ -225,11 +221,11 @@ impl OpenAiClient {
         let (route, proxy_authorization) =
             Route::to(&uri, &Matcher::from_env(), config.connect_timeout)?;
         let head = RequestHead::new(uri, authorization, proxy_authorization);
-        let http = transport::client(&route)?;
+        let tls = transport::tls_config()?;
         Ok(Self {
             inner: Arc::new(Inner {
-                http,
                 route,
+                tls,
                 head,
                 endpoint,
                 config,

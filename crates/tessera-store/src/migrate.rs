@@ -50,8 +50,8 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
     ),
     (
         9,
-        "claims_filter",
-        include_str!("../migrations/0009_claims_filter.sql"),
+        "chain_filter",
+        include_str!("../migrations/0009_chain_filter.sql"),
     ),
 ];
 

@@ -11,10 +11,10 @@
 //! way a claim dirties the table's tail and the chat's small heads row (shared with other
 //! chats), and the index one leaf per [`UNINDEXED_CLAIMS`] claims.
 //!
-//! A key is looked for in the chain and in the index. The chain is walked only when its
-//! filter (`claims_filter`, migration 9: a 64-bit Bloom filter of the chain's keys, kept in
-//! the same row and written by the same UPDATE as `claims_head`) may hold the key: a claim of
-//! a new key, the usual case, then costs no walk at all. On SQLite's own path a new claim is
+//! A key is looked for in the chain and in the index. Each claim row carries a filter of the
+//! keys of the chain up to it (`chain_filter`, migration 9: a 64-bit Bloom filter), so the
+//! walk stops at the first row whose filter rules the key out: a claim of a new key, the
+//! usual case, reads the chain's head only. On SQLite's own path a new claim is
 //! appended to the claims journal under its file lock, after a look into the database and
 //! the journal (`claims_journal`), and its row is inserted by the next group transaction;
 //! a claim answered inside a transaction ([`claim`]) checks and inserts inside the writer's
@@ -44,18 +44,22 @@ macro_rules! walk_chain {
 }
 
 /// [`find`]'s step along a chat's chain of claims.
-pub(crate) const CLAIM_IN_CHAIN_SQL: &str =
-    "SELECT invocation_key = ?2, status, result, prev FROM tool_invocations WHERE rowid = ?1";
+pub(crate) const CLAIM_IN_CHAIN_SQL: &str = "SELECT invocation_key = ?2, status, result, prev, \
+     chain_filter FROM tool_invocations WHERE rowid = ?1";
 /// [`find`]'s look-up in the index of older keys.
 pub(crate) const CLAIM_BY_INDEX_SQL: &str = "SELECT t.rowid, t.status, t.result \
      FROM tool_invocation_keys k JOIN tool_invocations t ON t.rowid = k.claim_row \
      WHERE k.chat_no = ? AND k.invocation_key = ?";
-/// [`insert`]'s new claim.
+/// [`insert`]'s new claim (`?5`: its key's [`filter_bits`]). Its filter is its predecessor's
+/// plus its own bits, or its own bits alone at a chain's start; NULL after a NULL (`|` keeps
+/// NULL): a chain begun without filters gets none until it is indexed.
 pub(crate) const INSERT_CLAIM_SQL: &str = "INSERT INTO tool_invocations \
-     (chat_no, invocation_key, status, started_at_ms, prev) VALUES (?, ?, 'started', ?, ?)";
+     (chat_no, invocation_key, status, started_at_ms, prev, chain_filter) \
+     VALUES (?1, ?2, 'started', ?3, ?4, CASE WHEN ?4 IS NULL THEN ?5 \
+     ELSE (SELECT chain_filter FROM tool_invocations WHERE rowid = ?4) | ?5 END)";
 /// [`insert`]'s move of the chat's chain.
-pub(crate) const MOVE_CLAIMS_HEAD_SQL: &str = "UPDATE chat_heads \
-     SET claims_head = ?, unindexed_claims = ?, claims_filter = ? WHERE chat_no = ?";
+pub(crate) const MOVE_CLAIMS_HEAD_SQL: &str =
+    "UPDATE chat_heads SET claims_head = ?, unindexed_claims = ? WHERE chat_no = ?";
 /// [`complete`]'s update.
 pub(crate) const COMPLETE_CLAIM_SQL: &str = "UPDATE tool_invocations SET status = 'completed', \
      result = ?, completed_at_ms = ? WHERE rowid = ?";
@@ -76,18 +80,6 @@ fn filter_bits(key: &str) -> i64 {
     ((1u64 << (hash & 63)) | (1u64 << ((hash >> 6) & 63))) as i64
 }
 
-/// False when the chat's chain of unindexed claims certainly does not hold `key`.
-fn chain_may_hold(claims: &Heads, key: &str) -> bool {
-    match (claims.claims_head, claims.claims_filter) {
-        (None, _) => false,
-        (Some(_), None) => true,
-        (Some(_), Some(filter)) => {
-            let bits = filter_bits(key);
-            filter & bits == bits
-        }
-    }
-}
-
 /// A stored claim.
 struct Found {
     row: i64,
@@ -98,21 +90,19 @@ struct Found {
 /// The claim of `key`, from the chain of unindexed claims or from the index.
 ///
 /// The chain is walked here a row at a time, newest first, rather than by a recursive query:
-/// SQLite runs one of those through a queue table, which cost ~1.4 µs per claim walked, and
-/// most look-ups are of new keys, which walk the whole chain. Stepping one cached statement
-/// costs a rowid look-up per claim, and a key claimed last (its completion) is found at once.
+/// SQLite runs one of those through a queue table, which cost ~1.4 µs per claim walked.
+/// Stepping one cached statement costs a rowid look-up per claim; a key claimed last (its
+/// completion) is found at once, and a new key (most look-ups) is ruled out by the head's
+/// filter.
 fn find(db: &Db<'_>, claims: &Heads, key: &str) -> Result<Option<Found>, StoreError> {
     /// One claim of the chain: the one looked for, or the next older one.
     enum Step {
         Found(Found),
         Older(Option<i64>),
     }
-    let mut next = if chain_may_hold(claims, key) {
-        claims.claims_head
-    } else {
-        None
-    };
+    let mut next = claims.claims_head;
     if next.is_some() {
+        let bits = filter_bits(key);
         // The chain holds `unindexed_claims` rows, at most `UNINDEXED_CLAIMS`; should it be
         // longer, the recursive query below walks the rest.
         let walked = db.with(Held::ClaimInChain, |chained| {
@@ -126,6 +116,12 @@ fn find(db: &Db<'_>, claims: &Heads, key: &str) -> Result<Option<Found>, StoreEr
                                 status: r.get(1)?,
                                 result: r.get(2)?,
                             }))
+                        } else if r
+                            .get::<_, Option<i64>>(4)?
+                            .is_some_and(|filter| filter & bits != bits)
+                        {
+                            // Neither this row nor any older one of the chain holds the key.
+                            Ok(Step::Older(None))
                         } else {
                             Ok(Step::Older(r.get(3)?))
                         }
@@ -229,19 +225,14 @@ pub(crate) fn insert(
             claims.chat_no,
             key,
             started_at_ms,
-            claims.claims_head
+            claims.claims_head,
+            filter_bits(key)
         ])?)
     })?;
     let row = db.last_insert_rowid();
     let chained = claims.unindexed_claims + 1;
-    let (head, unindexed, filter) = if chained < UNINDEXED_CLAIMS {
-        let bits = filter_bits(key);
-        // A chain begun without a filter (before migration 9) keeps none until it is indexed.
-        let filter = match claims.claims_head {
-            None => Some(bits),
-            Some(_) => claims.claims_filter.map(|filter| filter | bits),
-        };
-        (Some(row), chained, filter)
+    let (head, unindexed) = if chained < UNINDEXED_CLAIMS {
+        (Some(row), chained)
     } else {
         // The chain is full: index its keys (one leaf of the index, written once for all).
         db.prepare_cached(walk_chain!(
@@ -251,10 +242,10 @@ pub(crate) fn insert(
         ))?
         .execute([row])
         .map_err(|e| crate::sqlite_error::from_write(e, chat_id, "tool invocation"))?;
-        (None, 0, None)
+        (None, 0)
     };
     db.with(Held::MoveClaimsHead, |statement| {
-        Ok(statement.execute(params![head, unindexed, filter, claims.chat_no])?)
+        Ok(statement.execute(params![head, unindexed, claims.chat_no])?)
     })?;
     Ok(())
 }
@@ -312,7 +303,7 @@ mod tests {
 
     #[test]
     fn a_keys_filter_bits_are_two_fixed_bits_of_the_stored_format() {
-        // Stored in `chat_heads.claims_filter`: a change here misreads every stored filter.
+        // Stored in `tool_invocations.chain_filter`: a change here misreads every stored filter.
         assert_eq!(filter_bits("turn_c1_agent_1:s0:0"), 0x0080_8000_0000_0000);
         assert_eq!(filter_bits(""), 0x4000_0080_0000_0000);
         for key in ["a", "turn_c1_agent_1:s0:0", "turn_c1_agent_1:s1:0"] {

@@ -511,24 +511,24 @@ async fn a_chain_of_claims_longer_than_its_count_is_still_walked_to_its_end() {
     store.close().await;
 }
 
-/// `claims_filter` of every chat, by chat id.
-fn claims_filters(path: &std::path::Path) -> Vec<(String, Option<i64>)> {
+/// `chain_filter` of each claim row of chat "c1", oldest first.
+fn chain_filters(path: &std::path::Path) -> Vec<Option<i64>> {
     let conn = rusqlite::Connection::open(path).unwrap();
     let mut statement = conn
         .prepare(
-            "SELECT n.chat_id, h.claims_filter FROM chat_numbers n \
-             JOIN chat_heads h ON h.chat_no = n.chat_no ORDER BY n.chat_id",
+            "SELECT t.chain_filter FROM tool_invocations t JOIN chat_numbers n \
+             ON n.chat_no = t.chat_no WHERE n.chat_id = 'c1' ORDER BY t.rowid",
         )
         .unwrap();
     statement
-        .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))
+        .query_map([], |row| row.get(0))
         .unwrap()
         .map(Result::unwrap)
         .collect()
 }
 
 #[tokio::test]
-async fn a_chain_begun_without_a_filter_is_walked_until_it_is_indexed() {
+async fn a_chain_begun_without_filters_is_walked_until_it_is_indexed() {
     let (_db, path) = temp_db();
     let store = open_with_chat(&path).await;
     let key = |i: usize| format!("turn_c1:s{i}:0");
@@ -544,14 +544,21 @@ async fn a_chain_begun_without_a_filter_is_walked_until_it_is_indexed() {
         .await
         .unwrap();
     store.close().await;
+    let filters = chain_filters(&path);
+    assert_eq!(filters.len(), 5);
     assert!(
-        matches!(claims_filters(&path)[0], (ref c, Some(_)) if c == "c1"),
-        "a chain begun now has a filter"
+        filters.iter().all(Option::is_some),
+        "a chain begun now has filters"
     );
-    // As a chain begun before migration 9 stands: no filter.
+    // Each filter holds its predecessor's bits.
+    for pair in filters.windows(2) {
+        let (older, newer) = (pair[0].unwrap(), pair[1].unwrap());
+        assert_eq!(newer & older, older);
+    }
+    // As a chain begun before migration 9 stands: no filters.
     rusqlite::Connection::open(&path)
         .unwrap()
-        .execute("UPDATE chat_heads SET claims_filter = NULL", [])
+        .execute("UPDATE tool_invocations SET chain_filter = NULL", [])
         .unwrap();
     let store = SqliteStore::open(&path).await.unwrap();
     for i in 5..8 {
@@ -574,9 +581,9 @@ async fn a_chain_begun_without_a_filter_is_walked_until_it_is_indexed() {
     }
     store.close().await;
     assert_eq!(
-        claims_filters(&path)[0],
-        ("c1".to_owned(), None),
-        "a chain without a filter gets none from later claims"
+        chain_filters(&path),
+        vec![None; 8],
+        "claims chained after a row without a filter get none"
     );
     // Claims 8..16 fill the chain (16 keys), which is indexed; claim 16 begins a new one.
     let store = SqliteStore::open(&path).await.unwrap();
@@ -599,14 +606,14 @@ async fn a_chain_begun_without_a_filter_is_walked_until_it_is_indexed() {
         );
     }
     store.close().await;
-    assert!(
-        matches!(claims_filters(&path)[0], (ref c, Some(_)) if c == "c1"),
-        "the new chain has a filter"
-    );
+    let filters = chain_filters(&path);
+    assert_eq!(filters.len(), 17);
+    assert!(filters[..16].iter().all(Option::is_none));
+    assert!(filters[16].is_some(), "the new chain has a filter");
 }
 
 #[tokio::test]
-async fn the_filter_decides_whether_the_chain_is_walked() {
+async fn the_heads_filter_decides_whether_the_chain_is_walked() {
     let (_db, path) = temp_db();
     let store = open_with_chat(&path).await;
     let key = |i: usize| format!("turn_c1:s{i}:0");
@@ -622,18 +629,19 @@ async fn the_filter_decides_whether_the_chain_is_walked() {
         .await
         .unwrap();
     store.close().await;
-    let set_filter = |filter: i64| {
+    let set_head_filter = |filter: i64| {
         rusqlite::Connection::open(&path)
             .unwrap()
             .execute(
-                "UPDATE chat_heads SET claims_filter = ?1 \
-                 WHERE chat_no = (SELECT chat_no FROM chat_numbers WHERE chat_id = 'c1')",
+                "UPDATE tool_invocations SET chain_filter = ?1 WHERE rowid = \
+                 (SELECT h.claims_head FROM chat_heads h JOIN chat_numbers n \
+                  ON n.chat_no = h.chat_no WHERE n.chat_id = 'c1')",
                 [filter],
             )
             .unwrap()
     };
     // Every bit set: every key may be in the chain, so each is walked for and found, or not.
-    assert_eq!(set_filter(-1), 1);
+    assert_eq!(set_head_filter(-1), 1);
     let store = SqliteStore::open(&path).await.unwrap();
     assert_eq!(
         store.claim_tool("c1", &key(0), None).await.unwrap(),
@@ -648,9 +656,9 @@ async fn the_filter_decides_whether_the_chain_is_walked() {
         ToolClaim::Claimed
     );
     store.close().await;
-    // No bit set: the chain is not looked into, so a chained key reads as never claimed.
-    // (Which is why the filter is written in the same UPDATE as the chain's head.)
-    assert_eq!(set_filter(0), 1);
+    // No bit set at the head: the walk stops there, so an older chained key reads as never
+    // claimed. (Which is why every claim row's filter holds its predecessor's bits.)
+    assert_eq!(set_head_filter(0), 1);
     let store = SqliteStore::open(&path).await.unwrap();
     assert!(matches!(
         store
@@ -658,6 +666,11 @@ async fn the_filter_decides_whether_the_chain_is_walked() {
             .await,
         Err(StoreError::Conflict(_))
     ));
+    // The head's own key is still found: its key is compared before its filter.
+    store
+        .complete_tool_with_result("c1", &key(9), &serde_json::Value::Null)
+        .await
+        .unwrap();
     store.close().await;
 }
 

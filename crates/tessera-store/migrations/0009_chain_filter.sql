@@ -1,0 +1,16 @@
+-- Tessera store schema, version 9: each tool claim row carries a filter of the keys of its
+-- chat's chain of unindexed claims up to and including it (`tool_invocations.chain_filter`).
+--
+-- WHY: a claim of a new key must show that no row of the chain holds it, and the chain was
+-- walked to its end a row at a time, one statement per row (~4,500 instructions each,
+-- ~20,000 per turn; docs/performance-log.md, twenty-fifth session). The filter is a 64-bit
+-- Bloom filter, two bits per key (the `tools` module gives the hash; it is part of this
+-- format). A key whose bits are not all set in a row's filter is in neither that row nor
+-- any older row of the chain, so a new key is told absent at the chain's head. A row's
+-- filter is its chain predecessor's with its own key's bits added; a chain's first row has
+-- its key's bits alone. NULL: not known (a chain begun before this version), and so are
+-- the filters of the rows chained after it, until the chain is indexed and a new one
+-- starts. Kept on the claim rows, which are appended anyway, rather than on `chat_heads`,
+-- whose rows a larger size would spread over more pages per commit (+3-5% written per turn
+-- when it was tried there).
+ALTER TABLE tool_invocations ADD COLUMN chain_filter INTEGER;

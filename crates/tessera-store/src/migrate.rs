@@ -48,15 +48,16 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "chat_log",
         include_str!("../migrations/0008_chat_log.sql"),
     ),
+    // 9 is PostgreSQL's group commit function: numbers stay aligned across the backends.
     (
-        9,
+        10,
         "chain_filter",
-        include_str!("../migrations/0009_chain_filter.sql"),
+        include_str!("../migrations/0010_chain_filter.sql"),
     ),
 ];
 
 /// Highest schema version this build knows.
-pub(crate) const LATEST_VERSION: i64 = 9;
+pub(crate) const LATEST_VERSION: i64 = 10;
 
 /// Bring the schema up to [`LATEST_VERSION`]; a no-op when it already is.
 pub(crate) async fn run(pool: &SqlitePool) -> Result<(), StoreError> {

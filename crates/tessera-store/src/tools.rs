@@ -12,7 +12,7 @@
 //! chats), and the index one leaf per [`UNINDEXED_CLAIMS`] claims.
 //!
 //! A key is looked for in the chain and in the index. Each claim row carries a filter of the
-//! keys of the chain up to it (`chain_filter`, migration 9: a 64-bit Bloom filter), so the
+//! keys of the chain up to it (`chain_filter`, migration 10: a 64-bit Bloom filter), so the
 //! walk stops at the first row whose filter rules the key out: a claim of a new key, the
 //! usual case, reads the chain's head only. On SQLite's own path a new claim is
 //! appended to the claims journal under its file lock, after a look into the database and
@@ -65,7 +65,7 @@ pub(crate) const COMPLETE_CLAIM_SQL: &str = "UPDATE tool_invocations SET status 
      result = ?, completed_at_ms = ? WHERE rowid = ?";
 
 /// The bits `key` sets in a chain's filter: two of 64, from FNV-1a (64-bit) with a final mix.
-/// Part of the stored format (migration 9): changing it needs a migration that forgets every
+/// Part of the stored format (migration 10): changing it needs a migration that forgets every
 /// stored filter.
 fn filter_bits(key: &str) -> i64 {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;

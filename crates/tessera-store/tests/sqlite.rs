@@ -555,7 +555,7 @@ async fn a_chain_begun_without_filters_is_walked_until_it_is_indexed() {
         let (older, newer) = (pair[0].unwrap(), pair[1].unwrap());
         assert_eq!(newer & older, older);
     }
-    // As a chain begun before migration 9 stands: no filters.
+    // As a chain begun before migration 10 stands: no filters.
     rusqlite::Connection::open(&path)
         .unwrap()
         .execute("UPDATE tool_invocations SET chain_filter = NULL", [])

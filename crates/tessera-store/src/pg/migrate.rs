@@ -35,7 +35,7 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "open_flag",
         include_str!("../../migrations/postgres/0007_open_flag.sql"),
     ),
-    // 8 is SQLite's chat log.
+    // 8 is SQLite's chat log, 10 its filter on the chain of tool claims.
     (
         9,
         "commit_group",

@@ -1,4 +1,4 @@
--- Tessera store schema, version 9: each tool claim row carries a filter of the keys of its
+-- Tessera store schema, version 10: each tool claim row carries a filter of the keys of its
 -- chat's chain of unindexed claims up to and including it (`tool_invocations.chain_filter`).
 --
 -- WHY: a claim of a new key must show that no row of the chain holds it, and the chain was

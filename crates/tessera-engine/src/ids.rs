@@ -13,7 +13,8 @@ pub(crate) fn join(parts: &[&str]) -> String {
     id
 }
 
-/// Decimal digits of `n`, for [`join`]: `join(&["msg_", digits(n).format(n)])`.
+/// A buffer for an integer's decimal digits, for [`join`]:
+/// `join(&["msg_", digits().format(n)])`.
 pub(crate) fn digits() -> itoa::Buffer {
     itoa::Buffer::new()
 }

@@ -69,7 +69,8 @@ pub fn write_unix_millis(out: &mut String, ms: i64) {
 mod tests {
     use super::format_unix_millis;
 
-    /// The format with `write!` alone: what the digits by hand must match.
+    /// An independent reference: the date found by counting days a year and a month at a
+    /// time, written with `format!`.
     fn reference(ms: i64) -> String {
         let secs = ms.div_euclid(1000);
         let days = secs.div_euclid(86_400);

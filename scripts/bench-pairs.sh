@@ -43,7 +43,8 @@ run_side() {
   fi
   jq -c --arg side "$side" --arg with "$assignments" \
     '{side: $side, with: $with, turns_per_s, steady_turns_per_s, cpu_ms_per_turn,
-      write_KiB_per_turn, turn_p50_ms, turn_p99_ms, ui_p50_ms, ui_p99_ms, threads}' <<<"$line"
+      write_KiB_per_turn, kept_KiB_per_turn, turn_p50_ms, turn_p99_ms, ui_p50_ms, ui_p99_ms,
+      threads}' <<<"$line"
 }
 
 results=$(mktemp /tmp/tessera-bench-pairs.XXXXXX)

@@ -31,7 +31,8 @@
 # frames by table and index (the CPU figures of such a run are not comparable).
 #
 # Needs a release build (`cargo build --release -p tessera-loadgen -p tessera-server`; not
-# built here, so that a measurement never waits on a build) and `jq`.
+# built here, so that a measurement never waits on a build) and `jq`; `sqlite3` for
+# `kept_KiB_per_turn` (null without it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -140,6 +141,9 @@ if [ -n "$WAL_PAGES" ]; then
 fi
 db=$(find "$WORK/data" -name '*.sqlite3' -o -name '*.db' | head -1)
 kept_kib=null
+if [ -n "$db" ] && ! command -v sqlite3 >/dev/null; then
+  echo "kept_KiB_per_turn: null (needs the sqlite3 command: apt-get install sqlite3)" >&2
+fi
 if [ -n "$db" ] && command -v sqlite3 >/dev/null; then
   sqlite3 "$db" 'PRAGMA wal_checkpoint(TRUNCATE);' >/dev/null
   turns_done=$(jq '.turns_completed' "$WORK/run.json")

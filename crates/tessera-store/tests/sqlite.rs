@@ -674,6 +674,39 @@ async fn the_heads_filter_decides_whether_the_chain_is_walked() {
     store.close().await;
 }
 
+#[tokio::test]
+async fn a_chain_head_pointing_at_no_claim_ends_the_walk_without_an_error() {
+    let (_db, path) = temp_db();
+    let store = open_with_chat(&path).await;
+    store.claim_tool("c1", "turn_c1:s0:0", None).await.unwrap();
+    store
+        .create_chat(record("c2", "acme", "u1", 2))
+        .await
+        .unwrap();
+    store.close().await;
+    // A damaged head: the claim it names is gone.
+    rusqlite::Connection::open(&path)
+        .unwrap()
+        .execute(
+            "UPDATE chat_heads SET claims_head = claims_head + 1000 WHERE claims_head IS NOT NULL",
+            [],
+        )
+        .map(|updated| assert_eq!(updated, 1))
+        .unwrap();
+    let store = SqliteStore::open(&path).await.unwrap();
+    assert_eq!(
+        store.claim_tool("c1", "turn_c1:s1:0", None).await.unwrap(),
+        ToolClaim::Claimed
+    );
+    assert!(matches!(
+        store
+            .complete_tool_with_result("c1", "never", &serde_json::Value::Null)
+            .await,
+        Err(StoreError::Conflict(_))
+    ));
+    store.close().await;
+}
+
 /// The store on `path`, holding chat "c1".
 async fn open_with_chat(path: &std::path::Path) -> SqliteStore {
     let store = SqliteStore::open(path).await.unwrap();

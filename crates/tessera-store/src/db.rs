@@ -27,8 +27,6 @@ pub(crate) enum Held {
     AppendLog,
     /// `log::append`: the chat's heads moved to that row.
     MoveLogHead,
-    /// `tools::heads_and_head_claim`: a chat's heads with the newest claim of its chain.
-    HeadsAndHeadClaim,
     /// `tools::find`: one claim of a chat's chain.
     ClaimInChain,
     /// `tools::find`: a claim by the index of older keys.
@@ -55,7 +53,6 @@ impl Held {
             Self::ChatHeads => crate::log::HEADS_SQL,
             Self::AppendLog => crate::log::APPEND_SQL,
             Self::MoveLogHead => crate::log::MOVE_HEAD_SQL,
-            Self::HeadsAndHeadClaim => crate::tools::HEADS_AND_HEAD_CLAIM_SQL,
             Self::ClaimInChain => crate::tools::CLAIM_IN_CHAIN_SQL,
             Self::ClaimByIndex => crate::tools::CLAIM_BY_INDEX_SQL,
             Self::InsertClaim => crate::tools::INSERT_CLAIM_SQL,

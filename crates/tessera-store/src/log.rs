@@ -35,21 +35,10 @@ pub(crate) struct Heads {
     pub(crate) unindexed_claims: i64,
 }
 
-/// The `chat_heads` columns a [`Heads`] is read from ([`heads_of`]), for every statement that
-/// reads a chat's heads (`h`) by its id (`chat_numbers n`).
-macro_rules! heads_columns {
-    () => {
-        "h.chat_no, h.log_head, h.last_seq, h.next_idx, h.claims_head, h.unindexed_claims"
-    };
-}
-pub(crate) use heads_columns;
-
 /// [`heads`]' statement.
-pub(crate) const HEADS_SQL: &str = concat!(
-    "SELECT ",
-    heads_columns!(),
-    " FROM chat_numbers n JOIN chat_heads h ON h.chat_no = n.chat_no WHERE n.chat_id = ?"
-);
+pub(crate) const HEADS_SQL: &str = "SELECT h.chat_no, h.log_head, h.last_seq, h.next_idx, \
+     h.claims_head, h.unindexed_claims \
+     FROM chat_numbers n JOIN chat_heads h ON h.chat_no = n.chat_no WHERE n.chat_id = ?";
 /// [`append`]'s new row.
 pub(crate) const APPEND_SQL: &str = "INSERT INTO chat_log \
      (chat_no, prev, seq_floor, idx_floor, events, messages, state) VALUES (?, ?, ?, ?, ?, ?, ?)";
@@ -60,19 +49,18 @@ pub(crate) const MOVE_HEAD_SQL: &str = "UPDATE chat_heads SET log_head = ?, last
 /// The chat's heads row; `None` for an unknown chat.
 pub(crate) fn heads(db: &Db<'_>, chat_id: &str) -> Result<Option<Heads>, StoreError> {
     db.with(Held::ChatHeads, |statement| {
-        Ok(statement.query_row([chat_id], heads_of).optional()?)
-    })
-}
-
-/// The [`Heads`] in the first columns of `row`, selected as [`heads_columns`] lists them.
-pub(crate) fn heads_of(row: &rusqlite::Row<'_>) -> rusqlite::Result<Heads> {
-    Ok(Heads {
-        chat_no: row.get(0)?,
-        log_row: row.get(1)?,
-        last_seq: row.get(2)?,
-        next_idx: row.get(3)?,
-        claims_head: row.get(4)?,
-        unindexed_claims: row.get(5)?,
+        Ok(statement
+            .query_row([chat_id], |row| {
+                Ok(Heads {
+                    chat_no: row.get(0)?,
+                    log_row: row.get(1)?,
+                    last_seq: row.get(2)?,
+                    next_idx: row.get(3)?,
+                    claims_head: row.get(4)?,
+                    unindexed_claims: row.get(5)?,
+                })
+            })
+            .optional()?)
     })
 }
 

@@ -25,7 +25,7 @@ use rusqlite::{OptionalExtension, params};
 
 use crate::convert::{json_from_sql, now_ms};
 use crate::db::{Db, Held};
-use crate::log::{Heads, heads, heads_columns, heads_of};
+use crate::log::{Heads, heads};
 use crate::{StoreError, ToolClaim};
 
 /// Claims a chat keeps chained (found by walking) before their keys are indexed.
@@ -43,29 +43,9 @@ macro_rules! walk_chain {
     };
 }
 
-/// The columns of one step along a chat's chain of claims ([`chain_step`]), of the claim `t`.
-macro_rules! step_columns {
-    () => {
-        "t.invocation_key = ?2, t.status, t.result, t.prev, t.chain_filter"
-    };
-}
-
 /// [`find`]'s step along a chat's chain of claims.
-pub(crate) const CLAIM_IN_CHAIN_SQL: &str = concat!(
-    "SELECT ",
-    step_columns!(),
-    " FROM tool_invocations t WHERE t.rowid = ?1"
-);
-/// [`heads_and_head_claim`]'s statement: a chat's heads and, in the same row, the first step
-/// of a walk along its chain (NULLs when the chain is empty).
-pub(crate) const HEADS_AND_HEAD_CLAIM_SQL: &str = concat!(
-    "SELECT ",
-    heads_columns!(),
-    ", ",
-    step_columns!(),
-    " FROM chat_numbers n JOIN chat_heads h ON h.chat_no = n.chat_no \
-     LEFT JOIN tool_invocations t ON t.rowid = h.claims_head WHERE n.chat_id = ?1"
-);
+pub(crate) const CLAIM_IN_CHAIN_SQL: &str = "SELECT invocation_key = ?2, status, result, prev, \
+     chain_filter FROM tool_invocations WHERE rowid = ?1";
 /// [`find`]'s look-up in the index of older keys.
 pub(crate) const CLAIM_BY_INDEX_SQL: &str = "SELECT t.rowid, t.status, t.result \
      FROM tool_invocation_keys k JOIN tool_invocations t ON t.rowid = k.claim_row \
@@ -107,59 +87,6 @@ struct Found {
     result: Option<String>,
 }
 
-/// One claim of a chain, as a walk for a key reads it.
-enum Step {
-    /// The claim of the key.
-    Found(Found),
-    /// Not it: the next older claim to look at, `None` when no older one can hold the key.
-    Older(Option<i64>),
-}
-
-/// The step at claim `row`, from the columns `at..` of `r` ([`step_columns`]); `bits` are the
-/// key's [`filter_bits`].
-fn chain_step(r: &rusqlite::Row<'_>, at: usize, row: i64, bits: i64) -> rusqlite::Result<Step> {
-    // NULL: no such claim row (a head left pointing at nothing), so the walk ends.
-    let Some(is_key) = r.get::<_, Option<bool>>(at)? else {
-        return Ok(Step::Older(None));
-    };
-    if is_key {
-        return Ok(Step::Found(Found {
-            row,
-            status: r.get(at + 1)?,
-            result: r.get(at + 2)?,
-        }));
-    }
-    if r.get::<_, Option<i64>>(at + 4)?
-        .is_some_and(|filter| filter & bits != bits)
-    {
-        // Neither this claim nor any older one of the chain holds the key.
-        return Ok(Step::Older(None));
-    }
-    r.get(at + 3).map(Step::Older)
-}
-
-/// The chat's heads and the first step of a walk for `key` along its chain, in one statement;
-/// `None` for an unknown chat.
-fn heads_and_head_claim(
-    db: &Db<'_>,
-    chat_id: &str,
-    key: &str,
-) -> Result<Option<(Heads, Step)>, StoreError> {
-    let bits = filter_bits(key);
-    db.with(Held::HeadsAndHeadClaim, |statement| {
-        Ok(statement
-            .query_row(params![chat_id, key], |r| {
-                let heads = heads_of(r)?;
-                let head = match heads.claims_head {
-                    Some(row) => chain_step(r, 6, row, bits)?,
-                    None => Step::Older(None),
-                };
-                Ok((heads, head))
-            })
-            .optional()?)
-    })
-}
-
 /// The claim of `key`, from the chain of unindexed claims or from the index.
 ///
 /// The chain is walked here a row at a time, newest first, rather than by a recursive query:
@@ -167,22 +94,38 @@ fn heads_and_head_claim(
 /// Stepping one cached statement costs a rowid look-up per claim; a key claimed last (its
 /// completion) is found at once, and a new key (most look-ups) is ruled out by the head's
 /// filter.
-///
-/// `head` is the step at the chain's head, read with the heads ([`heads_and_head_claim`]).
-fn find(db: &Db<'_>, claims: &Heads, key: &str, head: Step) -> Result<Option<Found>, StoreError> {
-    let mut next = match head {
-        Step::Found(found) => return Ok(Some(found)),
-        Step::Older(next) => next,
-    };
+fn find(db: &Db<'_>, claims: &Heads, key: &str) -> Result<Option<Found>, StoreError> {
+    /// One claim of the chain: the one looked for, or the next older one.
+    enum Step {
+        Found(Found),
+        Older(Option<i64>),
+    }
+    let mut next = claims.claims_head;
     if next.is_some() {
         let bits = filter_bits(key);
-        // The chain holds `unindexed_claims` rows, at most `UNINDEXED_CLAIMS` (the head's
-        // step is taken); should it be longer, the recursive query below walks the rest.
+        // The chain holds `unindexed_claims` rows, at most `UNINDEXED_CLAIMS`; should it be
+        // longer, the recursive query below walks the rest.
         let walked = db.with(Held::ClaimInChain, |chained| {
-            for _ in 1..claims.unindexed_claims.max(UNINDEXED_CLAIMS) {
+            for _ in 0..claims.unindexed_claims.max(UNINDEXED_CLAIMS) {
                 let Some(row) = next else { break };
                 let step = chained
-                    .query_row(params![row, key], |r| chain_step(r, 0, row, bits))
+                    .query_row(params![row, key], |r| {
+                        if r.get::<_, bool>(0)? {
+                            Ok(Step::Found(Found {
+                                row,
+                                status: r.get(1)?,
+                                result: r.get(2)?,
+                            }))
+                        } else if r
+                            .get::<_, Option<i64>>(4)?
+                            .is_some_and(|filter| filter & bits != bits)
+                        {
+                            // Neither this row nor any older one of the chain holds the key.
+                            Ok(Step::Older(None))
+                        } else {
+                            Ok(Step::Older(r.get(3)?))
+                        }
+                    })
                     .optional()?;
                 match step {
                     Some(Step::Found(found)) => return Ok(Some(found)),
@@ -236,10 +179,10 @@ pub(crate) enum Lookup {
 
 /// The claim of (chat, key), if any.
 pub(crate) fn lookup(db: &Db<'_>, chat_id: &str, key: &str) -> Result<Lookup, StoreError> {
-    let Some((claims, head)) = heads_and_head_claim(db, chat_id, key)? else {
+    let Some(claims) = heads(db, chat_id)? else {
         return Ok(Lookup::UnknownChat);
     };
-    let Some(existing) = find(db, &claims, key, head)? else {
+    let Some(existing) = find(db, &claims, key)? else {
         return Ok(Lookup::Absent(claims));
     };
     match existing.status.as_str() {
@@ -315,8 +258,8 @@ pub(crate) fn complete(
     result: &str,
 ) -> Result<(), StoreError> {
     // An unknown chat has no claims: "never claimed".
-    let found = match heads_and_head_claim(db, chat_id, key)? {
-        Some((claims, head)) => find(db, &claims, key, head)?,
+    let found = match heads(db, chat_id)? {
+        Some(claims) => find(db, &claims, key)?,
         None => None,
     };
     match found {

@@ -14,6 +14,7 @@
 #   TOP=40 LL=8388608,16,64 scripts/cache-misses.sh      # more sites, a smaller cache
 #   CHATS=1500 CALLERS=1 scripts/cache-misses.sh         # by caller, under callgrind (~4 min)
 #   CALLERS='__memcpy_avx_unaligned_erms' TOP=20 scripts/cache-misses.sh
+#   CHATS=300 SHOW=Ir CALLERS='tools::find \[' scripts/cache-misses.sh   # instructions instead
 #
 # Output: one line of totals per turn (Ir instructions; D1mr/DLmr first- and last-level read
 # misses; D1mw/DLmw write misses), then the TOP functions by last-level misses per turn. The
@@ -26,6 +27,8 @@
 # a few misses per turn from run to run (which thread ran when changes what is cold), so a
 # change worth ~10 misses cannot be told from them; a caller's misses in one place are steadier.
 # The callgrind file stays in WORK (`callgrind_annotate --tree=caller WORK/callgrind.out`).
+# SHOW=Ir ranks and prints instructions (inclusive, per turn) instead of the misses: where a
+# turn's instructions go, by caller (twenty-fifth session).
 #
 # The server runs ~40x slower under cachegrind, so the load generator's clients see slow turns;
 # the counts are per turn and do not depend on it. Needs valgrind (`apt-get install valgrind`),
@@ -46,6 +49,7 @@ command -v valgrind >/dev/null || { echo "needs valgrind (apt-get install valgri
 command -v python3 >/dev/null || { echo "needs python3" >&2; exit 1; }
 
 CALLERS=${CALLERS:-}
+SHOW=${SHOW:-DLmr,DLmw}
 if [ "$CALLERS" = 1 ]; then
   CALLERS='__memcpy_avx_unaligned_erms
 raw_vec/mod.rs:alloc::raw_vec::RawVecInner<A>::finish_grow \['
@@ -66,21 +70,24 @@ TESSERA="$WORK/tessera-under-$tool" WORK="$WORK" scripts/bench-sqlite.sh >"$WORK
 turns=$((CHATS * TURNS * ROUNDS))
 
 if [ -n "$CALLERS" ]; then
-  callgrind_annotate --inclusive=yes --tree=caller --show=DLmr,DLmw --sort=DLmr \
+  callgrind_annotate --inclusive=yes --tree=caller --show="$SHOW" --sort="${SHOW%%,*}" \
     "$WORK/callgrind.out" >"$WORK/callers.txt"
-  python3 - "$WORK/callers.txt" "$turns" "$TOP" "$CALLERS" <<'PY'
+  python3 - "$WORK/callers.txt" "$turns" "$TOP" "$CALLERS" "$SHOW" <<'PY'
 import re, sys
 
-path, turns, top, funcs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+path, turns, top, funcs, show = sys.argv[1:6]
+turns, top, shown = int(turns), int(top), show.split(",")
 lines = open(path).read().split("\n")
 number = r"([\d,]+|\.)\s*(?:\([^)]*\))?"
+numbers = r"\s*" + r"\s+".join([number] * len(shown))
 value = lambda v: 0 if v == "." else int(v.replace(",", ""))
+per_turn = lambda m: [value(g) / turns for g in m.groups()[: len(shown)]]
+cells = lambda values: " ".join(f"{v:10.1f}" for v in values)
 for line in lines:
     if "PROGRAM TOTALS" in line:
-        m = re.match(r"\s*" + number + r"\s+" + number, line)
+        m = re.match(numbers, line)
         if m:
-            print(f"all: {value(m.group(1)) / turns:.1f} / {value(m.group(2)) / turns:.1f} "
-                  f"last-level read / write misses per turn ({turns} turns)")
+            print(f"all: {cells(per_turn(m))} {' / '.join(shown)} per turn ({turns} turns)")
 for pattern in filter(None, (p.strip() for p in funcs.split("\n"))):
     # In --tree=caller output a function's line has a '*'; the lines above it, up to a blank
     # one, are its callers ('<').
@@ -89,18 +96,18 @@ for pattern in filter(None, (p.strip() for p in funcs.split("\n"))):
         print(f"\n{pattern}: not found")
         continue
     i = found[0]
-    m = re.match(r"\s*" + number + r"\s+" + number, lines[i])
+    m = re.match(numbers, lines[i])
     name = lines[i].split("*", 1)[1].strip()
-    print(f"\n{value(m.group(1)) / turns:8.1f} {value(m.group(2)) / turns:8.1f}  {name[:150]}")
+    print(f"\n{cells(per_turn(m))}  {name[:150]}")
     callers = []
     j = i - 1
     while j >= 0 and lines[j].strip():
-        c = re.match(r"\s*" + number + r"\s+" + number + r"\s+<\s+(.*)$", lines[j])
+        c = re.match(numbers + r"\s+<\s+(.*)$", lines[j])
         if c:
-            callers.append((value(c.group(1)) / turns, value(c.group(2)) / turns, c.group(3)))
+            callers.append((per_turn(c), c.group(len(shown) + 1)))
         j -= 1
-    for r, w, caller in sorted(callers, key=lambda c: -(c[0] + c[1]))[:top]:
-        print(f"{r:8.1f} {w:8.1f}    < {caller.split(':', 1)[-1][:150]}")
+    for values, caller in sorted(callers, key=lambda c: -sum(c[0]))[:top]:
+        print(f"{cells(values)}    < {caller.split(':', 1)[-1][:150]}")
 PY
   echo "callgrind output: $WORK/callgrind.out"
   exit 0

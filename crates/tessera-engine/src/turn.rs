@@ -151,6 +151,18 @@ impl TurnMachine {
         (machine, step)
     }
 
+    /// The idempotency key of the `index`th tool call of the current step:
+    /// `{turn key}:s{step}:{index}`.
+    fn invocation_key(&self, index: usize) -> String {
+        ids::join(&[
+            &self.turn_key,
+            ":s",
+            ids::digits().format(self.steps),
+            ":",
+            ids::digits().format(index),
+        ])
+    }
+
     /// The agent this turn runs.
     pub fn plan(&self) -> &Arc<AgentPlan> {
         &self.plan
@@ -245,13 +257,7 @@ impl TurnMachine {
                         tool_index,
                         name,
                         args,
-                        invocation_key: ids::join(&[
-                            &self.turn_key,
-                            ":s",
-                            ids::digits().format(self.steps),
-                            ":",
-                            ids::digits().format(i),
-                        ]),
+                        invocation_key: self.invocation_key(i),
                     });
                 }
                 Err(message) => self.pending_calls.push(PendingCall::Refused {
@@ -287,12 +293,7 @@ impl TurnMachine {
                         });
                         self.add(message);
                         Step::RunTools(vec![ToolInvocation {
-                            invocation_key: ids::join(&[
-                                &self.turn_key,
-                                ":s",
-                                ids::digits().format(self.steps),
-                                ":0",
-                            ]),
+                            invocation_key: self.invocation_key(0),
                             call_id,
                             tool_index,
                             name,

@@ -447,8 +447,8 @@ pub async fn run(
     let draining = state.cluster.as_ref().map(|c| c.node.clone());
     // One per core by default. On 2 cores one worker costs 3-10% less CPU per turn, but it
     // neither flattens the cost from 1,000 to 10,000 chats nor helps at model latency
-    // (docs/performance-log.md, "Eighth session"), and a larger machine needs more. The `408`s once blamed on one worker
-    // were the load generator's stall. It stays a setting.
+    // (docs/performance-log.md, "Eighth session"), and a larger machine needs more. The `408`s
+    // once blamed on one worker were the load generator's stall. It stays a setting.
     let workers = if config.http_workers == 0 {
         std::thread::available_parallelism().map_or(1, |n| n.get())
     } else {

@@ -467,13 +467,7 @@ async fn claims_are_found_before_and_after_their_keys_are_indexed_and_go_with_th
 async fn a_chain_of_claims_longer_than_its_count_is_still_walked_to_its_end() {
     let (_db, path) = temp_db();
     let store = open_with_chat(&path).await;
-    let key = |i: usize| format!("turn_c1:s{i}:0");
-    for i in 0..8 {
-        assert_eq!(
-            store.claim_tool("c1", &key(i), None).await.unwrap(),
-            ToolClaim::Claimed
-        );
-    }
+    assert_claims(&store, 0..8, ToolClaim::Claimed).await;
     // A write of its own commits the journaled claims to the database (a claim is found
     // in the journal until then).
     store
@@ -490,24 +484,12 @@ async fn a_chain_of_claims_longer_than_its_count_is_still_walked_to_its_end() {
         .map(|updated| assert_eq!(updated, 2))
         .unwrap();
     let store = SqliteStore::open(&path).await.unwrap();
-    for i in 8..20 {
-        assert_eq!(
-            store.claim_tool("c1", &key(i), None).await.unwrap(),
-            ToolClaim::Claimed
-        );
-    }
+    assert_claims(&store, 8..20, ToolClaim::Claimed).await;
     store
         .create_chat(record("c3", "acme", "u1", 3))
         .await
         .unwrap();
-    for i in [0, 7, 8, 19] {
-        assert_eq!(
-            store.claim_tool("c1", &key(i), None).await.unwrap(),
-            ToolClaim::AlreadyStarted,
-            "{}",
-            key(i)
-        );
-    }
+    assert_claims(&store, [0, 7, 8, 19], ToolClaim::AlreadyStarted).await;
     store.close().await;
 }
 
@@ -531,13 +513,7 @@ fn chain_filters(path: &std::path::Path) -> Vec<Option<i64>> {
 async fn a_chain_begun_without_filters_is_walked_until_it_is_indexed() {
     let (_db, path) = temp_db();
     let store = open_with_chat(&path).await;
-    let key = |i: usize| format!("turn_c1:s{i}:0");
-    for i in 0..5 {
-        assert_eq!(
-            store.claim_tool("c1", &key(i), None).await.unwrap(),
-            ToolClaim::Claimed
-        );
-    }
+    assert_claims(&store, 0..5, ToolClaim::Claimed).await;
     // A write of its own commits the journaled claims.
     store
         .create_chat(record("c2", "acme", "u1", 2))
@@ -561,24 +537,12 @@ async fn a_chain_begun_without_filters_is_walked_until_it_is_indexed() {
         .execute("UPDATE tool_invocations SET chain_filter = NULL", [])
         .unwrap();
     let store = SqliteStore::open(&path).await.unwrap();
-    for i in 5..8 {
-        assert_eq!(
-            store.claim_tool("c1", &key(i), None).await.unwrap(),
-            ToolClaim::Claimed
-        );
-    }
+    assert_claims(&store, 5..8, ToolClaim::Claimed).await;
     store
         .create_chat(record("c3", "acme", "u1", 3))
         .await
         .unwrap();
-    for i in 0..8 {
-        assert_eq!(
-            store.claim_tool("c1", &key(i), None).await.unwrap(),
-            ToolClaim::AlreadyStarted,
-            "{}",
-            key(i)
-        );
-    }
+    assert_claims(&store, 0..8, ToolClaim::AlreadyStarted).await;
     store.close().await;
     assert_eq!(
         chain_filters(&path),
@@ -587,24 +551,12 @@ async fn a_chain_begun_without_filters_is_walked_until_it_is_indexed() {
     );
     // Claims 8..16 fill the chain (16 keys), which is indexed; claim 16 begins a new one.
     let store = SqliteStore::open(&path).await.unwrap();
-    for i in 8..17 {
-        assert_eq!(
-            store.claim_tool("c1", &key(i), None).await.unwrap(),
-            ToolClaim::Claimed
-        );
-    }
+    assert_claims(&store, 8..17, ToolClaim::Claimed).await;
     store
         .create_chat(record("c4", "acme", "u1", 4))
         .await
         .unwrap();
-    for i in [0, 7, 15, 16] {
-        assert_eq!(
-            store.claim_tool("c1", &key(i), None).await.unwrap(),
-            ToolClaim::AlreadyStarted,
-            "{}",
-            key(i)
-        );
-    }
+    assert_claims(&store, [0, 7, 15, 16], ToolClaim::AlreadyStarted).await;
     store.close().await;
     let filters = chain_filters(&path);
     assert_eq!(filters.len(), 17);
@@ -705,6 +657,22 @@ async fn a_chain_head_pointing_at_no_claim_ends_the_walk_without_an_error() {
         Err(StoreError::Conflict(_))
     ));
     store.close().await;
+}
+
+/// Claims `turn_c1:s{i}:0` of chat "c1" for every `i` of `steps`, asserting each answer.
+async fn assert_claims(
+    store: &SqliteStore,
+    steps: impl IntoIterator<Item = usize>,
+    expected: ToolClaim,
+) {
+    for i in steps {
+        let key = format!("turn_c1:s{i}:0");
+        assert_eq!(
+            store.claim_tool("c1", &key, None).await.unwrap(),
+            expected,
+            "{key}"
+        );
+    }
 }
 
 /// The store on `path`, holding chat "c1".

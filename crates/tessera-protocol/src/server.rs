@@ -169,8 +169,9 @@ pub struct Envelope<'a> {
 
 /// `s` as JSON string text, quotes included.
 pub fn json_string(s: &str) -> String {
-    // Serializing a string into a String cannot fail.
-    serde_json::to_string(s).unwrap_or_default()
+    let mut out = String::with_capacity(s.len() + 2);
+    tessera_json::push_escaped(&mut out, s);
+    out
 }
 
 impl Envelope<'_> {
@@ -196,9 +197,9 @@ impl Envelope<'_> {
         timestamp_json: &str,
         event: &ServerEvent,
     ) -> serde_json::Result<Range<usize>> {
-        write_head(out, event.type_name(), seq, chat_id_json, timestamp_json)?;
+        write_head(out, event.type_name(), seq, chat_id_json, timestamp_json);
         let start = out.len();
-        serde_json::to_writer(&mut *out, event)?;
+        tessera_json::write(out, event)?;
         let data = start..out.len();
         out.push(b'}');
         Ok(data)
@@ -214,7 +215,7 @@ impl Envelope<'_> {
         timestamp_json: &str,
         data_json: &[u8],
     ) -> serde_json::Result<()> {
-        write_head(out, type_name, seq, chat_id_json, timestamp_json)?;
+        write_head(out, type_name, seq, chat_id_json, timestamp_json);
         out.extend_from_slice(data_json);
         out.push(b'}');
         Ok(())
@@ -228,28 +229,16 @@ fn write_head(
     seq: u64,
     chat_id_json: &str,
     timestamp_json: &str,
-) -> serde_json::Result<()> {
+) {
     out.extend_from_slice(b"{\"type\":");
-    // Type names are plain literals ("chat.text"); checked without an early exit so the check
-    // stays cheap, escaped by serde_json should one ever need it.
-    let plain = type_name
-        .bytes()
-        .fold(true, |ok, b| ok & (b >= 0x20) & (b != b'"') & (b != b'\\'));
-    if plain {
-        out.push(b'"');
-        out.extend_from_slice(type_name.as_bytes());
-        out.push(b'"');
-    } else {
-        serde_json::to_writer(&mut *out, type_name)?;
-    }
+    tessera_json::push_escaped(out, type_name);
     out.extend_from_slice(b",\"seq\":");
-    serde_json::to_writer(&mut *out, &seq)?;
+    out.extend_from_slice(itoa::Buffer::new().format(seq).as_bytes());
     out.extend_from_slice(b",\"chat_id\":");
     out.extend_from_slice(chat_id_json.as_bytes());
     out.extend_from_slice(b",\"timestamp\":");
     out.extend_from_slice(timestamp_json.as_bytes());
     out.extend_from_slice(b",\"data\":");
-    Ok(())
 }
 
 #[cfg(test)]

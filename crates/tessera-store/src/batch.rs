@@ -61,7 +61,7 @@ pub(crate) fn apply(db: &Db<'_>, chat_id: &str, batch: &ChatWriteBatch) -> Resul
              timeout_at_ms = excluded.timeout_at_ms",
         )?;
         for record in &batch.put_pending {
-            let call = serde_json::to_string(&record.call)?;
+            let call = tessera_json::to_string(&record.call)?;
             upsert
                 .execute(params![
                     chat_id,

@@ -259,7 +259,7 @@ fn pack_messages(messages: &[&StoredMessage]) -> Result<Vec<u8>, StoreError> {
 }
 
 fn pack_state(state: &ChatState) -> Result<Vec<u8>, StoreError> {
-    let context = serde_json::to_vec(&state.context)?;
+    let context = tessera_json::to_vec(&state.context)?;
     let mut out = Vec::with_capacity(context.len() + state.current_agent.len() + 48);
     put_field(&mut out, state.status.as_bytes());
     put_field(&mut out, state.current_agent.as_bytes());

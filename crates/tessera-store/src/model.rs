@@ -103,35 +103,50 @@ pub struct StoredMessage {
 /// WHY not a `Value`: every transcript row the engine queues was turned into a `Value` tree
 /// (a map and a string per field) only for the store to write it out as text again. One
 /// string instead: 547 allocations per LoadTest turn instead of 557-577 (docs/performance-log.md,
-/// fifth session).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct JsonText(Box<RawValue>);
+/// fifth session). WHY a `Box<str>` and not serde_json's `RawValue`: a `RawValue` can only be
+/// made by serde_json's own writer or by parsing the text again; [`JsonText::new`] writes with
+/// `tessera_json` (twenty-sixth session), whose text needs no check.
+#[derive(Debug, Clone)]
+pub struct JsonText(Box<str>);
 
 impl JsonText {
     /// `value` serialized.
     pub fn new<T: Serialize + ?Sized>(value: &T) -> Result<Self, serde_json::Error> {
-        serde_json::value::to_raw_value(value).map(Self)
+        tessera_json::to_string(value).map(|text| Self(text.into_boxed_str()))
     }
 
     /// `text`, checked to be one JSON document.
     pub fn from_text(text: String) -> Result<Self, serde_json::Error> {
-        RawValue::from_string(text).map(Self)
+        RawValue::from_string(text).map(|raw| Self(raw.into()))
     }
 
     /// JSON `null`.
     pub fn null() -> Self {
-        Self(RawValue::NULL.to_owned())
+        Self("null".into())
     }
 
     /// The JSON text.
     pub fn get(&self) -> &str {
-        self.0.get()
+        &self.0
     }
 
     /// The document parsed as a `T`.
     pub fn parse<T: DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
         serde_json::from_str(self.get())
+    }
+}
+
+/// The document itself, not a string holding it (as a `RawValue` serializes).
+impl Serialize for JsonText {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let raw: &RawValue = serde_json::from_str(&self.0).map_err(serde::ser::Error::custom)?;
+        raw.serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for JsonText {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Box::<RawValue>::deserialize(deserializer).map(|raw| Self(raw.into()))
     }
 }
 
@@ -191,6 +206,10 @@ mod tests {
     fn json_text_keeps_the_text_and_parses_on_demand() {
         let value = json!({"role": "assistant", "content": "a \"quoted\" é"});
         let text = JsonText::new(&value).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            Some(text.get()),
+            serde_json::to_string(&value).ok().as_deref()
+        );
         assert_eq!(text.parse::<Value>().ok(), Some(value.clone()));
         // Serialized as the document itself, not as a string holding it.
         let wrapped = serde_json::to_string(&json!({"raw": text})).unwrap_or_default();
@@ -202,6 +221,13 @@ mod tests {
         assert_eq!(again, text);
         assert_ne!(JsonText::null(), text);
         assert_eq!(JsonText::null().get(), "null");
+        // Read back from inside a document, its text as it was there.
+        #[derive(Deserialize)]
+        struct Row {
+            raw: JsonText,
+        }
+        let row: Option<Row> = serde_json::from_str(r#"{"raw": {"a" : [1, "b"]}}"#).ok();
+        assert_eq!(row.map(|r| r.raw.0), Some(r#"{"a" : [1, "b"]}"#.into()));
     }
 
     #[test]

@@ -425,7 +425,7 @@ impl SqliteStore {
         invocation_key: &str,
         result: &Value,
     ) -> Result<impl Fn(&Db<'_>) -> Result<(), StoreError> + Send + 'static, StoreError> {
-        let result = serde_json::to_string(result)?;
+        let result = tessera_json::to_string(result)?;
         let (chat_id, key) = (chat_id.to_owned(), invocation_key.to_owned());
         Ok(move |db: &Db<'_>| tools::complete(db, &chat_id, &key, &result))
     }

@@ -35,7 +35,7 @@ pub(crate) fn encode_request(
     model: &str,
 ) -> serde_json::Result<RequestBody> {
     // Always an object with at least `model`: `{"model":...}`.
-    let rest = serde_json::to_vec(&WireRequest::new(request, model))?;
+    let rest = tessera_json::to_vec(&WireRequest::new(request, model))?;
     let messages = &request.messages;
     let head = messages.head();
     let head_pieces = messages
@@ -164,7 +164,7 @@ fn encode_tools(tools: &Tools) -> serde_json::Result<Option<&str>> {
                 },
             })
             .collect();
-        serde_json::to_string(&wire)
+        tessera_json::to_string(&wire)
     };
     tools.wire.get_or_encode(encode).map(Some)
 }
@@ -173,7 +173,7 @@ fn encode_tools(tools: &Tools) -> serde_json::Result<Option<&str>> {
 fn encode_message(message: &Message) -> serde_json::Result<&str> {
     message
         .wire
-        .get_or_encode(|| serde_json::to_string(&WireMessage::new(message)))
+        .get_or_encode(|| tessera_json::to_string(&WireMessage::new(message)))
 }
 
 /// `head`'s messages encoded and joined by commas, from message `base` on (with a comma in

@@ -5,17 +5,18 @@ use crate::Sink;
 const ONES: u64 = 0x0101_0101_0101_0101;
 const HIGH_BITS: u64 = 0x8080_8080_8080_8080;
 
-/// Whether any of the eight bytes in `word` needs an escape: a control character (below
-/// 0x20), a quote or a backslash. Exact, never a false alarm: `x - 0x01…` borrows into a byte's
-/// high bit only from a byte that was zero or from a borrow below it, which starts at a zero.
+/// The bytes of `word` that need an escape (a control character below 0x20, a quote or a
+/// backslash), as their high bits. The lowest bit set is exact: `x - 0x01…` borrows into a
+/// byte's high bit only from that byte matching or from a borrow below it, which starts at a
+/// match; so the first match is found without a false one before it.
 #[inline]
-fn needs_escape(word: u64) -> bool {
+fn escape_bits(word: u64) -> u64 {
     let control = word.wrapping_sub(ONES * 0x20) & !word;
     let quote = word ^ (ONES * u64::from(b'"'));
     let quote = quote.wrapping_sub(ONES) & !quote;
     let backslash = word ^ (ONES * u64::from(b'\\'));
     let backslash = backslash.wrapping_sub(ONES) & !backslash;
-    (control | quote | backslash) & HIGH_BITS != 0
+    (control | quote | backslash) & HIGH_BITS
 }
 
 /// Whether a byte needs an escape, by value: the table the word test stands in for.
@@ -31,56 +32,37 @@ const NEEDS_ESCAPE: [bool; 256] = {
     table
 };
 
+/// Where the first byte lies that a JSON string cannot hold as it is (a quote, a backslash or
+/// a control character), eight bytes at a time: where a string's text ends for a reader, where
+/// the next escape goes for a writer.
+#[inline]
+pub fn first_escapable(bytes: &[u8]) -> Option<usize> {
+    let (words, tail) = bytes.as_chunks::<8>();
+    for (n, word) in words.iter().enumerate() {
+        let found = escape_bits(u64::from_le_bytes(*word));
+        if found != 0 {
+            return Some(n * 8 + found.trailing_zeros() as usize / 8);
+        }
+    }
+    tail.iter()
+        .position(|&byte| NEEDS_ESCAPE[usize::from(byte)])
+        .map(|i| words.len() * 8 + i)
+}
+
 /// Appends `text` as a JSON string, escaped as serde_json does: `\"`, `\\`, `\b`, `\f`, `\n`,
 /// `\r`, `\t`, other control characters as `\u00xx` (lowercase), everything else as it is.
 pub fn push_escaped<S: Sink + ?Sized>(out: &mut S, text: &str) {
     out.reserve_bytes(text.len() + 2);
     out.push_ascii(b'"');
-    let bytes = text.as_bytes();
-    let (words, tail) = bytes.as_chunks::<8>();
-    // Most strings (keys, names, plain text) need no escape: one pass of word tests, then one
-    // copy. The tail's few bytes go through the table.
-    let clean = words
-        .iter()
-        .all(|word| !needs_escape(u64::from_le_bytes(*word)))
-        && !tail.iter().any(|&byte| NEEDS_ESCAPE[usize::from(byte)]);
-    if clean {
-        out.push_text(text);
-    } else {
-        push_with_escapes(out, text);
+    let mut rest = text;
+    // Each escape is of an ASCII byte, so the text either side of it is whole characters.
+    while let Some(at) = first_escapable(rest.as_bytes()) {
+        out.push_text(&rest[..at]);
+        push_escape(out, rest.as_bytes()[at]);
+        rest = &rest[at + 1..];
     }
+    out.push_text(rest);
     out.push_ascii(b'"');
-}
-
-/// The string's text with its escapes: runs without any copied whole, a word at a time. Out
-/// of line so that the common case above stays small where it is inlined.
-#[inline(never)]
-fn push_with_escapes<S: Sink + ?Sized>(out: &mut S, text: &str) {
-    let bytes = text.as_bytes();
-    // `start..` is the part not written yet; it always begins at a char boundary (0, or just
-    // after an escaped ASCII byte).
-    let mut start = 0;
-    let mut at = 0;
-    while at < bytes.len() {
-        if let Some(word) = bytes
-            .get(at..at + 8)
-            .and_then(|w| <[u8; 8]>::try_from(w).ok())
-            && !needs_escape(u64::from_le_bytes(word))
-        {
-            at += 8;
-            continue;
-        }
-        let end = (at + 8).min(bytes.len());
-        for (i, &byte) in bytes[at..end].iter().enumerate() {
-            if NEEDS_ESCAPE[usize::from(byte)] {
-                out.push_text(&text[start..at + i]);
-                push_escape(out, byte);
-                start = at + i + 1;
-            }
-        }
-        at = end;
-    }
-    out.push_text(&text[start..]);
 }
 
 /// The escape of one byte that needs one.
@@ -141,16 +123,26 @@ mod tests {
     }
 
     #[test]
-    fn the_word_test_flags_exactly_the_words_holding_an_escape() {
-        // Every byte value in every position of a word of otherwise plain bytes, and next to
-        // non-ASCII bytes (whose high bit must not pass for a match).
-        for fill in [b'a', 0x80, 0xff, 0x21, 0x5b, 0x5d] {
+    fn the_first_escapable_byte_is_found_exactly_wherever_it_lies() {
+        // Every byte value at every position of a word and of the tail, among plain bytes and
+        // among non-ASCII ones (whose high bit must not pass for a match), alone and followed
+        // by a second match (which must not be found first).
+        for fill in [b'a', 0x80, 0xff, 0x21, 0x5b, 0x5d, 0x1f] {
             for byte in 0u8..=0xff {
-                for at in 0..8 {
-                    let mut word = [fill; 8];
-                    word[at] = byte;
-                    let expected = word.iter().any(|&b| b < 0x20 || b == b'"' || b == b'\\');
-                    assert_eq!(needs_escape(u64::from_le_bytes(word)), expected, "{word:?}");
+                for at in 0..11 {
+                    let mut bytes = [fill; 11];
+                    bytes[at] = byte;
+                    let expected = bytes
+                        .iter()
+                        .position(|&b| b < 0x20 || b == b'"' || b == b'\\');
+                    assert_eq!(first_escapable(&bytes), expected, "{bytes:?}");
+                    if at + 1 < bytes.len() {
+                        bytes[at + 1] = b'"';
+                        let expected = bytes
+                            .iter()
+                            .position(|&b| b < 0x20 || b == b'"' || b == b'\\');
+                        assert_eq!(first_escapable(&bytes), expected, "{bytes:?}");
+                    }
                 }
             }
         }

@@ -17,7 +17,7 @@
 mod escape;
 mod ser;
 
-pub use escape::push_escaped;
+pub use escape::{first_escapable, push_escaped};
 pub use ser::Serializer;
 
 use serde::Serialize;

@@ -13,6 +13,8 @@ use serde_json::{Map, Value};
 use smallvec::SmallVec;
 
 use crate::error::truncate_chars;
+
+mod scan;
 use crate::{
     ChatRequest, ChatResponse, LlmError, Message, Role, ToolCall, ToolChoice, Tools, Usage,
     WireCache,
@@ -571,6 +573,7 @@ struct PartialCall {
 /// WHY a type of its own: serde borrows only a field whose type is exactly `Cow<str>`; an
 /// `Option<Cow<str>>` with `#[serde(borrow)]` still deserializes through `String`, one
 /// allocation per field per chunk (the model name of every chunk, every content delta).
+#[cfg_attr(test, derive(Debug, PartialEq))]
 struct WireStr<'a>(Cow<'a, str>);
 
 impl<'de: 'a, 'a> Deserialize<'de> for WireStr<'a> {
@@ -610,6 +613,7 @@ impl std::ops::Deref for WireStr<'_> {
 /// duplicate field or an `error` does not fit and is read by the general path
 /// ([`StreamAssembler::apply_value`]); a chunk that fits means the same on both paths.
 #[derive(Deserialize)]
+#[cfg_attr(test, derive(Debug, PartialEq))]
 struct ChunkWire<'a> {
     error: Option<IgnoredAny>,
     #[serde(borrow)]
@@ -621,12 +625,14 @@ struct ChunkWire<'a> {
 }
 
 #[derive(Deserialize)]
+#[cfg_attr(test, derive(Debug, PartialEq))]
 struct UsageWire {
     prompt_tokens: Option<u64>,
     completion_tokens: Option<u64>,
 }
 
 #[derive(Deserialize)]
+#[cfg_attr(test, derive(Debug, PartialEq))]
 struct ChoiceWire<'a> {
     index: Option<u64>,
     #[serde(borrow)]
@@ -636,6 +642,7 @@ struct ChoiceWire<'a> {
 }
 
 #[derive(Deserialize)]
+#[cfg_attr(test, derive(Debug, PartialEq))]
 struct DeltaWire<'a> {
     #[serde(borrow)]
     content: Option<WireStr<'a>>,
@@ -646,6 +653,7 @@ struct DeltaWire<'a> {
 }
 
 #[derive(Deserialize)]
+#[cfg_attr(test, derive(Debug, PartialEq))]
 struct FragmentWire<'a> {
     #[serde(borrow)]
     id: Option<WireStr<'a>>,
@@ -655,6 +663,7 @@ struct FragmentWire<'a> {
 }
 
 #[derive(Deserialize)]
+#[cfg_attr(test, derive(Debug, PartialEq))]
 struct FunctionWire<'a> {
     #[serde(borrow)]
     name: Option<WireStr<'a>>,
@@ -683,6 +692,10 @@ impl StreamAssembler {
         data: &str,
         on_delta: &mut dyn FnMut(&str),
     ) -> Result<(), LlmError> {
+        if let Some(chunk) = scan::scan_chunk(data) {
+            self.apply_typed(chunk, on_delta);
+            return Ok(());
+        }
         // `[...]` would fill a derived struct by position: only objects take the typed path.
         if data.trim_start().starts_with('{')
             && let Ok(chunk) = serde_json::from_str::<ChunkWire<'_>>(data)

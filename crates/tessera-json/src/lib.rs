@@ -3,10 +3,11 @@
 //! at a time for the characters JSON escapes.
 //!
 //! WHY: serde_json looks up every byte of every string in a table before copying it, and its
-//! `Formatter` has no hook for that scan. Strings are most of what a turn serializes (events to
-//! the browser, messages to the model): the scan alone was ~29,000 instructions per turn, 6% of a
-//! turn's (docs/performance-log.md, twenty-sixth session). Serde_json stays the reader and the
-//! error type; this crate only writes.
+//! `Formatter` has no hook for that scan. A LoadTest turn writes ~190 strings (events to the
+//! browser, messages to the model, stored rows), and serde_json's string writing took ~34,000
+//! instructions of it; with this writer a turn costs ~10,600 fewer instructions (−2.3%;
+//! docs/performance-log.md, twenty-sixth session). Serde_json stays the reader and the error
+//! type; this crate only writes.
 //!
 //! ```
 //! let text = tessera_json::to_string(&serde_json::json!({"role": "user", "content": "a \"b\""}))?;

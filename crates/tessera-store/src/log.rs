@@ -164,45 +164,20 @@ fn ascending_from(
     Ok(last)
 }
 
-/// `value` in decimal digits, at the end of `buf` (20 bytes hold any `u64`).
-fn decimal<const N: usize>(value: u64, buf: &mut [u8; N]) -> &[u8] {
-    let mut at = buf.len();
-    let mut rest = value;
-    loop {
-        at -= 1;
-        // Always < 10, so the cast keeps it.
-        buf[at] = b'0' + (rest % 10) as u8;
-        rest /= 10;
-        if rest == 0 {
-            return &buf[at..];
-        }
-    }
-}
-
 /// Appends one field of the packed format.
 fn put_field(out: &mut Vec<u8>, bytes: &[u8]) {
-    let mut buf = [0; 20];
-    out.extend_from_slice(decimal(bytes.len() as u64, &mut buf));
+    out.extend_from_slice(itoa::Buffer::new().format(bytes.len()).as_bytes());
     out.push(b':');
     out.extend_from_slice(bytes);
 }
 
 fn put_number(out: &mut Vec<u8>, value: u64) {
-    let mut buf = [0; 20];
-    put_field(out, decimal(value, &mut buf));
+    put_field(out, itoa::Buffer::new().format(value).as_bytes());
 }
 
 /// A signed number as `i64::to_string` writes it, without its allocation.
 fn put_signed(out: &mut Vec<u8>, value: i64) {
-    let mut buf = [0; 21];
-    let start = buf.len() - decimal(value.unsigned_abs(), &mut buf).len();
-    let start = if value < 0 {
-        buf[start - 1] = b'-';
-        start - 1
-    } else {
-        start
-    };
-    put_field(out, &buf[start..]);
+    put_field(out, itoa::Buffer::new().format(value).as_bytes());
 }
 
 fn pack_events(events: &[&StoredEvent]) -> Result<Vec<u8>, StoreError> {

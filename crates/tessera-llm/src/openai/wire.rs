@@ -609,8 +609,9 @@ impl std::ops::Deref for WireStr<'_> {
 }
 
 /// One stream chunk of the shape providers send, read without building a `Value` tree (the
-/// chunks are most of a streamed answer's parsing). A chunk with a field of another type, a
-/// duplicate field or an `error` does not fit and is read by the general path
+/// chunks are most of a streamed answer's parsing): by hand ([`scan::scan_chunk`]) when it is
+/// plainly of this shape, else by serde. A chunk with a field of another type, a duplicate
+/// field or an `error` does not fit and is read by the general path
 /// ([`StreamAssembler::apply_value`]); a chunk that fits means the same on both paths.
 #[derive(Deserialize)]
 #[cfg_attr(test, derive(Debug, PartialEq))]
@@ -692,6 +693,7 @@ impl StreamAssembler {
         data: &str,
         on_delta: &mut dyn FnMut(&str),
     ) -> Result<(), LlmError> {
+        // The usual chunk by hand; what the reader is not sure of, by serde as it reads it.
         if let Some(chunk) = scan::scan_chunk(data) {
             self.apply_typed(chunk, on_delta);
             return Ok(());

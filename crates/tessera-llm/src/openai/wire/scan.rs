@@ -1,8 +1,9 @@
 //! A stream chunk of the usual shape, read by hand into the [`ChunkWire`] serde would make.
 //!
-//! WHY: a provider sends one chunk per token, and serde's derived reader took ~5,000
-//! instructions for each of the mock's ~170-byte chunks: ~40,000 per LoadTest turn, 9% of a
-//! turn's instructions (docs/performance-log.md, twenty-sixth session). This reader only
+//! WHY: a provider sends one chunk per token, and serde's derived reader took ~4,950
+//! instructions for each of the mock's ~170-byte chunks (~40,000 per LoadTest turn); this one
+//! takes ~3,300, and a turn ~10,900 fewer instructions, −2.4% (docs/performance-log.md,
+//! twenty-sixth session). This reader only
 //! accepts what it is sure of (strings and their escapes, whole numbers, the fields and types
 //! [`ChunkWire`] has, each key once) and gives up on anything else, which serde then reads as
 //! before: an escaped surrogate pair, an escaped key, a field of another type, a duplicate

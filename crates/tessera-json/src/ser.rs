@@ -341,49 +341,29 @@ fn write_raw<S: Sink + ?Sized, T: ?Sized + Serialize>(out: &mut S, value: &T) ->
     }
 }
 
-impl<S: Sink + ?Sized> ser::SerializeSeq for Compound<'_, '_, S> {
-    type Ok = ();
-    type Error = Error;
-    fn serialize_element<T: ?Sized + Serialize>(&mut self, value: &T) -> Result<(), Error> {
-        self.element(value)
-    }
-    fn end(self) -> Result<(), Error> {
-        self.finish()
-    }
+/// The four compounds of elements (arrays, and tuples of every kind): each element after a
+/// comma, then the close.
+macro_rules! element_compound {
+    ($($trait:ident::$method:ident),* $(,)?) => {$(
+        impl<S: Sink + ?Sized> ser::$trait for Compound<'_, '_, S> {
+            type Ok = ();
+            type Error = Error;
+            fn $method<T: ?Sized + Serialize>(&mut self, value: &T) -> Result<(), Error> {
+                self.element(value)
+            }
+            fn end(self) -> Result<(), Error> {
+                self.finish()
+            }
+        }
+    )*};
 }
 
-impl<S: Sink + ?Sized> ser::SerializeTuple for Compound<'_, '_, S> {
-    type Ok = ();
-    type Error = Error;
-    fn serialize_element<T: ?Sized + Serialize>(&mut self, value: &T) -> Result<(), Error> {
-        self.element(value)
-    }
-    fn end(self) -> Result<(), Error> {
-        self.finish()
-    }
-}
-
-impl<S: Sink + ?Sized> ser::SerializeTupleStruct for Compound<'_, '_, S> {
-    type Ok = ();
-    type Error = Error;
-    fn serialize_field<T: ?Sized + Serialize>(&mut self, value: &T) -> Result<(), Error> {
-        self.element(value)
-    }
-    fn end(self) -> Result<(), Error> {
-        self.finish()
-    }
-}
-
-impl<S: Sink + ?Sized> ser::SerializeTupleVariant for Compound<'_, '_, S> {
-    type Ok = ();
-    type Error = Error;
-    fn serialize_field<T: ?Sized + Serialize>(&mut self, value: &T) -> Result<(), Error> {
-        self.element(value)
-    }
-    fn end(self) -> Result<(), Error> {
-        self.finish()
-    }
-}
+element_compound!(
+    SerializeSeq::serialize_element,
+    SerializeTuple::serialize_element,
+    SerializeTupleStruct::serialize_field,
+    SerializeTupleVariant::serialize_field,
+);
 
 impl<S: Sink + ?Sized> ser::SerializeMap for Compound<'_, '_, S> {
     type Ok = ();
@@ -402,35 +382,27 @@ impl<S: Sink + ?Sized> ser::SerializeMap for Compound<'_, '_, S> {
     }
 }
 
-impl<S: Sink + ?Sized> ser::SerializeStruct for Compound<'_, '_, S> {
-    type Ok = ();
-    type Error = Error;
-    fn serialize_field<T: ?Sized + Serialize>(
-        &mut self,
-        key: &'static str,
-        value: &T,
-    ) -> Result<(), Error> {
-        self.field(key, value)
-    }
-    fn end(self) -> Result<(), Error> {
-        self.finish()
-    }
+/// The two compounds of named fields (structs, and struct variants).
+macro_rules! field_compound {
+    ($($trait:ident),* $(,)?) => {$(
+        impl<S: Sink + ?Sized> ser::$trait for Compound<'_, '_, S> {
+            type Ok = ();
+            type Error = Error;
+            fn serialize_field<T: ?Sized + Serialize>(
+                &mut self,
+                key: &'static str,
+                value: &T,
+            ) -> Result<(), Error> {
+                self.field(key, value)
+            }
+            fn end(self) -> Result<(), Error> {
+                self.finish()
+            }
+        }
+    )*};
 }
 
-impl<S: Sink + ?Sized> ser::SerializeStructVariant for Compound<'_, '_, S> {
-    type Ok = ();
-    type Error = Error;
-    fn serialize_field<T: ?Sized + Serialize>(
-        &mut self,
-        key: &'static str,
-        value: &T,
-    ) -> Result<(), Error> {
-        self.field(key, value)
-    }
-    fn end(self) -> Result<(), Error> {
-        self.finish()
-    }
-}
+field_compound!(SerializeStruct, SerializeStructVariant);
 
 /// A map key: a string (or what serializes as one: a char, a unit variant, a newtype around
 /// a string) is written here; any other key (a number, a bool, …) as serde_json writes it, or

@@ -15,7 +15,7 @@ thread_local! {
     /// it shows. Per thread, so no lock; every arbiter is one thread.
     static NOW: Cell<(i64, String)> = const { Cell::new((0, String::new())) };
     /// The serialization buffer, kept between events.
-    static BUFFER: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
+    static BUFFER: Cell<String> = const { Cell::new(String::new()) };
 }
 
 /// The largest serialization buffer kept for the next event, in bytes.
@@ -68,7 +68,7 @@ fn with_timestamp<R>(f: impl FnOnce(i64, &str) -> R) -> R {
 }
 
 /// Calls `f` with the thread's cleared serialization buffer.
-fn with_buffer<R>(f: impl FnOnce(&mut Vec<u8>) -> R) -> R {
+fn with_buffer<R>(f: impl FnOnce(&mut String) -> R) -> R {
     let mut buffer = BUFFER.take();
     buffer.clear();
     let result = f(&mut buffer);
@@ -79,15 +79,10 @@ fn with_buffer<R>(f: impl FnOnce(&mut Vec<u8>) -> R) -> R {
     result
 }
 
-/// `bytes` as text; serde_json writes UTF-8 only, checked anyway rather than trusted unsafely
-/// (empty if it were not).
-fn buffer_text(bytes: &[u8]) -> &str {
-    std::str::from_utf8(bytes).unwrap_or_default()
-}
-
-/// `bytes` as shared text (see [`buffer_text`]).
-fn shared_text(bytes: &[u8]) -> Arc<str> {
-    Arc::from(buffer_text(bytes))
+/// A record's bytes as text: they were written from text, and are checked rather than trusted
+/// unsafely (an empty event if they were not).
+fn record_text(bytes: &[u8]) -> Option<&str> {
+    std::str::from_utf8(bytes).ok()
 }
 
 /// The event `event` of chat `chat_id` with sequence number `seq`, in its envelope, stamped
@@ -113,7 +108,7 @@ fn write_envelope<R>(
     with_timestamp(|_, timestamp| {
         with_buffer(|buffer| {
             let text = match Envelope::write_prepared(buffer, seq, &chat_id.0, timestamp, event) {
-                Ok(_) => buffer_text(buffer),
+                Ok(_) => buffer.as_str(),
                 // As `Envelope::to_json`: plain data cannot fail to serialize.
                 Err(_) => "",
             };
@@ -204,10 +199,10 @@ impl EventLog {
                     // As `Envelope::to_json`: plain data cannot fail to serialize.
                     return (Arc::from(""), Box::from([VERBATIM]));
                 };
-                let text = shared_text(buffer);
+                let text = Arc::from(buffer.as_str());
                 let record = match type_index {
                     Some(tag) => {
-                        let data = &buffer[data];
+                        let data = &buffer.as_bytes()[data];
                         let mut record = Vec::with_capacity(9 + data.len());
                         record.push(tag);
                         record.extend_from_slice(&ms.to_le_bytes());
@@ -342,12 +337,15 @@ fn rebuild(record: &[u8], seq: u64, chat_id: &ChatIdJson) -> Arc<str> {
         .checked_sub(1)
         .and_then(|i| ServerEvent::TYPE_NAMES.get(i));
     let (Some(type_name), Some((ms, data))) = (type_name, rest.split_first_chunk::<8>()) else {
-        return shared_text(rest);
+        return Arc::from(record_text(rest).unwrap_or_default());
     };
     let timestamp = timestamp_json(i64::from_le_bytes(*ms));
+    let Some(data) = record_text(data) else {
+        return Arc::from("");
+    };
     with_buffer(|buffer| {
         match Envelope::write_prepared_data(buffer, type_name, seq, &chat_id.0, &timestamp, data) {
-            Ok(()) => shared_text(buffer),
+            Ok(()) => Arc::from(buffer.as_str()),
             Err(_) => Arc::from(""),
         }
     })

@@ -177,12 +177,11 @@ pub fn json_string(s: &str) -> String {
 impl Envelope<'_> {
     /// The envelope as JSON text.
     pub fn to_json(&self) -> String {
-        let mut out = Vec::with_capacity(256);
+        let mut out = String::with_capacity(256);
         let (chat_id, timestamp) = (json_string(self.chat_id), json_string(self.timestamp));
-        // Plain data (strings, numbers, `Value`s) cannot fail to serialize, and serde_json
-        // writes UTF-8 only.
+        // Plain data (strings, numbers, `Value`s) cannot fail to serialize.
         match Self::write_prepared(&mut out, self.seq, &chat_id, &timestamp, self.event) {
-            Ok(_) => String::from_utf8(out).unwrap_or_default(),
+            Ok(_) => out,
             Err(_) => String::new(),
         }
     }
@@ -191,7 +190,7 @@ impl Envelope<'_> {
     /// strings: the engine escapes a chat's id once and formats the time once per millisecond,
     /// which on small events cost as much as the event data. Returns where `data` lies in `out`.
     pub fn write_prepared(
-        out: &mut Vec<u8>,
+        out: &mut String,
         seq: u64,
         chat_id_json: &str,
         timestamp_json: &str,
@@ -201,44 +200,44 @@ impl Envelope<'_> {
         let start = out.len();
         tessera_json::write(out, event)?;
         let data = start..out.len();
-        out.push(b'}');
+        out.push('}');
         Ok(data)
     }
 
     /// Appends an envelope whose `data` is already JSON text (`data_json`, as
     /// [`Envelope::write_prepared`] wrote it): rebuilds an event's text exactly from its parts.
     pub fn write_prepared_data(
-        out: &mut Vec<u8>,
+        out: &mut String,
         type_name: &str,
         seq: u64,
         chat_id_json: &str,
         timestamp_json: &str,
-        data_json: &[u8],
+        data_json: &str,
     ) -> serde_json::Result<()> {
         write_head(out, type_name, seq, chat_id_json, timestamp_json);
-        out.extend_from_slice(data_json);
-        out.push(b'}');
+        out.push_str(data_json);
+        out.push('}');
         Ok(())
     }
 }
 
 /// Everything of the envelope up to its `data` value.
 fn write_head(
-    out: &mut Vec<u8>,
+    out: &mut String,
     type_name: &str,
     seq: u64,
     chat_id_json: &str,
     timestamp_json: &str,
 ) {
-    out.extend_from_slice(b"{\"type\":");
+    out.push_str("{\"type\":");
     tessera_json::push_escaped(out, type_name);
-    out.extend_from_slice(b",\"seq\":");
-    out.extend_from_slice(itoa::Buffer::new().format(seq).as_bytes());
-    out.extend_from_slice(b",\"chat_id\":");
-    out.extend_from_slice(chat_id_json.as_bytes());
-    out.extend_from_slice(b",\"timestamp\":");
-    out.extend_from_slice(timestamp_json.as_bytes());
-    out.extend_from_slice(b",\"data\":");
+    out.push_str(",\"seq\":");
+    out.push_str(itoa::Buffer::new().format(seq));
+    out.push_str(",\"chat_id\":");
+    out.push_str(chat_id_json);
+    out.push_str(",\"timestamp\":");
+    out.push_str(timestamp_json);
+    out.push_str(",\"data\":");
 }
 
 #[cfg(test)]
@@ -321,10 +320,10 @@ mod tests {
             reason: "after_work".into(),
         };
         let (chat_id, timestamp) = (json_string("c\"1"), json_string("t"));
-        let mut whole = Vec::new();
+        let mut whole = String::new();
         let data =
             Envelope::write_prepared(&mut whole, 9, &chat_id, &timestamp, &event).expect("written");
-        let mut rebuilt = Vec::new();
+        let mut rebuilt = String::new();
         Envelope::write_prepared_data(
             &mut rebuilt,
             event.type_name(),

@@ -169,7 +169,7 @@ pub struct Envelope<'a> {
 
 /// `s` as JSON string text, quotes included.
 pub fn json_string(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
+    let mut out = String::new();
     tessera_json::push_escaped(&mut out, s);
     out
 }

@@ -171,12 +171,8 @@ fn put_field(out: &mut Vec<u8>, bytes: &[u8]) {
     out.extend_from_slice(bytes);
 }
 
-fn put_number(out: &mut Vec<u8>, value: u64) {
-    put_field(out, itoa::Buffer::new().format(value).as_bytes());
-}
-
-/// A signed number as `i64::to_string` writes it, without its allocation.
-fn put_signed(out: &mut Vec<u8>, value: i64) {
+/// A number field, as `to_string` writes the number, without its allocation.
+fn put_number(out: &mut Vec<u8>, value: impl itoa::Integer) {
     put_field(out, itoa::Buffer::new().format(value).as_bytes());
 }
 
@@ -242,7 +238,7 @@ fn pack_state(state: &ChatState) -> Result<Vec<u8>, StoreError> {
     put_number(&mut out, u64::from(state.consecutive));
     put_field(&mut out, &context);
     // Signed: a clock before 1970 is stored as it was given.
-    put_signed(&mut out, state.updated_at_ms);
+    put_number(&mut out, state.updated_at_ms);
     Ok(out)
 }
 

@@ -13,12 +13,12 @@ use serde_json::{Map, Value};
 use smallvec::SmallVec;
 
 use crate::error::truncate_chars;
-
-mod scan;
 use crate::{
     ChatRequest, ChatResponse, LlmError, Message, Role, ToolCall, ToolChoice, Tools, Usage,
     WireCache,
 };
+
+mod scan;
 
 /// Characters of a bad body quoted in an `InvalidResponse` message.
 const BAD_BODY_EXCERPT_CHARS: usize = 120;

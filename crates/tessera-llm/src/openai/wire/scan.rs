@@ -325,12 +325,8 @@ impl<'a> Reader<'a> {
             return None;
         }
         let start = self.at + 1;
-        let len = tessera_json::first_escapable(self.bytes.get(start..)?)?;
-        if self.bytes[start + len] == b'"' {
-            self.at = start + len + 1;
-            return Some(Some(WireStr(Cow::Borrowed(
-                self.text.get(start..start + len)?,
-            ))));
+        if let Some(text) = self.plain_str() {
+            return Some(Some(WireStr(Cow::Borrowed(text))));
         }
         Some(Some(WireStr(Cow::Owned(self.decoded_str(start)?))))
     }

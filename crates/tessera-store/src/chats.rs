@@ -183,5 +183,7 @@ pub(crate) fn delete(db: &Db<'_>, chat_id: &str) -> Result<bool, StoreError> {
     let deleted = db
         .prepare_cached("DELETE FROM chats WHERE chat_id = ?")?
         .execute([chat_id])?;
+    // Its heads went with it; a chat created again under this id gets new ones.
+    db.forget_heads(chat_id);
     Ok(deleted > 0)
 }

@@ -465,13 +465,13 @@ fn in_transaction<T>(
     begin: Held,
     work: impl FnOnce(&Db<'_>) -> Result<T, StoreError>,
 ) -> Result<T, StoreError> {
-    db.with(begin, |statement| Ok(statement.execute([])?))?;
+    db.begin(begin)?;
     let result = work(db).and_then(|value| {
-        db.with(Held::Commit, |statement| Ok(statement.execute([])?))?;
+        db.commit()?;
         Ok(value)
     });
     if result.is_err() {
-        let _ = db.execute_batch("ROLLBACK");
+        let _ = db.rollback();
     }
     result
 }

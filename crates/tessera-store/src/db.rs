@@ -10,13 +10,29 @@
 //! Everything else still goes through `prepare_cached` on the same connection: a [`Db`]
 //! derefs to its `Connection`, so a store function that is not on the hot path keeps taking
 //! `&Connection`.
+//!
+//! A [`Db`] also keeps the chats' `chat_heads` rows it has read or written, for the
+//! transactions it begins itself ([`Db::begin`]). WHY: a turn looked its chat's heads up ~4
+//! times (a tool claim, its row, its completion, each flush), at ~7,300 instructions a
+//! look-up through the chat-id index: 6-7% of a turn's instructions (docs/performance-log.md,
+//! twenty-seventh session). The rows stay right because every change to them on this
+//! connection goes through [`Db::remember_heads`] or [`Db::forget_heads`], a rollback forgets
+//! them all, and a transaction that finds another connection's commit since the last one
+//! (`PRAGMA data_version`, which counts only other connections' commits) forgets them too.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 use std::ops::Deref;
 
 use rusqlite::{Connection, Statement};
 
 use crate::StoreError;
+use crate::log::Heads;
+
+/// Chats whose heads a [`Db`] keeps; one more forgets them all. WHY a plain map emptied when
+/// full rather than an LRU: a look-up then touches no list, and a busy server's active chats
+/// (10,000 in the load runs) fit many times over; past this many the rows are read again.
+const HEADS_KEPT: usize = 65_536;
 
 /// The statements a [`Db`] holds prepared. Their SQL stays beside the code that runs it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,10 +59,12 @@ pub(crate) enum Held {
     BeginImmediate,
     /// `claims_journal`: its end.
     Commit,
+    /// [`Db::begin`]: whether another connection committed since this one last looked.
+    DataVersion,
 }
 
 impl Held {
-    const COUNT: usize = Self::Commit as usize + 1;
+    const COUNT: usize = Self::DataVersion as usize + 1;
 
     fn sql(self) -> &'static str {
         match self {
@@ -61,6 +79,7 @@ impl Held {
             Self::Begin => "BEGIN",
             Self::BeginImmediate => "BEGIN IMMEDIATE",
             Self::Commit => "COMMIT",
+            Self::DataVersion => "PRAGMA data_version",
         }
     }
 }
@@ -71,6 +90,13 @@ pub(crate) struct Db<'c> {
     /// Indexed by `Held as usize`. A `RefCell` each, so a statement in use further up the
     /// stack is never handed out twice (the second user gets one from rusqlite's cache).
     held: [RefCell<Option<Statement<'c>>>; Held::COUNT],
+    /// Chats' heads as this connection last read or wrote them, by chat id.
+    heads: RefCell<HashMap<Box<str>, Heads>>,
+    /// `PRAGMA data_version` at the start of the last transaction [`Db::begin`] began.
+    data_version: Cell<Option<i64>>,
+    /// True between [`Db::begin`] and its commit or rollback: only then are the kept heads
+    /// known to be current.
+    in_checked_transaction: Cell<bool>,
 }
 
 impl<'c> Db<'c> {
@@ -79,7 +105,88 @@ impl<'c> Db<'c> {
         Self {
             conn,
             held: std::array::from_fn(|_| RefCell::new(None)),
+            heads: RefCell::new(HashMap::new()),
+            data_version: Cell::new(None),
+            in_checked_transaction: Cell::new(false),
         }
+    }
+
+    /// Begins a transaction with `begin` (`Held::Begin` or `Held::BeginImmediate`), and
+    /// forgets the kept heads when another connection has committed since the last one.
+    /// WHY the check inside the transaction: its first read fixes the snapshot the heads
+    /// must match, and `data_version` is that read.
+    pub(crate) fn begin(&self, begin: Held) -> Result<(), StoreError> {
+        self.with(begin, |statement| Ok(statement.execute([])?))?;
+        let version = self.with(Held::DataVersion, |statement| {
+            Ok(statement.query_row([], |row| row.get::<_, i64>(0))?)
+        });
+        let version = match version {
+            Ok(version) => version,
+            Err(e) => {
+                let _ = self.rollback();
+                return Err(e);
+            }
+        };
+        if self.data_version.replace(Some(version)) != Some(version) {
+            self.heads.borrow_mut().clear();
+        }
+        self.in_checked_transaction.set(true);
+        Ok(())
+    }
+
+    /// Commits the transaction [`Db::begin`] began. On failure the caller rolls back.
+    pub(crate) fn commit(&self) -> Result<(), StoreError> {
+        self.in_checked_transaction.set(false);
+        self.with(Held::Commit, |statement| {
+            Ok(statement.execute([]).map(|_| ())?)
+        })
+        .inspect_err(|_| self.heads.borrow_mut().clear())
+    }
+
+    /// Rolls the open transaction back, and forgets the kept heads, which may hold its
+    /// changes (whether or not the rollback succeeds).
+    pub(crate) fn rollback(&self) -> Result<(), StoreError> {
+        self.in_checked_transaction.set(false);
+        self.heads.borrow_mut().clear();
+        Ok(self.conn.execute_batch("ROLLBACK")?)
+    }
+
+    /// After a rollback to a savepoint: the kept heads may hold what it undid.
+    pub(crate) fn forget_all_heads(&self) {
+        self.heads.borrow_mut().clear();
+    }
+
+    /// The heads of `chat_id` as last read or written, inside a transaction [`Db::begin`]
+    /// began; `None` when not kept (or outside one).
+    pub(crate) fn kept_heads(&self, chat_id: &str) -> Option<Heads> {
+        if !self.in_checked_transaction.get() {
+            return None;
+        }
+        self.heads.borrow().get(chat_id).copied()
+    }
+
+    /// `heads` are what `chat_id`'s `chat_heads` row now holds, read or just written on this
+    /// connection. Outside a transaction [`Db::begin`] began they are not kept, and what was
+    /// kept is forgotten (it may be older).
+    pub(crate) fn remember_heads(&self, chat_id: &str, heads: Heads) {
+        let mut kept = self.heads.borrow_mut();
+        if !self.in_checked_transaction.get() {
+            kept.remove(chat_id);
+            return;
+        }
+        if let Some(slot) = kept.get_mut(chat_id) {
+            *slot = heads;
+            return;
+        }
+        if kept.len() >= HEADS_KEPT {
+            kept.clear();
+        }
+        kept.insert(chat_id.into(), heads);
+    }
+
+    /// `chat_id`'s heads row is gone or about to change in a way not remembered (deletion).
+    pub(crate) fn forget_heads(&self, chat_id: &str) {
+        self.heads.borrow_mut().remove(chat_id);
     }
 
     /// Runs `run` with the statement `which`. Its bindings are cleared afterwards, as

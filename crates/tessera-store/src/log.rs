@@ -24,6 +24,7 @@ use crate::db::{Db, Held};
 use crate::{ChatState, StoreError, StoredEvent, StoredMessage};
 
 /// A chat's `chat_heads` row: where its log and its chain of unindexed tool claims stand.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Heads {
     pub(crate) chat_no: i64,
     /// The newest log row.
@@ -48,7 +49,10 @@ pub(crate) const MOVE_HEAD_SQL: &str = "UPDATE chat_heads SET log_head = ?, last
 
 /// The chat's heads row; `None` for an unknown chat.
 pub(crate) fn heads(db: &Db<'_>, chat_id: &str) -> Result<Option<Heads>, StoreError> {
-    db.with(Held::ChatHeads, |statement| {
+    if let Some(kept) = db.kept_heads(chat_id) {
+        return Ok(Some(kept));
+    }
+    let read = db.with(Held::ChatHeads, |statement| {
         Ok(statement
             .query_row([chat_id], |row| {
                 Ok(Heads {
@@ -61,7 +65,11 @@ pub(crate) fn heads(db: &Db<'_>, chat_id: &str) -> Result<Option<Heads>, StoreEr
                 })
             })
             .optional()?)
-    })
+    })?;
+    if let Some(heads) = read {
+        db.remember_heads(chat_id, heads);
+    }
+    Ok(read)
 }
 
 /// Appends one row with `events`, `messages` and `state` (any may be empty) to the chat's log
@@ -138,6 +146,15 @@ pub(crate) fn append(
             head.chat_no
         ])?)
     })?;
+    db.remember_heads(
+        chat_id,
+        Heads {
+            log_row: Some(row),
+            last_seq,
+            next_idx,
+            ..head
+        },
+    );
     if let Some(state) = state.filter(|s| s.status == crate::STATUS_COMPLETED) {
         crate::chats::save_completed_state(db, chat_id, state)?;
     }
@@ -610,5 +627,106 @@ mod tests {
         assert_eq!(ascending_from([3, 4].into_iter(), 4, 3), Err(3));
         assert_eq!(ascending_from([4, 4].into_iter(), 4, 3), Err(4));
         assert_eq!(ascending_from([u64::MAX].into_iter(), 0, -1), Err(u64::MAX));
+    }
+}
+
+/// The heads a writer's [`Db`] keeps between transactions (see `db`): read from the database
+/// once, then from memory, and never stale where another connection, a rollback or a deletion
+/// changed the row.
+#[cfg(test)]
+mod kept_heads_tests {
+    use super::*;
+    use crate::claims_journal::database_with_a_chat;
+
+    const LAST_SEQ_TO_7: &str = "UPDATE chat_heads SET last_seq = 7 \
+         WHERE chat_no = (SELECT chat_no FROM chat_numbers WHERE chat_id = 'c1')";
+
+    fn scratch() -> (tempfile::TempDir, Connection) {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let path = dir.path().join("h.db");
+        database_with_a_chat(&path);
+        let conn = Connection::open(&path).unwrap_or_else(|e| panic!("{e}"));
+        (dir, conn)
+    }
+
+    fn last_seq(db: &Db<'_>) -> i64 {
+        heads(db, "c1")
+            .unwrap_or_else(|e| panic!("{e}"))
+            .map_or(-1, |h| h.last_seq)
+    }
+
+    fn ok<T>(result: Result<T, StoreError>) -> T {
+        result.unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn heads_read_in_one_transaction_are_kept_for_the_next() {
+        let (_dir, conn) = scratch();
+        let db = Db::new(&conn);
+        ok(db.begin(Held::BeginImmediate));
+        assert_eq!(last_seq(&db), 0);
+        ok(db.commit());
+        // Changed behind the cache's back on the same connection (which `data_version` does
+        // not count): a later transaction still answers from memory, so the row was kept...
+        conn.execute(LAST_SEQ_TO_7, [])
+            .unwrap_or_else(|e| panic!("{e}"));
+        ok(db.begin(Held::Begin));
+        assert_eq!(last_seq(&db), 0, "kept from the last transaction");
+        ok(db.commit());
+        // ...while outside a transaction begun by `Db::begin` the database is read.
+        assert_eq!(last_seq(&db), 7);
+    }
+
+    #[test]
+    fn another_connections_commit_is_seen_by_the_next_transaction() {
+        let (dir, conn) = scratch();
+        let db = Db::new(&conn);
+        ok(db.begin(Held::Begin));
+        assert_eq!(last_seq(&db), 0);
+        ok(db.commit());
+        let other = Connection::open(dir.path().join("h.db")).unwrap_or_else(|e| panic!("{e}"));
+        other
+            .execute(LAST_SEQ_TO_7, [])
+            .unwrap_or_else(|e| panic!("{e}"));
+        ok(db.begin(Held::Begin));
+        assert_eq!(last_seq(&db), 7);
+        ok(db.commit());
+    }
+
+    #[test]
+    fn heads_moved_by_an_append_are_kept_and_a_rollback_forgets_them() {
+        let (_dir, conn) = scratch();
+        let db = Db::new(&conn);
+        let event = StoredEvent {
+            seq: 1,
+            event_type: "chat.text".into(),
+            json: Arc::from(r#"{"type":"chat.text","seq":1}"#),
+        };
+        ok(db.begin(Held::BeginImmediate));
+        ok(append(&db, "c1", std::slice::from_ref(&event), &[], None));
+        assert_eq!(last_seq(&db), 1, "the append's own heads");
+        ok(db.rollback());
+        ok(db.begin(Held::BeginImmediate));
+        assert_eq!(last_seq(&db), 0, "the rolled-back append is forgotten");
+        ok(append(&db, "c1", std::slice::from_ref(&event), &[], None));
+        ok(db.commit());
+        ok(db.begin(Held::Begin));
+        assert_eq!(last_seq(&db), 1);
+        ok(db.commit());
+        let stored: i64 = conn
+            .query_row("SELECT last_seq FROM chat_heads", [], |r| r.get(0))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(stored, 1);
+    }
+
+    #[test]
+    fn a_deleted_chat_has_no_kept_heads() {
+        let (_dir, conn) = scratch();
+        let db = Db::new(&conn);
+        ok(db.begin(Held::BeginImmediate));
+        assert_eq!(last_seq(&db), 0);
+        assert!(ok(crate::chats::delete(&db, "c1")));
+        assert!(ok(heads(&db, "c1")).is_none());
+        ok(db.commit());
     }
 }

@@ -247,6 +247,14 @@ pub(crate) fn insert(
     db.with(Held::MoveClaimsHead, |statement| {
         Ok(statement.execute(params![head, unindexed, claims.chat_no])?)
     })?;
+    db.remember_heads(
+        chat_id,
+        Heads {
+            claims_head: head,
+            unindexed_claims: unindexed,
+            ..*claims
+        },
+    );
     Ok(())
 }
 

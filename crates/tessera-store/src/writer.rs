@@ -64,7 +64,7 @@ use rusqlite::hooks::Wal;
 use tracing::{debug, error};
 
 use crate::claims_journal::ClaimsJournal;
-use crate::db::Db;
+use crate::db::{Db, Held};
 use crate::store::Completion;
 use crate::{StoreError, ToolClaim, tools};
 
@@ -571,6 +571,7 @@ fn in_savepoint<T>(
     db.prepare_cached("SAVEPOINT job")?.execute([])?;
     let result = work(db);
     if result.is_err() {
+        db.forget_all_heads();
         db.prepare_cached("ROLLBACK TO job")?.execute([])?;
     }
     db.prepare_cached("RELEASE job")?.execute([])?;
@@ -757,22 +758,21 @@ impl Thread<'_> {
     /// job rolls back only itself and the rest commit.
     fn run_group(&self, group: &mut [Box<dyn Job>], isolated: bool) -> Result<bool, String> {
         let db = &self.db;
-        db.execute_batch("BEGIN IMMEDIATE")
-            .map_err(|e| e.to_string())?;
+        db.begin(Held::BeginImmediate).map_err(|e| e.to_string())?;
         if let Err(e) = self.journal.insert_uncommitted(db) {
-            let _ = db.execute_batch("ROLLBACK");
+            let _ = db.rollback();
             return Err(format!("journaled tool claims: {e}"));
         }
         for job in group.iter_mut() {
             if !job.run(db, isolated) && !isolated {
-                db.execute_batch("ROLLBACK").map_err(|e| e.to_string())?;
+                db.rollback().map_err(|e| e.to_string())?;
                 return Ok(false);
             }
         }
-        db.execute_batch("COMMIT").map_err(|e| {
+        db.commit().map_err(|e| {
             // A failed COMMIT may leave the transaction open; end it so the next group starts
             // clean.
-            let _ = db.execute_batch("ROLLBACK");
+            let _ = db.rollback();
             e.to_string()
         })?;
         Ok(true)

@@ -53,6 +53,8 @@ pub(crate) enum Held {
     MoveClaimsHead,
     /// `tools::complete`: a claim completed with its result.
     CompleteClaim,
+    /// `tools::complete`: the chat's newest claim completed, if it is the key's.
+    CompleteNewestClaim,
     /// `claims_journal`: a read transaction's start.
     Begin,
     /// `claims_journal`: a write transaction's start (recovering claims).
@@ -76,6 +78,7 @@ impl Held {
             Self::InsertClaim => crate::tools::INSERT_CLAIM_SQL,
             Self::MoveClaimsHead => crate::tools::MOVE_CLAIMS_HEAD_SQL,
             Self::CompleteClaim => crate::tools::COMPLETE_CLAIM_SQL,
+            Self::CompleteNewestClaim => crate::tools::COMPLETE_NEWEST_CLAIM_SQL,
             Self::Begin => "BEGIN",
             Self::BeginImmediate => "BEGIN IMMEDIATE",
             Self::Commit => "COMMIT",

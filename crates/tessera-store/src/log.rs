@@ -34,12 +34,15 @@ pub(crate) struct Heads {
     /// The newest claim not yet in `tool_invocation_keys` (see `tools`).
     pub(crate) claims_head: Option<i64>,
     pub(crate) unindexed_claims: i64,
+    /// That claim's `chain_filter` (`None` without a head, or for a head without a filter).
+    pub(crate) head_filter: Option<i64>,
 }
 
 /// [`heads`]' statement.
 pub(crate) const HEADS_SQL: &str = "SELECT h.chat_no, h.log_head, h.last_seq, h.next_idx, \
-     h.claims_head, h.unindexed_claims \
-     FROM chat_numbers n JOIN chat_heads h ON h.chat_no = n.chat_no WHERE n.chat_id = ?";
+     h.claims_head, h.unindexed_claims, t.chain_filter \
+     FROM chat_numbers n JOIN chat_heads h ON h.chat_no = n.chat_no \
+     LEFT JOIN tool_invocations t ON t.rowid = h.claims_head WHERE n.chat_id = ?";
 /// [`append`]'s new row.
 pub(crate) const APPEND_SQL: &str = "INSERT INTO chat_log \
      (chat_no, prev, seq_floor, idx_floor, events, messages, state) VALUES (?, ?, ?, ?, ?, ?, ?)";
@@ -62,6 +65,7 @@ pub(crate) fn heads(db: &Db<'_>, chat_id: &str) -> Result<Option<Heads>, StoreEr
                     next_idx: row.get(3)?,
                     claims_head: row.get(4)?,
                     unindexed_claims: row.get(5)?,
+                    head_filter: row.get(6)?,
                 })
             })
             .optional()?)

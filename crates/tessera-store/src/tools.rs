@@ -13,8 +13,10 @@
 //!
 //! A key is looked for in the chain and in the index. Each claim row carries a filter of the
 //! keys of the chain up to it (`chain_filter`, migration 10: a 64-bit Bloom filter), so the
-//! walk stops at the first row whose filter rules the key out: a claim of a new key, the
-//! usual case, reads the chain's head only. On SQLite's own path a new claim is
+//! walk stops at the first row whose filter rules the key out. The head's filter comes with
+//! the chat's heads (which the writer keeps between transactions, see `db`), so a claim of a
+//! new key, the usual case, reads no chain row at all; and a completion of the newest claim,
+//! the usual one, is written by its row at once. On SQLite's own path a new claim is
 //! appended to the claims journal under its file lock, after a look into the database and
 //! the journal (`claims_journal`), and its row is inserted by the next group transaction;
 //! a claim answered inside a transaction ([`claim`]) checks and inserts inside the writer's
@@ -50,19 +52,20 @@ pub(crate) const CLAIM_IN_CHAIN_SQL: &str = "SELECT invocation_key = ?2, status,
 pub(crate) const CLAIM_BY_INDEX_SQL: &str = "SELECT t.rowid, t.status, t.result \
      FROM tool_invocation_keys k JOIN tool_invocations t ON t.rowid = k.claim_row \
      WHERE k.chat_no = ? AND k.invocation_key = ?";
-/// [`insert`]'s new claim (`?5`: its key's [`filter_bits`]). Its filter is its predecessor's
-/// plus its own bits, or its own bits alone at a chain's start; NULL after a NULL (`|` keeps
-/// NULL): a chain begun without filters gets none until it is indexed.
+/// [`insert`]'s new claim (`?5`: its [`chain_filter`]).
 pub(crate) const INSERT_CLAIM_SQL: &str = "INSERT INTO tool_invocations \
      (chat_no, invocation_key, status, started_at_ms, prev, chain_filter) \
-     VALUES (?1, ?2, 'started', ?3, ?4, CASE WHEN ?4 IS NULL THEN ?5 \
-     ELSE (SELECT chain_filter FROM tool_invocations WHERE rowid = ?4) | ?5 END)";
+     VALUES (?1, ?2, 'started', ?3, ?4, ?5)";
 /// [`insert`]'s move of the chat's chain.
 pub(crate) const MOVE_CLAIMS_HEAD_SQL: &str =
     "UPDATE chat_heads SET claims_head = ?, unindexed_claims = ? WHERE chat_no = ?";
 /// [`complete`]'s update.
 pub(crate) const COMPLETE_CLAIM_SQL: &str = "UPDATE tool_invocations SET status = 'completed', \
      result = ?, completed_at_ms = ? WHERE rowid = ?";
+/// [`complete`]'s update of the chat's newest claim, if it is the key's and still started.
+pub(crate) const COMPLETE_NEWEST_CLAIM_SQL: &str = "UPDATE tool_invocations \
+     SET status = 'completed', result = ?1, completed_at_ms = ?2 \
+     WHERE rowid = ?3 AND chat_no = ?4 AND invocation_key = ?5 AND status = 'started'";
 
 /// The bits `key` sets in a chain's filter: two of 64, from FNV-1a (64-bit) with a final mix.
 /// Part of the stored format (migration 10): changing it needs a migration that forgets every
@@ -78,6 +81,19 @@ fn filter_bits(key: &str) -> i64 {
     hash = hash.wrapping_mul(0xbf58_476d_1ce4_e5b9);
     hash ^= hash >> 32;
     ((1u64 << (hash & 63)) | (1u64 << ((hash >> 6) & 63))) as i64
+}
+
+/// The filter of a claim of `key` chained after the head whose filter is `head_filter`: the
+/// head's plus the key's own bits, or the key's bits alone at a chain's start (`head` is
+/// `None`); none after a head without one, so a chain begun without filters (before
+/// migration 10) gets none until it is indexed. Every filter thus holds the bits of its own
+/// key and of every older key of its chain.
+fn chain_filter(head: Option<i64>, head_filter: Option<i64>, key: &str) -> Option<i64> {
+    let bits = filter_bits(key);
+    match head {
+        None => Some(bits),
+        Some(_) => head_filter.map(|filter| filter | bits),
+    }
 }
 
 /// A stored claim.
@@ -101,8 +117,17 @@ fn find(db: &Db<'_>, claims: &Heads, key: &str) -> Result<Option<Found>, StoreEr
         Older(Option<i64>),
     }
     let mut next = claims.claims_head;
+    let bits = filter_bits(key);
+    // The head's filter came with the heads: when it rules the key out, the walk's first
+    // step would stop there (its filter holds its own key's bits too, see `chain_filter`),
+    // so it is not taken.
+    if claims
+        .head_filter
+        .is_some_and(|filter| filter & bits != bits)
+    {
+        next = None;
+    }
     if next.is_some() {
-        let bits = filter_bits(key);
         // The chain holds `unindexed_claims` rows, at most `UNINDEXED_CLAIMS`; should it be
         // longer, the recursive query below walks the rest.
         let walked = db.with(Held::ClaimInChain, |chained| {
@@ -220,13 +245,14 @@ pub(crate) fn insert(
     key: &str,
     started_at_ms: i64,
 ) -> Result<(), StoreError> {
+    let filter = chain_filter(claims.claims_head, claims.head_filter, key);
     db.with(Held::InsertClaim, |statement| {
         Ok(statement.execute(params![
             claims.chat_no,
             key,
             started_at_ms,
             claims.claims_head,
-            filter_bits(key)
+            filter
         ])?)
     })?;
     let row = db.last_insert_rowid();
@@ -252,6 +278,7 @@ pub(crate) fn insert(
         Heads {
             claims_head: head,
             unindexed_claims: unindexed,
+            head_filter: head.and(filter),
             ..*claims
         },
     );
@@ -266,10 +293,20 @@ pub(crate) fn complete(
     result: &str,
 ) -> Result<(), StoreError> {
     // An unknown chat has no claims: "never claimed".
-    let found = match heads(db, chat_id)? {
-        Some(claims) => find(db, &claims, key)?,
-        None => None,
+    let Some(claims) = heads(db, chat_id)? else {
+        return Err(never_claimed(chat_id, key));
     };
+    // Most completions are of the chat's newest claim: completed at once when it is the
+    // key's and still started; anything else is looked for.
+    if let Some(head) = claims.claims_head {
+        let completed = db.with(Held::CompleteNewestClaim, |statement| {
+            Ok(statement.execute(params![result, now_ms(), head, claims.chat_no, key])?)
+        })?;
+        if completed == 1 {
+            return Ok(());
+        }
+    }
+    let found = find(db, &claims, key)?;
     match found {
         Some(claim) if claim.status == "started" => {
             db.with(Held::CompleteClaim, |statement| {
@@ -280,10 +317,14 @@ pub(crate) fn complete(
         Some(_) => Err(StoreError::Conflict(format!(
             "tool invocation '{key}' of chat '{chat_id}' is already completed"
         ))),
-        None => Err(StoreError::Conflict(format!(
-            "tool invocation '{key}' of chat '{chat_id}' was never claimed"
-        ))),
+        None => Err(never_claimed(chat_id, key)),
     }
+}
+
+fn never_claimed(chat_id: &str, key: &str) -> StoreError {
+    StoreError::Conflict(format!(
+        "tool invocation '{key}' of chat '{chat_id}' was never claimed"
+    ))
 }
 
 /// Deletes every claim of the chat (before its number goes, which takes the index entries).

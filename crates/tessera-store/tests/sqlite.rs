@@ -626,6 +626,72 @@ async fn the_heads_filter_decides_whether_the_chain_is_walked() {
     store.close().await;
 }
 
+/// A completion of the chat's newest claim is written by row at once; one of an older claim
+/// (parallel tool calls) is looked for. Each result lands on its own key's row, and neither
+/// path completes a claim twice.
+#[tokio::test]
+async fn completions_of_the_newest_and_of_an_older_claim_each_land_on_their_own_key() {
+    let (_db, path) = temp_db();
+    let store = open_with_chat(&path).await;
+    let (older, newest) = ("turn_c1:s0:0", "turn_c1:s0:1");
+    for key in [older, newest] {
+        assert_eq!(
+            store.claim_tool("c1", key, None).await.unwrap(),
+            ToolClaim::Claimed
+        );
+    }
+    store
+        .complete_tool_with_result("c1", older, &serde_json::json!("one"))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.claim_tool("c1", older, None).await.unwrap(),
+        ToolClaim::AlreadyCompleted(Some(serde_json::json!("one")))
+    );
+    assert_eq!(
+        store.claim_tool("c1", newest, None).await.unwrap(),
+        ToolClaim::AlreadyStarted,
+        "the newest claim is not completed by its neighbour's result"
+    );
+    store
+        .complete_tool_with_result("c1", newest, &serde_json::json!("two"))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.claim_tool("c1", newest, None).await.unwrap(),
+        ToolClaim::AlreadyCompleted(Some(serde_json::json!("two")))
+    );
+    for key in [older, newest] {
+        assert!(
+            matches!(
+                store
+                    .complete_tool_with_result("c1", key, &serde_json::Value::Null)
+                    .await,
+                Err(StoreError::Conflict(_))
+            ),
+            "{key} completed twice"
+        );
+    }
+    assert!(matches!(
+        store
+            .complete_tool_with_result("c1", "never", &serde_json::Value::Null)
+            .await,
+        Err(StoreError::Conflict(_))
+    ));
+    store.close().await;
+    // Read back after a restart, from the database alone.
+    let store = SqliteStore::open(&path).await.unwrap();
+    assert_eq!(
+        store.claim_tool("c1", older, None).await.unwrap(),
+        ToolClaim::AlreadyCompleted(Some(serde_json::json!("one")))
+    );
+    assert_eq!(
+        store.claim_tool("c1", newest, None).await.unwrap(),
+        ToolClaim::AlreadyCompleted(Some(serde_json::json!("two")))
+    );
+    store.close().await;
+}
+
 #[tokio::test]
 async fn a_chain_head_pointing_at_no_claim_ends_the_walk_without_an_error() {
     let (_db, path) = temp_db();

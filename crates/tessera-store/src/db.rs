@@ -55,11 +55,11 @@ pub(crate) enum Held {
     CompleteClaim,
     /// `tools::complete`: the chat's newest claim completed, if it is the key's.
     CompleteNewestClaim,
-    /// `claims_journal`: a read transaction's start.
+    /// [`Db::begin`]: a read transaction's start (a claim's look-up in `claims_journal`).
     Begin,
-    /// `claims_journal`: a write transaction's start (recovering claims).
+    /// [`Db::begin`]: a write transaction's start (the writer's group, recovered claims).
     BeginImmediate,
-    /// `claims_journal`: its end.
+    /// [`Db::commit`]: either's end.
     Commit,
     /// [`Db::begin`]: whether another connection committed since this one last looked.
     DataVersion,

@@ -633,43 +633,33 @@ async fn the_heads_filter_decides_whether_the_chain_is_walked() {
 async fn completions_of_the_newest_and_of_an_older_claim_each_land_on_their_own_key() {
     let (_db, path) = temp_db();
     let store = open_with_chat(&path).await;
-    let (older, newest) = ("turn_c1:s0:0", "turn_c1:s0:1");
-    for key in [older, newest] {
-        assert_eq!(
-            store.claim_tool("c1", key, None).await.unwrap(),
-            ToolClaim::Claimed
-        );
-    }
+    // Claims `turn_c1:s0:0` (the older) and `turn_c1:s1:0` (the newest).
+    let (older, newest) = (0, 1);
+    let key = |i: usize| format!("turn_c1:s{i}:0");
+    let completed = |text: &str| ToolClaim::AlreadyCompleted(Some(serde_json::json!(text)));
+    assert_claims(&store, [older, newest], ToolClaim::Claimed).await;
     store
-        .complete_tool_with_result("c1", older, &serde_json::json!("one"))
+        .complete_tool_with_result("c1", &key(older), &serde_json::json!("one"))
         .await
         .unwrap();
-    assert_eq!(
-        store.claim_tool("c1", older, None).await.unwrap(),
-        ToolClaim::AlreadyCompleted(Some(serde_json::json!("one")))
-    );
-    assert_eq!(
-        store.claim_tool("c1", newest, None).await.unwrap(),
-        ToolClaim::AlreadyStarted,
-        "the newest claim is not completed by its neighbour's result"
-    );
+    assert_claims(&store, [older], completed("one")).await;
+    // The newest claim is not completed by its neighbour's result.
+    assert_claims(&store, [newest], ToolClaim::AlreadyStarted).await;
     store
-        .complete_tool_with_result("c1", newest, &serde_json::json!("two"))
+        .complete_tool_with_result("c1", &key(newest), &serde_json::json!("two"))
         .await
         .unwrap();
-    assert_eq!(
-        store.claim_tool("c1", newest, None).await.unwrap(),
-        ToolClaim::AlreadyCompleted(Some(serde_json::json!("two")))
-    );
-    for key in [older, newest] {
+    assert_claims(&store, [newest], completed("two")).await;
+    for i in [older, newest] {
         assert!(
             matches!(
                 store
-                    .complete_tool_with_result("c1", key, &serde_json::Value::Null)
+                    .complete_tool_with_result("c1", &key(i), &serde_json::Value::Null)
                     .await,
                 Err(StoreError::Conflict(_))
             ),
-            "{key} completed twice"
+            "{} completed twice",
+            key(i)
         );
     }
     assert!(matches!(
@@ -681,14 +671,8 @@ async fn completions_of_the_newest_and_of_an_older_claim_each_land_on_their_own_
     store.close().await;
     // Read back after a restart, from the database alone.
     let store = SqliteStore::open(&path).await.unwrap();
-    assert_eq!(
-        store.claim_tool("c1", older, None).await.unwrap(),
-        ToolClaim::AlreadyCompleted(Some(serde_json::json!("one")))
-    );
-    assert_eq!(
-        store.claim_tool("c1", newest, None).await.unwrap(),
-        ToolClaim::AlreadyCompleted(Some(serde_json::json!("two")))
-    );
+    assert_claims(&store, [older], completed("one")).await;
+    assert_claims(&store, [newest], completed("two")).await;
     store.close().await;
 }
 

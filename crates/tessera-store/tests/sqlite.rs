@@ -432,19 +432,9 @@ async fn claims_are_found_before_and_after_their_keys_are_indexed_and_go_with_th
             .complete_tool_with_result("a", &key, &serde_json::Value::Null)
             .await
             .unwrap();
-        assert!(matches!(
-            store
-                .complete_tool_with_result("a", &key, &serde_json::Value::Null)
-                .await,
-            Err(StoreError::Conflict(_))
-        ));
+        assert_completion_refused(&store, "a", &key).await;
     }
-    assert!(matches!(
-        store
-            .complete_tool_with_result("a", "never", &serde_json::Value::Null)
-            .await,
-        Err(StoreError::Conflict(_))
-    ));
+    assert_completion_refused(&store, "a", "never").await;
 
     let conn = rusqlite::Connection::open(&path).unwrap();
     let count = |sql: &str| -> i64 { conn.query_row(sql, [], |row| row.get(0)).unwrap() };
@@ -612,12 +602,7 @@ async fn the_heads_filter_decides_whether_the_chain_is_walked() {
     // claimed. (Which is why every claim row's filter holds its predecessor's bits.)
     assert_eq!(set_head_filter(0), 1);
     let store = SqliteStore::open(&path).await.unwrap();
-    assert!(matches!(
-        store
-            .complete_tool_with_result("c1", &key(2), &serde_json::Value::Null)
-            .await,
-        Err(StoreError::Conflict(_))
-    ));
+    assert_completion_refused(&store, "c1", &key(2)).await;
     // The head's own key is still found: its key is compared before its filter.
     store
         .complete_tool_with_result("c1", &key(9), &serde_json::Value::Null)
@@ -650,24 +635,11 @@ async fn completions_of_the_newest_and_of_an_older_claim_each_land_on_their_own_
         .await
         .unwrap();
     assert_claims(&store, [newest], completed("two")).await;
+    // Neither completes twice.
     for i in [older, newest] {
-        assert!(
-            matches!(
-                store
-                    .complete_tool_with_result("c1", &key(i), &serde_json::Value::Null)
-                    .await,
-                Err(StoreError::Conflict(_))
-            ),
-            "{} completed twice",
-            key(i)
-        );
+        assert_completion_refused(&store, "c1", &key(i)).await;
     }
-    assert!(matches!(
-        store
-            .complete_tool_with_result("c1", "never", &serde_json::Value::Null)
-            .await,
-        Err(StoreError::Conflict(_))
-    ));
+    assert_completion_refused(&store, "c1", "never").await;
     store.close().await;
     // Read back after a restart, from the database alone.
     let store = SqliteStore::open(&path).await.unwrap();
@@ -700,13 +672,19 @@ async fn a_chain_head_pointing_at_no_claim_ends_the_walk_without_an_error() {
         store.claim_tool("c1", "turn_c1:s1:0", None).await.unwrap(),
         ToolClaim::Claimed
     );
-    assert!(matches!(
-        store
-            .complete_tool_with_result("c1", "never", &serde_json::Value::Null)
-            .await,
-        Err(StoreError::Conflict(_))
-    ));
+    assert_completion_refused(&store, "c1", "never").await;
     store.close().await;
+}
+
+/// A completion of `key` refused as a conflict (completed already, or never claimed).
+async fn assert_completion_refused(store: &SqliteStore, chat_id: &str, key: &str) {
+    let completed = store
+        .complete_tool_with_result(chat_id, key, &serde_json::Value::Null)
+        .await;
+    assert!(
+        matches!(completed, Err(StoreError::Conflict(_))),
+        "{chat_id}/{key}: {completed:?}"
+    );
 }
 
 /// Claims `turn_c1:s{i}:0` of chat "c1" for every `i` of `steps`, asserting each answer.

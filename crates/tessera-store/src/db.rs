@@ -53,8 +53,9 @@ pub(crate) enum Held {
     MoveClaimsHead,
     /// `tools::complete`: a claim completed with its result.
     CompleteClaim,
-    /// `tools::complete`: the chat's newest claim completed, if it is the key's.
-    CompleteNewestClaim,
+    /// `tools::complete`: the chat's newest claim, or the one before it, completed if it is
+    /// the key's.
+    CompleteRecentClaim,
     /// [`Db::begin`]: a read transaction's start (a claim's look-up in `claims_journal`).
     Begin,
     /// [`Db::begin`]: a write transaction's start (the writer's group, recovered claims).
@@ -78,7 +79,7 @@ impl Held {
             Self::InsertClaim => crate::tools::INSERT_CLAIM_SQL,
             Self::MoveClaimsHead => crate::tools::MOVE_CLAIMS_HEAD_SQL,
             Self::CompleteClaim => crate::tools::COMPLETE_CLAIM_SQL,
-            Self::CompleteNewestClaim => crate::tools::COMPLETE_NEWEST_CLAIM_SQL,
+            Self::CompleteRecentClaim => crate::tools::COMPLETE_RECENT_CLAIM_SQL,
             Self::Begin => "BEGIN",
             Self::BeginImmediate => "BEGIN IMMEDIATE",
             Self::Commit => "COMMIT",

@@ -36,11 +36,13 @@ pub(crate) struct Heads {
     pub(crate) unindexed_claims: i64,
     /// That claim's `chain_filter` (`None` without a head, or for a head without a filter).
     pub(crate) head_filter: Option<i64>,
+    /// The claim chained before it (its `prev`; `None` without a head or at a chain's start).
+    pub(crate) head_prev: Option<i64>,
 }
 
 /// [`heads`]' statement.
 pub(crate) const HEADS_SQL: &str = "SELECT h.chat_no, h.log_head, h.last_seq, h.next_idx, \
-     h.claims_head, h.unindexed_claims, t.chain_filter \
+     h.claims_head, h.unindexed_claims, t.chain_filter, t.prev \
      FROM chat_numbers n JOIN chat_heads h ON h.chat_no = n.chat_no \
      LEFT JOIN tool_invocations t ON t.rowid = h.claims_head WHERE n.chat_id = ?";
 /// [`append`]'s new row.
@@ -66,6 +68,7 @@ pub(crate) fn heads(db: &Db<'_>, chat_id: &str) -> Result<Option<Heads>, StoreEr
                     claims_head: row.get(4)?,
                     unindexed_claims: row.get(5)?,
                     head_filter: row.get(6)?,
+                    head_prev: row.get(7)?,
                 })
             })
             .optional()?)

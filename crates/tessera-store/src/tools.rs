@@ -15,13 +15,13 @@
 //! keys of the chain up to it (`chain_filter`, migration 10: a 64-bit Bloom filter), so the
 //! walk stops at the first row whose filter rules the key out. The head's filter comes with
 //! the chat's heads (which the writer keeps between transactions, see `db`), so a claim of a
-//! new key, the usual case, reads no chain row at all; and a completion of the newest claim,
-//! the usual one, is written by its row at once. On SQLite's own path a new claim is
-//! appended to the claims journal under its file lock, after a look into the database and
-//! the journal (`claims_journal`), and its row is inserted by the next group transaction;
-//! a claim answered inside a transaction ([`claim`]) checks and inserts inside the writer's
-//! `BEGIN IMMEDIATE`. Either way at most one caller ever claims a key, across stores and
-//! processes.
+//! new key, the usual case, reads no chain row at all; and a completion of the newest claim or
+//! of the one before it (the heads carry its row too), the usual ones, is written by its row
+//! at once. On SQLite's own path a new claim is appended to the claims journal under its file
+//! lock, after a look into the database and the journal (`claims_journal`), and its row is
+//! inserted by the next group transaction; a claim answered inside a transaction ([`claim`])
+//! checks and inserts inside the writer's `BEGIN IMMEDIATE`. Either way at most one caller
+//! ever claims a key, across stores and processes.
 
 use rusqlite::{OptionalExtension, params};
 
@@ -62,8 +62,9 @@ pub(crate) const MOVE_CLAIMS_HEAD_SQL: &str =
 /// [`complete`]'s update.
 pub(crate) const COMPLETE_CLAIM_SQL: &str = "UPDATE tool_invocations SET status = 'completed', \
      result = ?, completed_at_ms = ? WHERE rowid = ?";
-/// [`complete`]'s update of the chat's newest claim, if it is the key's and still started.
-pub(crate) const COMPLETE_NEWEST_CLAIM_SQL: &str = "UPDATE tool_invocations \
+/// [`complete`]'s update of the chat's newest claim or the one before it (`?3`), if it is the
+/// key's and still started.
+pub(crate) const COMPLETE_RECENT_CLAIM_SQL: &str = "UPDATE tool_invocations \
      SET status = 'completed', result = ?1, completed_at_ms = ?2 \
      WHERE rowid = ?3 AND chat_no = ?4 AND invocation_key = ?5 AND status = 'started'";
 
@@ -279,6 +280,8 @@ pub(crate) fn insert(
             claims_head: head,
             unindexed_claims: unindexed,
             head_filter: head.and(filter),
+            // The old head is the new one's `prev`.
+            head_prev: head.and(claims.claims_head),
             ..*claims
         },
     );
@@ -296,11 +299,13 @@ pub(crate) fn complete(
     let Some(claims) = heads(db, chat_id)? else {
         return Err(never_claimed(chat_id, key));
     };
-    // Most completions are of the chat's newest claim: completed at once when it is the
-    // key's and still started; anything else is looked for.
-    if let Some(head) = claims.claims_head {
-        let completed = db.with(Held::CompleteNewestClaim, |statement| {
-            Ok(statement.execute(params![result, now_ms(), head, claims.chat_no, key])?)
+    // Most completions are of the chat's newest claim, or of the one before it when the
+    // chat's next turn claimed again before this completion (it is written unhurried): each
+    // is completed at once by its row when it is the key's and still started; anything else
+    // is looked for.
+    for row in [claims.claims_head, claims.head_prev].into_iter().flatten() {
+        let completed = db.with(Held::CompleteRecentClaim, |statement| {
+            Ok(statement.execute(params![result, now_ms(), row, claims.chat_no, key])?)
         })?;
         if completed == 1 {
             return Ok(());

@@ -558,7 +558,7 @@ async fn a_chain_begun_without_filters_is_walked_until_it_is_indexed() {
 async fn the_heads_filter_decides_whether_the_chain_is_walked() {
     let (_db, path) = temp_db();
     let store = open_with_chat(&path).await;
-    let key = |i: usize| format!("turn_c1:s{i}:0");
+    let key = step_key;
     for i in 0..4 {
         store.claim_tool("c1", &key(i), None).await.unwrap();
     }
@@ -611,41 +611,62 @@ async fn the_heads_filter_decides_whether_the_chain_is_walked() {
     store.close().await;
 }
 
-/// A completion of the chat's newest claim is written by row at once; one of an older claim
-/// (parallel tool calls) is looked for. Each result lands on its own key's row, and neither
-/// path completes a claim twice.
+/// A completion of the chat's newest claim, or of the one before it (the next turn claimed
+/// first), is written by row at once, with the heads as the writer keeps them or as read
+/// after a restart; one of an older claim (parallel tool calls) is looked for. Each result
+/// lands on its own key's row, and no path completes a claim twice.
 #[tokio::test]
-async fn completions_of_the_newest_and_of_an_older_claim_each_land_on_their_own_key() {
+async fn completions_of_the_newest_and_of_older_claims_each_land_on_their_own_key() {
     let (_db, path) = temp_db();
     let store = open_with_chat(&path).await;
-    // Claims `turn_c1:s0:0` (the older) and `turn_c1:s1:0` (the newest).
-    let (older, newest) = (0, 1);
-    let key = |i: usize| format!("turn_c1:s{i}:0");
-    let completed = |text: &str| ToolClaim::AlreadyCompleted(Some(serde_json::json!(text)));
-    assert_claims(&store, [older, newest], ToolClaim::Claimed).await;
-    store
-        .complete_tool_with_result("c1", &key(older), &serde_json::json!("one"))
-        .await
-        .unwrap();
-    assert_claims(&store, [older], completed("one")).await;
-    // The newest claim is not completed by its neighbour's result.
-    assert_claims(&store, [newest], ToolClaim::AlreadyStarted).await;
-    store
-        .complete_tool_with_result("c1", &key(newest), &serde_json::json!("two"))
-        .await
-        .unwrap();
-    assert_claims(&store, [newest], completed("two")).await;
-    // Neither completes twice.
-    for i in [older, newest] {
-        assert_completion_refused(&store, "c1", &key(i)).await;
+    let completed = |i: usize| ToolClaim::AlreadyCompleted(Some(serde_json::json!(step_key(i))));
+    assert_claims(&store, 0..4, ToolClaim::Claimed).await;
+    // The one before the newest, with the heads the writer keeps.
+    complete_with_its_key(&store, 2).await;
+    assert_claims(&store, [2], completed(2)).await;
+    // Its neighbours are not completed by its result.
+    assert_claims(&store, [0, 1, 3], ToolClaim::AlreadyStarted).await;
+    // An older one, looked for.
+    complete_with_its_key(&store, 0).await;
+    assert_claims(&store, [0], completed(0)).await;
+    assert_claims(&store, [1, 3], ToolClaim::AlreadyStarted).await;
+    store.close().await;
+
+    // After a restart: an older one again, then a new claim.
+    let store = SqliteStore::open(&path).await.unwrap();
+    assert_completion_refused(&store, "c1", &step_key(2)).await;
+    complete_with_its_key(&store, 1).await;
+    assert_claims(&store, [1], completed(1)).await;
+    assert_claims(&store, [4], ToolClaim::Claimed).await;
+    store.close().await;
+
+    // After another, with the heads read from the database: the one before the newest, then
+    // the newest.
+    let store = SqliteStore::open(&path).await.unwrap();
+    complete_with_its_key(&store, 3).await;
+    assert_claims(&store, [3], completed(3)).await;
+    assert_claims(&store, [4], ToolClaim::AlreadyStarted).await;
+    complete_with_its_key(&store, 4).await;
+    // No completion lands twice, and each result is its own key's.
+    for i in 0..5 {
+        assert_completion_refused(&store, "c1", &step_key(i)).await;
+        assert_claims(&store, [i], completed(i)).await;
     }
     assert_completion_refused(&store, "c1", "never").await;
     store.close().await;
-    // Read back after a restart, from the database alone.
-    let store = SqliteStore::open(&path).await.unwrap();
-    assert_claims(&store, [older], completed("one")).await;
-    assert_claims(&store, [newest], completed("two")).await;
-    store.close().await;
+}
+
+/// The key [`assert_claims`] claims for step `i` of chat "c1".
+fn step_key(i: usize) -> String {
+    format!("turn_c1:s{i}:0")
+}
+
+/// Completes step `i`'s claim of chat "c1" with its own key as the result.
+async fn complete_with_its_key(store: &SqliteStore, i: usize) {
+    store
+        .complete_tool_with_result("c1", &step_key(i), &serde_json::json!(step_key(i)))
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
@@ -694,7 +715,7 @@ async fn assert_claims(
     expected: ToolClaim,
 ) {
     for i in steps {
-        let key = format!("turn_c1:s{i}:0");
+        let key = step_key(i);
         assert_eq!(
             store.claim_tool("c1", &key, None).await.unwrap(),
             expected,

@@ -45,6 +45,10 @@ const MAX_PAYLOAD: usize = 1 << 20;
 /// (and the keys held for it) stay small.
 const RESET_AFTER_BYTES: u64 = 256 * 1024;
 
+/// Keys the journal holds, by chat (hashed per claim: foldhash, not SipHash).
+type ClaimKeys =
+    HashMap<Box<str>, HashSet<Box<str>, foldhash::fast::RandomState>, foldhash::fast::RandomState>;
+
 /// One journaled claim.
 #[derive(Debug, Clone, PartialEq)]
 struct Claim {
@@ -64,7 +68,7 @@ pub(crate) struct ClaimsJournal {
     /// The keys of `uncommitted` and `others`, by chat: claims the database may not hold yet.
     /// WHY not every key in the file: a chat deleted and created again under the same id
     /// starts with no claims, and the database says so for the claims it holds.
-    keys: HashMap<Box<str>, HashSet<Box<str>>>,
+    keys: ClaimKeys,
     /// Claims other writers appended to this generation. They may not be in the database
     /// yet, so they count as claimed here until a reset (which puts them in the database).
     others: Vec<Claim>,
@@ -110,7 +114,7 @@ impl ClaimsJournal {
             path,
             generation: 0,
             end: HEADER_LEN,
-            keys: HashMap::new(),
+            keys: ClaimKeys::default(),
             others: Vec::new(),
             uncommitted: Vec::new(),
             uncommitted_generation: 0,
@@ -424,7 +428,7 @@ fn write_all_at(file: &File, buf: &[u8], offset: u64) -> std::io::Result<()> {
 }
 
 /// Adds `claim`'s key to `keys`.
-fn remember(keys: &mut HashMap<Box<str>, HashSet<Box<str>>>, claim: &Claim) {
+fn remember(keys: &mut ClaimKeys, claim: &Claim) {
     keys.entry(claim.chat_id.clone())
         .or_default()
         .insert(claim.key.clone());

@@ -95,7 +95,7 @@ pub(crate) struct Db<'c> {
     /// stack is never handed out twice (the second user gets one from rusqlite's cache).
     held: [RefCell<Option<Statement<'c>>>; Held::COUNT],
     /// Chats' heads as this connection last read or wrote them, by chat id.
-    heads: RefCell<HashMap<Box<str>, Heads>>,
+    heads: RefCell<HashMap<Box<str>, Heads, foldhash::fast::RandomState>>,
     /// `PRAGMA data_version` at the start of the last transaction [`Db::begin`] began.
     data_version: Cell<Option<i64>>,
     /// True between [`Db::begin`] and its commit or rollback: only then are the kept heads
@@ -109,7 +109,7 @@ impl<'c> Db<'c> {
         Self {
             conn,
             held: std::array::from_fn(|_| RefCell::new(None)),
-            heads: RefCell::new(HashMap::new()),
+            heads: RefCell::new(HashMap::default()),
             data_version: Cell::new(None),
             in_checked_transaction: Cell::new(false),
         }

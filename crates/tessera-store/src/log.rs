@@ -38,11 +38,15 @@ pub(crate) struct Heads {
     pub(crate) head_filter: Option<i64>,
     /// The claim chained before it (its `prev`; `None` without a head or at a chain's start).
     pub(crate) head_prev: Option<i64>,
+    /// Whether `tool_invocation_keys` holds any of the chat's keys: when not, a key is looked
+    /// for in the chain alone.
+    pub(crate) indexed_keys: bool,
 }
 
 /// [`heads`]' statement.
 pub(crate) const HEADS_SQL: &str = "SELECT h.chat_no, h.log_head, h.last_seq, h.next_idx, \
-     h.claims_head, h.unindexed_claims, t.chain_filter, t.prev \
+     h.claims_head, h.unindexed_claims, t.chain_filter, t.prev, \
+     EXISTS (SELECT 1 FROM tool_invocation_keys k WHERE k.chat_no = h.chat_no) \
      FROM chat_numbers n JOIN chat_heads h ON h.chat_no = n.chat_no \
      LEFT JOIN tool_invocations t ON t.rowid = h.claims_head WHERE n.chat_id = ?";
 /// [`append`]'s new row.
@@ -69,6 +73,7 @@ pub(crate) fn heads(db: &Db<'_>, chat_id: &str) -> Result<Option<Heads>, StoreEr
                     unindexed_claims: row.get(5)?,
                     head_filter: row.get(6)?,
                     head_prev: row.get(7)?,
+                    indexed_keys: row.get(8)?,
                 })
             })
             .optional()?)

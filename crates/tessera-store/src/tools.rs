@@ -11,17 +11,17 @@
 //! way a claim dirties the table's tail and the chat's small heads row (shared with other
 //! chats), and the index one leaf per [`UNINDEXED_CLAIMS`] claims.
 //!
-//! A key is looked for in the chain and in the index. Each claim row carries a filter of the
-//! keys of the chain up to it (`chain_filter`, migration 10: a 64-bit Bloom filter), so the
-//! walk stops at the first row whose filter rules the key out. The head's filter comes with
-//! the chat's heads (which the writer keeps between transactions, see `db`), so a claim of a
-//! new key, the usual case, reads no chain row at all; and a completion of the newest claim or
-//! of the one before it (the heads carry its row too), the usual ones, is written by its row
-//! at once. On SQLite's own path a new claim is appended to the claims journal under its file
-//! lock, after a look into the database and the journal (`claims_journal`), and its row is
-//! inserted by the next group transaction; a claim answered inside a transaction ([`claim`])
-//! checks and inserts inside the writer's `BEGIN IMMEDIATE`. Either way at most one caller
-//! ever claims a key, across stores and processes.
+//! A key is looked for in the chain and in the index (if the chat has indexed keys at all: the
+//! heads say). Each claim row carries a filter of the keys of the chain up to it (`chain_filter`,
+//! migration 10: a 64-bit Bloom filter), so the walk stops at the first row whose filter rules the
+//! key out. The head's filter comes with the chat's heads (which the writer keeps between
+//! transactions, see `db`), so a claim of a new key, the usual case, reads no chain row at all; and
+//! a completion of the newest claim or of the one before it (the heads carry its row too), the
+//! usual ones, is written by its row at once. On SQLite's own path a new claim is appended to the
+//! claims journal under its file lock, after a look into the database and the journal
+//! (`claims_journal`), and its row is inserted by the next group transaction; a claim answered
+//! inside a transaction ([`claim`]) checks and inserts inside the writer's `BEGIN IMMEDIATE`.
+//! Either way at most one caller ever claims a key, across stores and processes.
 
 use rusqlite::{OptionalExtension, params};
 
@@ -177,6 +177,10 @@ fn find(db: &Db<'_>, claims: &Heads, key: &str) -> Result<Option<Found>, StoreEr
             return Ok(chained);
         }
     }
+    if !claims.indexed_keys {
+        // No key of the chat was ever indexed.
+        return Ok(None);
+    }
     db.with(Held::ClaimByIndex, |statement| {
         Ok(statement
             .query_row(params![claims.chat_no, key], found)
@@ -282,6 +286,7 @@ pub(crate) fn insert(
             head_filter: head.and(filter),
             // The old head is the new one's `prev`.
             head_prev: head.and(claims.claims_head),
+            indexed_keys: claims.indexed_keys || head.is_none(),
             ..*claims
         },
     );

@@ -558,12 +558,11 @@ async fn a_chain_begun_without_filters_is_walked_until_it_is_indexed() {
 async fn the_heads_filter_decides_whether_the_chain_is_walked() {
     let (_db, path) = temp_db();
     let store = open_with_chat(&path).await;
-    let key = step_key;
     for i in 0..4 {
-        store.claim_tool("c1", &key(i), None).await.unwrap();
+        store.claim_tool("c1", &step_key(i), None).await.unwrap();
     }
     store
-        .complete_tool_with_result("c1", &key(1), &serde_json::json!("one"))
+        .complete_tool_with_result("c1", &step_key(1), &serde_json::json!("one"))
         .await
         .unwrap();
     store
@@ -586,15 +585,15 @@ async fn the_heads_filter_decides_whether_the_chain_is_walked() {
     assert_eq!(set_head_filter(-1), 1);
     let store = SqliteStore::open(&path).await.unwrap();
     assert_eq!(
-        store.claim_tool("c1", &key(0), None).await.unwrap(),
+        store.claim_tool("c1", &step_key(0), None).await.unwrap(),
         ToolClaim::AlreadyStarted
     );
     assert_eq!(
-        store.claim_tool("c1", &key(1), None).await.unwrap(),
+        store.claim_tool("c1", &step_key(1), None).await.unwrap(),
         ToolClaim::AlreadyCompleted(Some(serde_json::json!("one")))
     );
     assert_eq!(
-        store.claim_tool("c1", &key(9), None).await.unwrap(),
+        store.claim_tool("c1", &step_key(9), None).await.unwrap(),
         ToolClaim::Claimed
     );
     store.close().await;
@@ -602,10 +601,10 @@ async fn the_heads_filter_decides_whether_the_chain_is_walked() {
     // claimed. (Which is why every claim row's filter holds its predecessor's bits.)
     assert_eq!(set_head_filter(0), 1);
     let store = SqliteStore::open(&path).await.unwrap();
-    assert_completion_refused(&store, "c1", &key(2)).await;
+    assert_completion_refused(&store, "c1", &step_key(2)).await;
     // The head's own key is still found: its key is compared before its filter.
     store
-        .complete_tool_with_result("c1", &key(9), &serde_json::Value::Null)
+        .complete_tool_with_result("c1", &step_key(9), &serde_json::Value::Null)
         .await
         .unwrap();
     store.close().await;

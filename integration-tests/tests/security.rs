@@ -2226,7 +2226,12 @@ async fn streamed_deltas_leave_the_in_memory_log_once_their_message_is_final() {
     const TURNS: usize = 4;
     const WORDS: usize = 16_000;
     let srv = Srv::start(Opts {
-        env: vec![("TESSERA_MAX_FRAME_BYTES".into(), "100000".into())],
+        env: vec![
+            ("TESSERA_MAX_FRAME_BYTES".into(), "100000".into()),
+            // 16,000 deltas a turn: room for all of them, so that a test client slowed by a
+            // loaded machine is never cut off as a slow consumer (that limit has its own test).
+            ("TESSERA_OUTBOUND_QUEUE".into(), "1000000".into()),
+        ],
         ..Opts::default()
     })
     .await;

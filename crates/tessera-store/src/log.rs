@@ -671,20 +671,28 @@ mod kept_heads_tests {
         result.unwrap_or_else(|e| panic!("{e}"))
     }
 
+    /// [`last_seq`] read in a transaction of its own, begun with `begin`.
+    fn last_seq_in(db: &Db<'_>, begin: Held) -> i64 {
+        ok(db.begin(begin));
+        let seq = last_seq(db);
+        ok(db.commit());
+        seq
+    }
+
     #[test]
     fn heads_read_in_one_transaction_are_kept_for_the_next() {
         let (_dir, conn) = scratch();
         let db = Db::new(&conn);
-        ok(db.begin(Held::BeginImmediate));
-        assert_eq!(last_seq(&db), 0);
-        ok(db.commit());
+        assert_eq!(last_seq_in(&db, Held::BeginImmediate), 0);
         // Changed behind the cache's back on the same connection (which `data_version` does
         // not count): a later transaction still answers from memory, so the row was kept...
         conn.execute(LAST_SEQ_TO_7, [])
             .unwrap_or_else(|e| panic!("{e}"));
-        ok(db.begin(Held::Begin));
-        assert_eq!(last_seq(&db), 0, "kept from the last transaction");
-        ok(db.commit());
+        assert_eq!(
+            last_seq_in(&db, Held::Begin),
+            0,
+            "kept from the last transaction"
+        );
         // ...while outside a transaction begun by `Db::begin` the database is read.
         assert_eq!(last_seq(&db), 7);
     }
@@ -693,16 +701,12 @@ mod kept_heads_tests {
     fn another_connections_commit_is_seen_by_the_next_transaction() {
         let (dir, conn) = scratch();
         let db = Db::new(&conn);
-        ok(db.begin(Held::Begin));
-        assert_eq!(last_seq(&db), 0);
-        ok(db.commit());
+        assert_eq!(last_seq_in(&db, Held::Begin), 0);
         let other = Connection::open(dir.path().join("h.db")).unwrap_or_else(|e| panic!("{e}"));
         other
             .execute(LAST_SEQ_TO_7, [])
             .unwrap_or_else(|e| panic!("{e}"));
-        ok(db.begin(Held::Begin));
-        assert_eq!(last_seq(&db), 7);
-        ok(db.commit());
+        assert_eq!(last_seq_in(&db, Held::Begin), 7);
     }
 
     #[test]
@@ -722,9 +726,7 @@ mod kept_heads_tests {
         assert_eq!(last_seq(&db), 0, "the rolled-back append is forgotten");
         ok(append(&db, "c1", std::slice::from_ref(&event), &[], None));
         ok(db.commit());
-        ok(db.begin(Held::Begin));
-        assert_eq!(last_seq(&db), 1);
-        ok(db.commit());
+        assert_eq!(last_seq_in(&db, Held::Begin), 1);
         let stored: i64 = conn
             .query_row("SELECT last_seq FROM chat_heads", [], |r| r.get(0))
             .unwrap_or_else(|e| panic!("{e}"));

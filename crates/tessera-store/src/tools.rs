@@ -12,16 +12,17 @@
 //! chats), and the index one leaf per [`UNINDEXED_CLAIMS`] claims.
 //!
 //! A key is looked for in the chain and in the index (if the chat has indexed keys at all: the
-//! heads say). Each claim row carries a filter of the keys of the chain up to it (`chain_filter`,
-//! migration 10: a 64-bit Bloom filter), so the walk stops at the first row whose filter rules the
-//! key out. The head's filter comes with the chat's heads (which the writer keeps between
-//! transactions, see `db`), so a claim of a new key, the usual case, reads no chain row at all; and
-//! a completion of the newest claim or of the one before it (the heads carry its row too), the
-//! usual ones, is written by its row at once. On SQLite's own path a new claim is appended to the
-//! claims journal under its file lock, after a look into the database and the journal
-//! (`claims_journal`), and its row is inserted by the next group transaction; a claim answered
-//! inside a transaction ([`claim`]) checks and inserts inside the writer's `BEGIN IMMEDIATE`.
-//! Either way at most one caller ever claims a key, across stores and processes.
+//! heads say). Each claim row carries a filter of the keys of the chain up to it
+//! (`chain_filter`, migration 10: a 64-bit Bloom filter), so the walk stops at the first row
+//! whose filter rules the key out. The head's filter comes with the chat's heads (which the
+//! writer keeps between transactions, see `db`), so a claim of a new key, the usual case, reads
+//! no chain row at all; and a completion of the newest claim or of the one before it (the heads
+//! carry its row too), the usual ones, is written by its row at once. On SQLite's own path a
+//! new claim is appended to the claims journal under its file lock, after a look into the
+//! database and the journal (`claims_journal`), and its row is inserted by the next group
+//! transaction; a claim answered inside a transaction ([`claim`]) checks and inserts inside the
+//! writer's `BEGIN IMMEDIATE`. Either way at most one caller ever claims a key, across stores
+//! and processes.
 
 use rusqlite::{OptionalExtension, params};
 
@@ -308,9 +309,10 @@ pub(crate) fn complete(
     // chat's next turn claimed again before this completion (it is written unhurried): each
     // is completed at once by its row when it is the key's and still started; anything else
     // is looked for.
+    let completed_at = now_ms();
     for row in [claims.claims_head, claims.head_prev].into_iter().flatten() {
         let completed = db.with(Held::CompleteRecentClaim, |statement| {
-            Ok(statement.execute(params![result, now_ms(), row, claims.chat_no, key])?)
+            Ok(statement.execute(params![result, completed_at, row, claims.chat_no, key])?)
         })?;
         if completed == 1 {
             return Ok(());
@@ -320,7 +322,7 @@ pub(crate) fn complete(
     match found {
         Some(claim) if claim.status == "started" => {
             db.with(Held::CompleteClaim, |statement| {
-                Ok(statement.execute(params![result, now_ms(), claim.row])?)
+                Ok(statement.execute(params![result, completed_at, claim.row])?)
             })?;
             Ok(())
         }

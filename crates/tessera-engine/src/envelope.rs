@@ -223,9 +223,18 @@ impl EventLog {
         text
     }
 
-    /// Logs the next event as its whole text (an event restored from the store), dropping
-    /// deltas as [`EventLog::publish`] does.
-    pub(crate) fn push_stored(&mut self, text: &str) {
+    /// Logs event `seq` as its whole text (an event restored from the store), dropping deltas
+    /// as [`EventLog::publish`] does. The seqs before it that the store lacks (deltas whose
+    /// message was final before they were stored) stay taken, as empty records like a dropped
+    /// delta's, so every later event keeps its seq. A seq not above the last is ignored: the
+    /// store gives them ascending.
+    pub(crate) fn push_stored(&mut self, seq: u64, text: &str) {
+        if seq <= self.last_seq() {
+            return;
+        }
+        while self.last_seq() + 1 < seq {
+            self.records.push_back(Box::default());
+        }
         self.records.push_back(verbatim(text));
         self.track_stream(text, true);
     }
@@ -482,9 +491,9 @@ mod tests {
         ];
         let mut log = EventLog::default();
         let mut stored = EventLog::default();
-        for event in &events {
+        for (seq, event) in (1..).zip(&events) {
             let text = log.publish(&chat, event);
-            stored.push_stored(&text);
+            stored.push_stored(seq, &text);
         }
         for log in [&log, &stored] {
             assert_eq!(log.last_seq(), 5);
@@ -534,13 +543,33 @@ mod tests {
         assert_eq!(replayed_seqs(&log, &chat), [9]);
     }
 
+    /// Events restored from a store that left some deltas out keep their seqs: the gaps stay
+    /// taken, replays skip them, and the next event follows the last stored seq.
+    #[test]
+    fn stored_events_with_gaps_keep_their_seqs() {
+        let chat = ChatIdJson::new("chat_1");
+        let mut log = EventLog::default();
+        log.push_stored(1, "{\"seq\":1}");
+        log.push_stored(4, "{\"seq\":4}");
+        log.push_stored(4, "{\"again\":4}");
+        log.push_stored(5, "{\"seq\":5}");
+        assert_eq!(log.last_seq(), 5);
+        assert_eq!(replayed_seqs(&log, &chat), [1, 4, 5]);
+        assert_eq!(
+            log.replay(2, &chat).collect::<Vec<_>>(),
+            [Arc::from("{\"seq\":4}"), Arc::from("{\"seq\":5}")]
+        );
+        let next = log.publish(&chat, &ServerEvent::InputRequest { agent: "A".into() });
+        assert!(next.contains("\"seq\":6"), "{next}");
+    }
+
     #[test]
     fn a_log_after_a_seq_numbers_its_events_from_there() {
         let chat = ChatIdJson::new("chat_1");
         let mut log = EventLog::after(40);
         let text = log.publish(&chat, &ServerEvent::InputRequest { agent: "A".into() });
         assert!(text.contains("\"seq\":41"), "{text}");
-        log.push_stored("{\"seq\":42}");
+        log.push_stored(42, "{\"seq\":42}");
         assert_eq!(log.last_seq(), 42);
         assert_eq!(log.replay(0, &chat).count(), 2);
         assert_eq!(
@@ -570,7 +599,7 @@ mod tests {
             let until: Vec<Arc<str>> = log.replay_until(0, 2, &chat).collect();
             assert_eq!(until, published[..2], "replay stops at `until`");
             assert_eq!(log.replay_until(3, 2, &chat).count(), 0);
-            log.push_stored("{\"restored\":true}");
+            log.push_stored(4, "{\"restored\":true}");
             published.push(Arc::from("{\"restored\":true}"));
             assert_eq!(log.last_seq(), 4);
             for after in 0..=5 {

@@ -52,6 +52,12 @@ pub struct WriteBehind {
     sent_context_changes: u64,
     /// A batch was refused for good: the store's log of the chat has a gap.
     dropped_batch: bool,
+    /// The seqs of the streamed deltas queued since the last flush started, by message. A
+    /// message's deltas leave every replay once its `chat.text` is logged (from memory and
+    /// from the store alike, see `docs/protocol.md`), so when that text is queued before they
+    /// are sent, they are not stored at all. Its seq is above theirs, so the batch's highest
+    /// seq and the store's last seq stay what they were.
+    queued_deltas: Vec<(Box<str>, Vec<u64>)>,
 }
 
 impl WriteBehind {
@@ -70,6 +76,7 @@ impl WriteBehind {
             sent_state: None,
             sent_context_changes: 0,
             dropped_batch: false,
+            queued_deltas: Vec::new(),
         }
     }
 
@@ -114,7 +121,7 @@ impl WriteBehind {
 
     /// Queues a published event and, for a UI call, its pending-call bookkeeping: a call that
     /// starts waiting is recorded under `turn_key` (asked only then), one that ended is
-    /// forgotten.
+    /// forgotten. A message's final text takes its deltas still queued out of the queue.
     pub fn queue_event(
         &mut self,
         seq: u64,
@@ -129,6 +136,8 @@ impl WriteBehind {
             json: text,
         });
         match event {
+            ServerEvent::TextDelta { message_id, .. } => self.note_queued_delta(message_id, seq),
+            ServerEvent::Text { message_id, .. } => self.drop_queued_deltas(message_id),
             ServerEvent::ToolCall(ToolCallEvent::AwaitingUi(call)) => {
                 queue
                     .put_pending
@@ -141,6 +150,33 @@ impl WriteBehind {
             }
             _ => {}
         }
+    }
+
+    fn note_queued_delta(&mut self, message_id: &str, seq: u64) {
+        match self
+            .queued_deltas
+            .iter_mut()
+            .find(|(id, _)| &**id == message_id)
+        {
+            Some((_, seqs)) => seqs.push(seq),
+            None => self.queued_deltas.push((message_id.into(), vec![seq])),
+        }
+    }
+
+    /// `message_id` is final: its deltas still queued are not stored.
+    fn drop_queued_deltas(&mut self, message_id: &str) {
+        let Some(i) = self
+            .queued_deltas
+            .iter()
+            .position(|(id, _)| &**id == message_id)
+        else {
+            return;
+        };
+        let (_, seqs) = self.queued_deltas.swap_remove(i);
+        // Seqs ascend in the queue and in `seqs` alike.
+        self.queued
+            .events
+            .retain(|event| seqs.binary_search(&event.seq).is_err());
     }
 
     /// Sends the chat's current state with the queued writes (nothing is sent when nothing
@@ -170,6 +206,8 @@ impl WriteBehind {
             return false;
         }
         self.flushing = true;
+        // Deltas on their way to the store stay there.
+        self.queued_deltas.clear();
         let mut batch = std::mem::take(&mut self.queued);
         batch.epoch = self.epoch;
         let batch = Arc::new(batch);
@@ -479,8 +517,9 @@ pub struct RestoredChat {
     pub workflow_version: String,
     pub state: RestoredState,
     pub messages: Vec<RestoredMessage>,
-    /// Each logged event's text, in seq order from 1.
-    pub events: Vec<Arc<str>>,
+    /// Each stored event's seq and text, in seq order (seqs the store lacks are deltas of a
+    /// message that was final before they were stored).
+    pub events: Vec<(u64, Arc<str>)>,
     /// The pending UI calls, oldest first.
     pub pending: Vec<ResumableUiCall>,
 }
@@ -572,7 +611,7 @@ impl ChatRows {
             workflow_version: chat.record.workflow_version,
             state: chat.state.into(),
             messages: messages.into_iter().map(RestoredMessage::from).collect(),
-            events: events.into_iter().map(|e| e.json).collect(),
+            events: events.into_iter().map(|e| (e.seq, e.json)).collect(),
             pending: pending
                 .into_iter()
                 .filter_map(|p| ResumableUiCall::try_from(p).ok())
@@ -694,6 +733,110 @@ mod tests {
             Some(("awaiting_user".to_owned(), 1))
         );
         assert_eq!(flush_with(5, awaiting, &context, 1), None);
+    }
+
+    /// A message's deltas are not stored when its final text is queued before they leave;
+    /// those already sent, and those of a message still streaming, are. What the store then
+    /// holds replays as before: the same events, the deltas of final messages left out.
+    #[actix_rt::test]
+    async fn a_final_text_takes_its_messages_queued_deltas_out_of_the_next_flush() {
+        let store = tessera_store::SqliteStore::in_memory().await;
+        let store: Arc<dyn ChatStore> = Arc::new(store.expect("scratch store"));
+        store
+            .create_chat(ChatRecord {
+                chat_id: "chat_1".into(),
+                tenant: "t".into(),
+                user_id: "u".into(),
+                workflow: "w".into(),
+                workflow_version: String::new(),
+                created_at_ms: 1,
+            })
+            .await
+            .expect("chat created");
+        let mut queue = WriteBehind::new(Arc::clone(&store), Arc::from("chat_1"));
+        let delta = |id: &str| ServerEvent::TextDelta {
+            message_id: id.into(),
+            agent: "A".into(),
+            delta: "tok".into(),
+        };
+        let text = |id: &str| ServerEvent::Text {
+            message_id: id.into(),
+            agent: "A".into(),
+            role: "assistant".into(),
+            content: "whole".into(),
+            ui_hidden: false,
+        };
+        let run_start = ServerEvent::RunStart {
+            agent: "A".into(),
+            turn: 1,
+        };
+        let queue_all = |queue: &mut WriteBehind, events: &[(u64, ServerEvent)]| {
+            for (seq, event) in events {
+                queue.queue_event(
+                    *seq,
+                    event,
+                    Arc::from(format!("{{\"seq\":{seq}}}")),
+                    String::new,
+                );
+            }
+        };
+        let flush = |queue: &mut WriteBehind| -> Vec<u64> {
+            let (sent, written) = std::sync::mpsc::channel();
+            assert!(queue.start_flush(move |outcome| {
+                let _ = sent.send(outcome);
+            }));
+            let seqs = queue
+                .in_flight
+                .as_ref()
+                .map(|batch| batch.events.iter().map(|e| e.seq).collect())
+                .unwrap_or_default();
+            let outcome = written
+                .recv_timeout(Duration::from_secs(10))
+                .expect("the flush ends");
+            assert_eq!(outcome, FlushOutcome::Written);
+            queue.flush_done(outcome);
+            seqs
+        };
+        // m1 streams two deltas that leave in a flush, then two more that its text follows
+        // before the next flush; m2 starts streaming in the same batch and is not final.
+        queue_all(
+            &mut queue,
+            &[(1, run_start.clone()), (2, delta("m1")), (3, delta("m1"))],
+        );
+        assert_eq!(flush(&mut queue), [1, 2, 3]);
+        queue_all(
+            &mut queue,
+            &[
+                (4, delta("m1")),
+                (5, delta("m2")),
+                (6, delta("m1")),
+                (7, text("m1")),
+                (8, delta("m2")),
+            ],
+        );
+        assert_eq!(flush(&mut queue), [5, 7, 8], "m1's queued deltas stay out");
+        assert_eq!(queue.persisted_seq(), 8);
+        // m2's deltas left before its text: they stay stored.
+        queue_all(&mut queue, &[(9, text("m2")), (10, run_start.clone())]);
+        assert_eq!(flush(&mut queue), [9, 10]);
+        let stored: Vec<u64> = store
+            .events_after("chat_1", 0, 100)
+            .await
+            .expect("events read")
+            .iter()
+            .map(|e| e.seq)
+            .collect();
+        assert_eq!(stored, [1, 2, 3, 5, 7, 8, 9, 10]);
+        // Loaded back after a restart, the log keeps every seq: the next event is 11.
+        let restored = ChatRows(store)
+            .open_chats(|_, _| true)
+            .await
+            .expect("chat loaded");
+        let mut log = crate::envelope::EventLog::default();
+        for (seq, text) in &restored[0].events {
+            log.push_stored(*seq, text);
+        }
+        assert_eq!(log.last_seq(), 10);
     }
 
     #[test]

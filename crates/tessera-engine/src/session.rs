@@ -1348,7 +1348,7 @@ fn stored_replay(
 ) -> Vec<Arc<str>> {
     let mut log = EventLog::after(from);
     for event in events.iter().filter(|e| e.seq > from && e.seq <= upto) {
-        log.push_stored(&event.json);
+        log.push_stored(event.seq, &event.json);
     }
     for text in later {
         log.finalized_later(text);

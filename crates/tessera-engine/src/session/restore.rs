@@ -46,8 +46,8 @@ impl ChatSession {
             session.history.push(message.message);
             session.meta.push((message.message_id, message.ui_hidden));
         }
-        for text in &stored.events {
-            session.log.push_stored(text);
+        for (seq, text) in &stored.events {
+            session.log.push_stored(*seq, text);
         }
         let restored_seq = session.last_seq();
         if let Some(persist) = &mut session.persist {
@@ -165,10 +165,11 @@ impl ChatSession {
 
 /// The invocation keys of turn `turn_key`'s agent tools with an event of type `kind` in
 /// `events` (the stored envelopes).
-fn tool_events_of_turn(events: &[Arc<str>], turn_key: &str, kind: &str) -> Vec<String> {
+fn tool_events_of_turn(events: &[(u64, Arc<str>)], turn_key: &str, kind: &str) -> Vec<String> {
     let prefix = format!("{turn_key}:");
     events
         .iter()
+        .map(|(_, text)| text)
         // A cheap text check first; the parsed type and corr decide.
         .filter(|e| e.contains(kind) && e.contains(&prefix))
         .filter_map(|e| serde_json::from_str::<Value>(e).ok())
@@ -180,11 +181,11 @@ fn tool_events_of_turn(events: &[Arc<str>], turn_key: &str, kind: &str) -> Vec<S
 
 /// The turn key and data of the log's last `chat.structured_output_ready` that asked for an
 /// auto tool (`events`: the stored envelopes in seq order).
-fn last_auto_tool_request(events: &[Arc<str>]) -> Option<(String, Value)> {
-    let text = events
+fn last_auto_tool_request(events: &[(u64, Arc<str>)]) -> Option<(String, Value)> {
+    let (_, text) = events
         .iter()
         .rev()
-        .find(|e| e.contains("\"chat.structured_output_ready\""))?;
+        .find(|(_, e)| e.contains("\"chat.structured_output_ready\""))?;
     let mut event: Value = serde_json::from_str(text).ok()?;
     let data = event.get_mut("data")?;
     if data["auto_tool_mode"] != Value::Bool(true) {
@@ -198,10 +199,9 @@ fn last_auto_tool_request(events: &[Arc<str>]) -> Option<(String, Value)> {
 mod tests {
     use super::tool_events_of_turn;
 
-    fn envelope(seq: u64, kind: &str, data: serde_json::Value) -> std::sync::Arc<str> {
-        serde_json::json!({"type": kind, "seq": seq, "chat_id": "c", "data": data})
-            .to_string()
-            .into()
+    fn envelope(seq: u64, kind: &str, data: serde_json::Value) -> (u64, std::sync::Arc<str>) {
+        let text = serde_json::json!({"type": kind, "seq": seq, "chat_id": "c", "data": data});
+        (seq, text.to_string().into())
     }
 
     /// A turn re-run after a takeover announces only what its log lacks: the keys come from

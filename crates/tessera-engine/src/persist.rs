@@ -52,11 +52,11 @@ pub struct WriteBehind {
     sent_context_changes: u64,
     /// A batch was refused for good: the store's log of the chat has a gap.
     dropped_batch: bool,
-    /// The seqs of the streamed deltas queued since the last flush started, by message. A
-    /// message's deltas leave every replay once its `chat.text` is logged (from memory and
-    /// from the store alike, see `docs/protocol.md`), so when that text is queued before they
-    /// are sent, they are not stored at all. Its seq is above theirs, so the batch's highest
-    /// seq and the store's last seq stay what they were.
+    /// The seqs of the streamed deltas queued since the last flush started, by message (on a
+    /// single node). A message's deltas leave every replay once its `chat.text` is logged
+    /// (from memory and from the store alike, see `docs/protocol.md`), so when that text is
+    /// queued before they are sent, they are not stored at all. Its seq is above theirs, so
+    /// the batch's highest seq and the store's last seq stay what they were.
     queued_deltas: Vec<(Box<str>, Vec<u64>)>,
 }
 
@@ -136,7 +136,11 @@ impl WriteBehind {
             json: text,
         });
         match event {
-            ServerEvent::TextDelta { message_id, .. } => self.note_queued_delta(message_id, seq),
+            // In a cluster the store holds every event a client saw (a node sends an event
+            // only once it is stored, and another node replays the chat from the store).
+            ServerEvent::TextDelta { message_id, .. } if self.epoch.is_none() => {
+                self.note_queued_delta(message_id, seq);
+            }
             ServerEvent::Text { message_id, .. } => self.drop_queued_deltas(message_id),
             ServerEvent::ToolCall(ToolCallEvent::AwaitingUi(call)) => {
                 queue
@@ -837,6 +841,11 @@ mod tests {
             log.push_stored(*seq, text);
         }
         assert_eq!(log.last_seq(), 10);
+
+        // In a cluster (a lease epoch) the store keeps every event a client saw.
+        queue.set_epoch(Some(1));
+        queue_all(&mut queue, &[(11, delta("m3")), (12, text("m3"))]);
+        assert_eq!(flush(&mut queue), [11, 12]);
     }
 
     #[test]

@@ -141,8 +141,8 @@ pub(crate) struct EventLog {
     records: VecDeque<Box<[u8]>>,
     /// The events up to this seq left memory (the store holds them).
     forgotten: u64,
-    /// Messages still streaming: their id and the seqs of their delta records.
-    streaming: Vec<(Box<str>, Vec<u64>)>,
+    /// The seqs of the delta records of messages still streaming.
+    streaming: DeltasByMessage,
 }
 
 /// Tag of a record that holds an event's whole text.
@@ -171,12 +171,7 @@ impl EventLog {
     /// (seq up to `stored`) and none from the first delta of a message still streaming on
     /// (its deltas are dropped when it is final, which a forgotten record could not be).
     pub(crate) fn forget_through(&mut self, stored: u64, keep: usize) {
-        let streaming_from = self
-            .streaming
-            .iter()
-            .filter_map(|(_, seqs)| seqs.first().copied())
-            .min()
-            .unwrap_or(u64::MAX);
+        let streaming_from = self.streaming.first_seq().unwrap_or(u64::MAX);
         let limit = stored.min(streaming_from.saturating_sub(1));
         while self.records.len() > keep && self.forgotten < limit {
             self.records.pop_front();
@@ -267,28 +262,12 @@ impl EventLog {
 
     /// The last record is a delta of `message_id`.
     fn note_delta(&mut self, message_id: &str) {
-        let at = self.last_seq();
-        match self
-            .streaming
-            .iter_mut()
-            .find(|(id, _)| &**id == message_id)
-        {
-            Some((_, positions)) => positions.push(at),
-            None => self.streaming.push((message_id.into(), vec![at])),
-        }
+        self.streaming.note(message_id, self.last_seq());
     }
 
     /// `message_id` is final: its deltas leave the log.
     fn drop_deltas(&mut self, message_id: &str) {
-        let Some(i) = self
-            .streaming
-            .iter()
-            .position(|(id, _)| &**id == message_id)
-        else {
-            return;
-        };
-        let (_, seqs) = self.streaming.swap_remove(i);
-        for seq in seqs {
+        for seq in self.streaming.take(message_id) {
             let at = seq.checked_sub(self.forgotten + 1);
             if let Some(record) = at.and_then(|at| self.records.get_mut(usize::try_from(at).ok()?))
             {
@@ -327,6 +306,42 @@ impl EventLog {
             .zip(first_seq..)
             .filter(|(record, _)| !record.is_empty())
             .map(move |(record, seq)| rebuild(record, seq, chat_id))
+    }
+}
+
+/// The seqs of streamed deltas, by the message they belong to: noted as they are published,
+/// taken when the message's final text makes them unneeded (a chat streams one message at a
+/// time, so this holds one or two entries).
+#[derive(Debug, Default)]
+pub(crate) struct DeltasByMessage(Vec<(Box<str>, Vec<u64>)>);
+
+impl DeltasByMessage {
+    /// Delta `seq` belongs to `message_id` (seqs are noted ascending).
+    pub(crate) fn note(&mut self, message_id: &str, seq: u64) {
+        match self.0.iter_mut().find(|(id, _)| &**id == message_id) {
+            Some((_, seqs)) => seqs.push(seq),
+            None => self.0.push((message_id.into(), vec![seq])),
+        }
+    }
+
+    /// The seqs noted for `message_id`, ascending, now forgotten (none when there are none).
+    pub(crate) fn take(&mut self, message_id: &str) -> Vec<u64> {
+        match self.0.iter().position(|(id, _)| &**id == message_id) {
+            Some(i) => self.0.swap_remove(i).1,
+            None => Vec::new(),
+        }
+    }
+
+    /// The lowest seq noted, if any.
+    fn first_seq(&self) -> Option<u64> {
+        self.0
+            .iter()
+            .filter_map(|(_, seqs)| seqs.first().copied())
+            .min()
+    }
+
+    pub(crate) fn clear(&mut self) {
+        self.0.clear();
     }
 }
 

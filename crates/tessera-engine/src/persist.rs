@@ -24,6 +24,7 @@ use tessera_store::{
 
 use crate::EngineError;
 use crate::dedup::{ClaimDone, ClaimOutcome, DedupRecordStore, ToolKey};
+use crate::envelope::DeltasByMessage;
 use crate::status::{ChatIdentity, ChatStatus};
 
 /// A chat's write-behind queue.
@@ -57,7 +58,7 @@ pub struct WriteBehind {
     /// (from memory and from the store alike, see `docs/protocol.md`), so when that text is
     /// queued before they are sent, they are not stored at all. Its seq is above theirs, so
     /// the batch's highest seq and the store's last seq stay what they were.
-    queued_deltas: Vec<(Box<str>, Vec<u64>)>,
+    queued_deltas: DeltasByMessage,
 }
 
 impl WriteBehind {
@@ -76,7 +77,7 @@ impl WriteBehind {
             sent_state: None,
             sent_context_changes: 0,
             dropped_batch: false,
-            queued_deltas: Vec::new(),
+            queued_deltas: DeltasByMessage::default(),
         }
     }
 
@@ -139,7 +140,7 @@ impl WriteBehind {
             // In a cluster the store holds every event a client saw (a node sends an event
             // only once it is stored, and another node replays the chat from the store).
             ServerEvent::TextDelta { message_id, .. } if self.epoch.is_none() => {
-                self.note_queued_delta(message_id, seq);
+                self.queued_deltas.note(message_id, seq);
             }
             ServerEvent::Text { message_id, .. } => self.drop_queued_deltas(message_id),
             ServerEvent::ToolCall(ToolCallEvent::AwaitingUi(call)) => {
@@ -156,27 +157,12 @@ impl WriteBehind {
         }
     }
 
-    fn note_queued_delta(&mut self, message_id: &str, seq: u64) {
-        match self
-            .queued_deltas
-            .iter_mut()
-            .find(|(id, _)| &**id == message_id)
-        {
-            Some((_, seqs)) => seqs.push(seq),
-            None => self.queued_deltas.push((message_id.into(), vec![seq])),
-        }
-    }
-
     /// `message_id` is final: its deltas still queued are not stored.
     fn drop_queued_deltas(&mut self, message_id: &str) {
-        let Some(i) = self
-            .queued_deltas
-            .iter()
-            .position(|(id, _)| &**id == message_id)
-        else {
+        let seqs = self.queued_deltas.take(message_id);
+        if seqs.is_empty() {
             return;
-        };
-        let (_, seqs) = self.queued_deltas.swap_remove(i);
+        }
         // Seqs ascend in the queue and in `seqs` alike.
         self.queued
             .events
@@ -740,8 +726,8 @@ mod tests {
     }
 
     /// A message's deltas are not stored when its final text is queued before they leave;
-    /// those already sent, and those of a message still streaming, are. What the store then
-    /// holds replays as before: the same events, the deltas of final messages left out.
+    /// those already sent, and those of a message still streaming, are, and in a cluster all
+    /// are. The store's seqs then have gaps, which a log restored from it keeps.
     #[actix_rt::test]
     async fn a_final_text_takes_its_messages_queued_deltas_out_of_the_next_flush() {
         let store = tessera_store::SqliteStore::in_memory().await;

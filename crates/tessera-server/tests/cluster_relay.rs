@@ -175,6 +175,32 @@ impl actix::Handler<tessera_engine::session::Deliver> for Collector {
 #[derive(actix::Message)]
 #[rtype(result = "Vec<Value>")]
 struct Collected;
+
+/// What `collector` got, once `done` says it is all there (polled; the test fails after 10 s
+/// with `what` and what came).
+async fn collected_once(
+    collector: &actix::Addr<Collector>,
+    what: &str,
+    done: impl Fn(&[Value]) -> bool,
+) -> Vec<Value> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let seen = collector.send(Collected).await.unwrap_or_default();
+        if done(&seen) {
+            return seen;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{what}: {seen:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The seqs of the logged events in `seen` (connection-scoped events have seq 0).
+fn logged_seqs(seen: &[Value]) -> Vec<u64> {
+    seen.iter()
+        .filter_map(|e| e["seq"].as_u64())
+        .filter(|s| *s > 0)
+        .collect()
+}
 impl actix::Handler<Collected> for Collector {
     type Result = actix::MessageResult<Collected>;
     fn handle(&mut self, _: Collected, _: &mut Self::Context) -> Self::Result {
@@ -242,44 +268,30 @@ async fn a_reader_on_another_node_gets_replay_then_live_events_without_gap_or_du
     };
     assert_eq!(second, CommandReply::Accepted);
 
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let seen = collector.send(Collected).await.unwrap_or_default();
+    // The greeting's request, then one per turn.
+    let seen = collected_once(&collector, "the reader did not get both turns", |seen| {
         let input_requests = seen
             .iter()
             .filter(|e| e["type"] == "chat.input_request")
             .count();
-        let texts: Vec<String> = seen
-            .iter()
-            .filter(|e| e["type"] == "chat.text")
-            .map(|e| e["data"]["content"].to_string())
-            .collect();
-        // The greeting's request, then one per turn.
-        if input_requests >= 3 && texts.iter().any(|t| t.contains("Buy bread")) {
-            // Logged events only: the replay's `chat.resume_boundary` is connection-scoped.
-            let seqs: Vec<u64> = seen
-                .iter()
-                .filter_map(|e| e["seq"].as_u64())
-                .filter(|s| *s > 0)
-                .collect();
-            let boundaries = seen
-                .iter()
-                .filter(|e| e["type"] == "chat.resume_boundary")
-                .count();
-            assert_eq!(boundaries, 1, "the replay ends with one resume boundary");
-            assert_eq!(
-                seqs,
-                (1..=seqs.len() as u64).collect::<Vec<_>>(),
-                "every event once, in order, from the first"
-            );
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the reader did not get both turns: {seen:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        input_requests >= 3
+            && seen.iter().any(|e| {
+                e["type"] == "chat.text" && e["data"]["content"].to_string().contains("Buy bread")
+            })
+    })
+    .await;
+    // Logged events only: the replay's `chat.resume_boundary` is connection-scoped.
+    let seqs = logged_seqs(&seen);
+    let boundaries = seen
+        .iter()
+        .filter(|e| e["type"] == "chat.resume_boundary")
+        .count();
+    assert_eq!(boundaries, 1, "the replay ends with one resume boundary");
+    assert_eq!(
+        seqs,
+        (1..=seqs.len() as u64).collect::<Vec<_>>(),
+        "every event once, in order, from the first"
+    );
 }
 
 #[actix::test]
@@ -420,27 +432,23 @@ async fn a_reader_replays_a_stored_log_with_gaps_to_its_end() {
         collector.clone().recipient(),
     )
     .start();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let seen = collector.send(Collected).await.unwrap_or_default();
-        if let Some(boundary) = seen.iter().find(|e| e["type"] == "chat.resume_boundary") {
-            let seqs: Vec<u64> = seen
-                .iter()
-                .filter_map(|e| e["seq"].as_u64())
-                .filter(|s| *s > 0)
-                .collect();
-            assert_eq!(seqs, [1, 2, 4, 7], "every stored event once, in order");
-            assert_eq!(boundary["data"]["last_seq"], 7);
-            assert_eq!(
-                boundary["data"]["replayed"], 4,
-                "what was sent, not the seq range"
-            );
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the replay never ended: {seen:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let seen = collected_once(&collector, "the replay never ended", |seen| {
+        seen.iter().any(|e| e["type"] == "chat.resume_boundary")
+    })
+    .await;
+    let boundary = seen
+        .iter()
+        .find(|e| e["type"] == "chat.resume_boundary")
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(
+        logged_seqs(&seen),
+        [1, 2, 4, 7],
+        "every stored event once, in order"
+    );
+    assert_eq!(boundary["data"]["last_seq"], 7);
+    assert_eq!(
+        boundary["data"]["replayed"], 4,
+        "what was sent, not the seq range"
+    );
 }

@@ -283,9 +283,6 @@ pub struct RemoteFeed {
     catching_up: bool,
     /// Where the replay started, until the `chat.resume_boundary` that ends it is sent.
     boundary_from: Option<u64>,
-    /// Events delivered before that boundary (a replay may step over seqs, see
-    /// [`RemoteFeed::fill_gap_before`]).
-    replayed: u64,
 }
 
 impl RemoteFeed {
@@ -306,7 +303,6 @@ impl RemoteFeed {
             held: std::collections::BTreeMap::new(),
             catching_up: false,
             boundary_from: Some(after_seq + 1),
-            replayed: 0,
         }
     }
 
@@ -330,7 +326,7 @@ impl RemoteFeed {
             let event = tessera_protocol::ServerEvent::ResumeBoundary {
                 from_seq: from,
                 last_seq,
-                replayed: act.replayed,
+                replayed: last_seq.saturating_sub(from - 1),
                 pending_ui_calls,
             };
             let timestamp = tessera_protocol::rfc3339_now();
@@ -351,22 +347,6 @@ impl RemoteFeed {
         self.recipient
             .do_send(Deliver::one(std::sync::Arc::from(text.as_ref())));
         self.next_seq += 1;
-        if self.boundary_from.is_some() {
-            self.replayed += 1;
-        }
-    }
-
-    /// Everything before `seq`, which the store holds: the store takes a chat's events whole
-    /// flushes at a time and in seq order, so a seq it lacks below `seq` is never stored (on
-    /// a single node, a delta whose message was final first). Its live copy, if held, goes
-    /// out; otherwise it is stepped over, as a replay steps over such a delta.
-    fn fill_gap_before(&mut self, seq: u64) {
-        while self.next_seq < seq {
-            match self.held.remove(&self.next_seq) {
-                Some(envelope) => self.deliver(&envelope),
-                None => self.next_seq += 1,
-            }
-        }
     }
 
     /// Delivers held live events that are next in line.
@@ -398,11 +378,9 @@ impl RemoteFeed {
                 Ok(events) => {
                     full_page = events.len() == CATCH_UP_PAGE as usize;
                     for event in events {
-                        if event.seq < act.next_seq {
-                            continue;
+                        if event.seq == act.next_seq {
+                            act.deliver(event.json.as_bytes());
                         }
-                        act.fill_gap_before(event.seq);
-                        act.deliver(event.json.as_bytes());
                     }
                 }
                 Err(e) => {

@@ -1,19 +1,22 @@
 //! A [`ChatModel`] for any OpenAI-compatible chat-completions endpoint (OpenAI, Ollama, vLLM,
 //! llama.cpp server, LiteLLM, ...).
 //!
-//! One [`OpenAiClient`] is shared by every chat; each thread that calls it gets a pooled HTTP
-//! client of its own (see `Inner::send`), which reaches the endpoint directly or through the
-//! proxy the environment names for it (`transport`). Transient
+//! One [`OpenAiClient`] is shared by every chat; each thread that calls it keeps idle
+//! connections of its own (see `Inner::send`), which reach the endpoint directly or through
+//! the proxy the environment names for it (`transport`), and carry one HTTP/1.1 exchange at a
+//! time (`h1`). Transient
 //! failures (connect errors, timeouts, 408/409/429/5xx) are retried with jittered exponential
 //! backoff, honouring `Retry-After`; a streamed answer is retried only while none of its body
 //! has been read, so deltas are never delivered twice. The API key is sent as a bearer token
 //! and never appears in `Debug` output, logs or errors.
 
+mod h1;
 mod sse;
 mod transport;
 mod wire;
 
 use std::cell::RefCell;
+use std::collections::VecDeque;
 use std::collections::hash_map::RandomState;
 use std::fmt;
 use std::hash::{BuildHasher, Hasher};
@@ -22,13 +25,12 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures::future::BoxFuture;
-use http::Response;
-use http::header::{self, HeaderMap, HeaderValue};
-use hyper::body::Incoming;
+use http::header::HeaderValue;
 use hyper_util::client::proxy::matcher::Matcher;
 
+use self::h1::{ExchangeError, ModelConnection, ModelResponse};
 pub use self::sse::{MAX_EVENT_BYTES, SseParser};
-use self::transport::{HttpClient, RequestHead, Route, describe, next_chunk, transport_error};
+use self::transport::{Connector, IDLE_TIMEOUT, RequestHead, Route, describe, transport_error};
 use self::wire::{
     RequestBody, StreamAssembler, encode_request, parse_completion, provider_error_message,
 };
@@ -137,48 +139,97 @@ pub struct OpenAiClient {
 
 struct Inner {
     /// How every thread's client connects (directly, or through the environment's proxy).
-    route: Route,
-    /// The TLS settings every thread's client clones (`transport::tls_config`).
-    tls: rustls::ClientConfig,
-    /// The endpoint and the headers every request carries (the API key, marked sensitive).
+    /// Opens the connections (TCP, TLS, a proxy's tunnel).
+    connector: Connector,
+    /// The endpoint and the head every request starts with (the API key: never shown).
     head: RequestHead,
     endpoint: url::Url,
     config: OpenAiConfig,
 }
 
 thread_local! {
-    /// This thread's HTTP clients, one per live [`OpenAiClient`] (usually exactly one).
-    static THREAD_HTTP: RefCell<Vec<(Weak<Inner>, HttpClient)>> =
+    /// This thread's idle connections, per live [`OpenAiClient`] (usually exactly one), the
+    /// most recently used last.
+    static THREAD_IDLE: RefCell<Vec<(Weak<Inner>, VecDeque<ModelConnection>)>> =
         const { RefCell::new(Vec::new()) };
 }
 
 impl Inner {
-    /// Sends `body` on the calling thread's HTTP client for this endpoint.
+    /// Sends `body` and reads the response's head, on an idle connection of the calling
+    /// thread when one is usable, else on a new one.
     ///
-    /// WHY one client per thread: a pooled connection is driven by a task on the runtime that
-    /// opened it, and the engine runs chats on several single-threaded arbiters. With one
-    /// shared pool, a request on one arbiter often rode a connection driven by another, and
-    /// every read and write of it woke the other thread. Each arbiter's own pool keeps a call
-    /// on one thread.
-    fn send(
+    /// WHY per thread: the engine runs chats on several single-threaded arbiters, each with
+    /// its own I/O driver; a connection opened on one arbiter and used on another would have
+    /// its readiness reported to the wrong thread. Keeping each thread's connections apart
+    /// keeps a call on one thread.
+    async fn send(
         self: &Arc<Self>,
         body: &RequestBody,
         stream: bool,
-    ) -> hyper_util::client::legacy::ResponseFuture {
-        let request = self.head.post(body, stream);
-        THREAD_HTTP.with(|clients| {
-            let mut clients = clients.borrow_mut();
-            let me = Arc::as_ptr(self);
-            if let Some((_, http)) = clients.iter().find(|(owner, _)| owner.as_ptr() == me) {
-                return http.request(request);
+    ) -> Result<ModelResponse, ExchangeError> {
+        let head = self.head.for_body(body.len(), stream);
+        let mut idle = self.take_idle();
+        loop {
+            let connection = match idle.take() {
+                Some(connection) => connection,
+                None => self.connector.connect(self.head.uri()).await?,
+            };
+            let reused = connection.reused();
+            match connection.exchange(&head, body.parts()).await {
+                Ok(response) => return Ok(response),
+                // The peer closed the idle connection as the request went out: once more, on a
+                // new connection (the attempt has not failed).
+                Err(e) if reused && e.before_response() => {
+                    tracing::debug!(error = %describe(&e), "an idle model connection was closed; reconnecting");
+                }
+                Err(e) => return Err(e),
             }
-            // Clients of dropped `OpenAiClient`s (a reloaded configuration) go here.
-            clients.retain(|(owner, _)| owner.strong_count() > 0);
-            let http = transport::client(&self.route, &self.tls);
-            let sent = http.request(request);
-            clients.push((Arc::downgrade(self), http));
-            sent
+        }
+    }
+
+    /// The calling thread's most recently used idle connection that is still usable.
+    fn take_idle(self: &Arc<Self>) -> Option<ModelConnection> {
+        THREAD_IDLE.with(|pools| {
+            let mut pools = pools.borrow_mut();
+            let me = Arc::as_ptr(self);
+            let (_, idle) = pools.iter_mut().find(|(owner, _)| owner.as_ptr() == me)?;
+            while let Some(mut connection) = idle.pop_back() {
+                if connection.still_usable(IDLE_TIMEOUT) {
+                    return Some(connection);
+                }
+            }
+            None
         })
+    }
+
+    /// Puts `response`'s connection back among the calling thread's idle ones, if its body
+    /// has ended and it can carry another request; otherwise it closes.
+    fn keep(self: &Arc<Self>, response: ModelResponse) {
+        let Some(connection) = response.into_idle() else {
+            return;
+        };
+        THREAD_IDLE.with(|pools| {
+            let mut pools = pools.borrow_mut();
+            let me = Arc::as_ptr(self);
+            let idle = match pools.iter().position(|(owner, _)| owner.as_ptr() == me) {
+                Some(at) => &mut pools[at].1,
+                None => {
+                    // Connections of dropped `OpenAiClient`s (a reloaded configuration) go here.
+                    pools.retain(|(owner, _)| owner.strong_count() > 0);
+                    pools.push((Arc::downgrade(self), VecDeque::new()));
+                    let last = pools.len() - 1;
+                    &mut pools[last].1
+                }
+            };
+            // The oldest first: those idle too long close now rather than at their next use.
+            while idle
+                .front_mut()
+                .is_some_and(|oldest| !oldest.idle_within(IDLE_TIMEOUT))
+            {
+                idle.pop_front();
+            }
+            idle.push_back(connection);
+        });
     }
 }
 
@@ -220,12 +271,12 @@ impl OpenAiClient {
             .map_err(|e| LlmError::Config(format!("invalid endpoint {endpoint}: {e}")))?;
         let (route, proxy_authorization) =
             Route::to(&uri, &Matcher::from_env(), config.connect_timeout)?;
-        let head = RequestHead::new(uri, authorization, proxy_authorization);
-        let tls = transport::tls_config()?;
+        let forwarded = matches!(route, Route::Forward { .. });
+        let head = RequestHead::new(uri, authorization, proxy_authorization, forwarded);
+        let connector = Connector::new(route, transport::tls_config()?);
         Ok(Self {
             inner: Arc::new(Inner {
-                route,
-                tls,
+                connector,
                 head,
                 endpoint,
                 config,
@@ -385,11 +436,13 @@ impl Inner {
                 .send(body, false)
                 .await
                 .map_err(|e| Failure::retry(transport_error(&e, timeout)))?;
-            let response = self.check_status(response).await?;
+            let mut response = self.check_status(response).await?;
             // Nothing has been delivered to anyone yet, so a broken body is safe to retry.
-            read_capped(response, MAX_RESPONSE_BYTES)
+            let read = read_capped(&mut response, MAX_RESPONSE_BYTES)
                 .await
-                .map_err(|e| Failure::retry(transport_error(&e, timeout)))
+                .map_err(|e| Failure::retry(transport_error(&e, timeout)))?;
+            self.keep(response);
+            Ok(read)
         };
         let (bytes, truncated) = tokio::time::timeout(timeout, exchange)
             .await
@@ -418,18 +471,18 @@ impl Inner {
             .await
             .map_err(|_| Failure::retry(LlmError::Timeout(timeout)))??;
 
-        let is_event_stream = response
-            .headers()
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|ct| ct.to_ascii_lowercase().starts_with("text/event-stream"));
+        let is_event_stream = response.header("content-type").is_some_and(|ct| {
+            ct.get(..17)
+                .is_some_and(|start| start.eq_ignore_ascii_case("text/event-stream"))
+        });
         if !is_event_stream {
             // Some servers ignore `stream: true` and answer with a plain completion.
             let (bytes, truncated) =
-                tokio::time::timeout(timeout, read_capped(response, MAX_RESPONSE_BYTES))
+                tokio::time::timeout(timeout, read_capped(&mut response, MAX_RESPONSE_BYTES))
                     .await
                     .map_err(|_| Failure::retry(LlmError::Timeout(timeout)))?
                     .map_err(|e| Failure::retry(transport_error(&e, timeout)))?;
+            self.keep(response);
             if truncated {
                 return Err(Failure::fatal(LlmError::InvalidResponse(format!(
                     "response body exceeds {MAX_RESPONSE_BYTES} bytes"
@@ -453,7 +506,7 @@ impl Inner {
         let mut done = false;
         let sent_at = Instant::now();
         while !done {
-            let chunk = match tokio::time::timeout(timeout, next_chunk(&mut response)).await {
+            let chunk = match tokio::time::timeout(timeout, response.next_chunk()).await {
                 Err(_) => {
                     let error = LlmError::Timeout(timeout);
                     return Err(if started {
@@ -499,6 +552,9 @@ impl Inner {
             }
             done = flow.is_break();
         }
+        // After `[DONE]` the body's end is usually in the same read: then the connection is
+        // kept for the next request.
+        self.keep(response);
         if !done && let Some(data) = parser.finish() {
             if data.trim() == "[DONE]" {
                 done = true;
@@ -520,18 +576,20 @@ impl Inner {
 
     /// Pass a success through; turn anything else into a failure carrying a body excerpt.
     async fn check_status(
-        &self,
-        response: Response<Incoming>,
-    ) -> Result<Response<Incoming>, Failure> {
+        self: &Arc<Self>,
+        mut response: ModelResponse,
+    ) -> Result<ModelResponse, Failure> {
         let status = response.status();
-        if status.is_success() {
+        if (200..300).contains(&status) {
             return Ok(response);
         }
-        let status = status.as_u16();
-        let retry_after = retry_after(response.headers());
-        let (body, _) = read_capped(response, MAX_ERROR_BODY_BYTES)
+        let retry_after = retry_after(|name| response.header(name));
+        let (body, truncated) = read_capped(&mut response, MAX_ERROR_BODY_BYTES)
             .await
             .unwrap_or_default();
+        if !truncated {
+            self.keep(response);
+        }
         let error = if status == 429 {
             LlmError::RateLimited { retry_after }
         } else {
@@ -550,11 +608,11 @@ impl Inner {
 
 /// Read at most `cap` bytes of the body; the flag says whether more was left.
 async fn read_capped(
-    mut response: Response<Incoming>,
+    response: &mut ModelResponse,
     cap: usize,
-) -> Result<(Vec<u8>, bool), hyper::Error> {
+) -> Result<(Vec<u8>, bool), ExchangeError> {
     let mut body = Vec::new();
-    while let Some(chunk) = next_chunk(&mut response).await? {
+    while let Some(chunk) = response.next_chunk().await? {
         let room = cap - body.len();
         if chunk.len() > room {
             body.extend_from_slice(&chunk[..room]);
@@ -582,10 +640,11 @@ fn error_excerpt(body: &[u8]) -> String {
     }
 }
 
-/// `Retry-After` in seconds (HTTP dates are ignored), or OpenAI's `retry-after-ms`.
-fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+/// `Retry-After` in seconds (HTTP dates are ignored), or OpenAI's `retry-after-ms`, from a
+/// response's `header` values.
+fn retry_after<'h>(header: impl Fn(&str) -> Option<&'h str>) -> Option<Duration> {
     let number = |name: &str| -> Option<f64> {
-        let value: f64 = headers.get(name)?.to_str().ok()?.trim().parse().ok()?;
+        let value: f64 = header(name)?.trim().parse().ok()?;
         (value.is_finite() && value >= 0.0).then_some(value)
     };
     // Clamp before converting: absurd values must not overflow `Duration`.
@@ -593,8 +652,7 @@ fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     if let Some(ms) = number("retry-after-ms") {
         return Duration::try_from_secs_f64((ms / 1000.0).min(DAY_SECS)).ok();
     }
-    number(header::RETRY_AFTER.as_str())
-        .and_then(|s| Duration::try_from_secs_f64(s.min(DAY_SECS)).ok())
+    number("retry-after").and_then(|s| Duration::try_from_secs_f64(s.min(DAY_SECS)).ok())
 }
 
 /// Exponential backoff after failed attempt number `attempt` (1-based), with "equal jitter":
@@ -744,21 +802,30 @@ mod tests {
 
     #[test]
     fn retry_after_headers() {
-        let mut headers = HeaderMap::new();
-        assert_eq!(retry_after(&headers), None);
-        headers.insert(header::RETRY_AFTER, HeaderValue::from_static("2"));
-        assert_eq!(retry_after(&headers), Some(Duration::from_secs(2)));
-        headers.insert(
-            header::RETRY_AFTER,
-            HeaderValue::from_static("Wed, 21 Oct 2015 07:28:00 GMT"),
+        let with = |pairs: &[(&'static str, &'static str)]| {
+            let pairs = pairs.to_vec();
+            retry_after(move |name| {
+                pairs
+                    .iter()
+                    .find(|(key, _)| key.eq_ignore_ascii_case(name))
+                    .map(|(_, value)| *value)
+            })
+        };
+        assert_eq!(with(&[]), None);
+        assert_eq!(with(&[("Retry-After", "2")]), Some(Duration::from_secs(2)));
+        assert_eq!(
+            with(&[("retry-after", "Wed, 21 Oct 2015 07:28:00 GMT")]),
+            None
         );
-        assert_eq!(retry_after(&headers), None);
-        headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1e300"));
-        assert_eq!(retry_after(&headers), Some(Duration::from_secs(86_400)));
-        headers.insert(header::RETRY_AFTER, HeaderValue::from_static("-1"));
-        assert_eq!(retry_after(&headers), None);
-        headers.insert("retry-after-ms", HeaderValue::from_static("1500"));
-        assert_eq!(retry_after(&headers), Some(Duration::from_millis(1500)));
+        assert_eq!(
+            with(&[("retry-after", "1e300")]),
+            Some(Duration::from_secs(86_400))
+        );
+        assert_eq!(with(&[("retry-after", "-1")]), None);
+        assert_eq!(
+            with(&[("retry-after", "-1"), ("retry-after-ms", "1500")]),
+            Some(Duration::from_millis(1500))
+        );
     }
 
     #[test]

@@ -1,16 +1,16 @@
-//! The HTTP transport of [`super::OpenAiClient`]: hyper's pooled HTTP/1.1 client over rustls
-//! (aws-lc-rs, the platform's certificate verifier), with the request's head built once per
-//! client and cloned per request. The endpoint is reached directly, or through the proxy that
+//! The connections of [`super::OpenAiClient`]: TCP, then rustls (aws-lc-rs, the platform's
+//! certificate verifier) for an `https` endpoint, reached directly or through the proxy that
 //! `HTTPS_PROXY` / `HTTP_PROXY` / `ALL_PROXY` name for it unless `NO_PROXY` exempts it (read
 //! as curl and reqwest read them): an `https` endpoint through a CONNECT tunnel, an `http` one
-//! by requests to the proxy that name the whole URL.
+//! by requests to the proxy that name the whole URL. The exchanges on them are
+//! [`super::h1`]'s; the request's head is built once per client.
 //!
-//! WHY hyper directly and not reqwest: on every request reqwest turned the URL into a string
-//! and parsed it again three times (into the request's `Uri`, for its redirect policy, and for
-//! the response's URL), merged its default headers, and passed the request through retry and
-//! redirect layers that a chat completion never uses. That was ~5% of the server's CPU per
-//! turn at 100 chats and ~7.5% at 10,000 (docs/performance-log.md, nineteenth session). Retries,
-//! timeouts and error bodies are this client's own anyway.
+//! WHY not reqwest: on every request reqwest turned the URL into a string and parsed it again
+//! three times (into the request's `Uri`, for its redirect policy, and for the response's URL),
+//! merged its default headers, and passed the request through retry and redirect layers that a
+//! chat completion never uses. That was ~5% of the server's CPU per turn at 100 chats and ~7.5%
+//! at 10,000 (docs/performance-log.md, nineteenth session). Retries, timeouts and error bodies
+//! are this client's own anyway.
 
 use std::future::{Future, poll_fn};
 use std::io;
@@ -20,37 +20,31 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{self, HeaderMap, HeaderValue};
-use http::{Method, Request, Response, Uri};
-use http_body::Body as _;
-use hyper::body::Incoming;
+use http::Uri;
+use http::header::HeaderValue;
 use hyper::rt::{Read, ReadBufCursor, Write};
 use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::proxy::Tunnel;
 use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
 use hyper_util::client::proxy::matcher::Matcher;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
+use tower_service::Service as _;
 
-use super::wire::{BodyParts, RequestBody};
+use super::h1::{ExchangeError, ModelConnection};
 use crate::LlmError;
 
-/// How long an unused pooled connection stays open.
-const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+/// How long an unused connection stays open.
+pub(super) const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
-/// TCP keep-alive probes on idle pooled connections (what reqwest sent).
+/// TCP keep-alive probes on idle connections (what reqwest sent).
 const TCP_KEEPALIVE: Duration = Duration::from_secs(15);
-
-/// A pooled client; cloning shares the pool.
-pub(super) type HttpClient = Client<HttpsConnector<Route>, BodyParts>;
 
 /// The TLS settings of every connection of a client: aws-lc-rs, safe default protocol
 /// versions, the platform's certificate verifier.
 ///
-/// WHY made once and cloned into each thread's client: the verifier reads and parses the
-/// platform's root certificates when it is made (~18 million instructions on Debian's set),
-/// and a clone shares it.
+/// WHY made once per client: the verifier reads and parses the platform's root certificates
+/// when it is made (~18 million instructions on Debian's set).
 pub(super) fn tls_config() -> Result<rustls::ClientConfig, LlmError> {
     use hyper_rustls::ConfigBuilderExt as _;
     Ok(rustls::ClientConfig::builder_with_provider(Arc::new(
@@ -62,18 +56,34 @@ pub(super) fn tls_config() -> Result<rustls::ClientConfig, LlmError> {
     .with_no_client_auth())
 }
 
-/// A client whose connections take `route`, with `tls` (from [`tls_config`]).
-pub(super) fn client(route: &Route, tls: &rustls::ClientConfig) -> HttpClient {
-    let connector = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(tls.clone())
-        .https_or_http()
-        .enable_http1()
-        .wrap_connector(route.clone());
-    Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(IDLE_TIMEOUT)
-        .pool_timer(TokioTimer::new())
-        .timer(TokioTimer::new())
-        .build(connector)
+/// Opens connections along a [`Route`], with TLS for an `https` endpoint. Cloning shares it.
+#[derive(Clone)]
+pub(super) struct Connector(HttpsConnector<Route>);
+
+impl Connector {
+    /// Connections along `route`, with `tls` (from [`tls_config`]).
+    pub(super) fn new(route: Route, tls: rustls::ClientConfig) -> Self {
+        Self(
+            hyper_rustls::HttpsConnectorBuilder::new()
+                .with_tls_config(tls)
+                .https_or_http()
+                .enable_http1()
+                .wrap_connector(route),
+        )
+    }
+
+    /// A new connection to `endpoint` (its TLS handshake done).
+    pub(super) async fn connect(&self, endpoint: &Uri) -> Result<ModelConnection, ExchangeError> {
+        let mut connector = self.0.clone();
+        poll_fn(|cx| connector.poll_ready(cx))
+            .await
+            .map_err(ExchangeError::Connect)?;
+        let stream = connector
+            .call(endpoint.clone())
+            .await
+            .map_err(ExchangeError::Connect)?;
+        Ok(ModelConnection::new(Box::new(TokioIo::new(stream))))
+    }
 }
 
 /// How connections reach the endpoint.
@@ -218,74 +228,88 @@ impl Write for RouteStream {
     }
 }
 
-/// Where requests go and the headers every one carries, built once.
+/// Where requests go and the head every one starts with, built once.
 pub(super) struct RequestHead {
     uri: Uri,
-    /// The headers of a request for a plain answer and of one for a streamed answer.
-    plain: HeaderMap,
-    stream: HeaderMap,
+    /// The request line and headers of a request for a plain answer and of one for a streamed
+    /// answer, up to the per-request ones (`h1::head_tail`). They hold the API key: never
+    /// shown (`Debug` shows the URI only), never logged.
+    plain: Bytes,
+    stream: Bytes,
+}
+
+impl std::fmt::Debug for RequestHead {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RequestHead")
+            .field("uri", &self.uri)
+            .finish_non_exhaustive()
+    }
 }
 
 impl RequestHead {
-    /// Requests to `uri` with `authorization` and `proxy_authorization` (both sensitive:
-    /// never shown by `Debug`).
+    /// Requests to `uri` with `authorization` and `proxy_authorization`, naming the whole URL
+    /// when they go to a forwarding proxy (`forwarded`), else only its path and query.
     pub(super) fn new(
         uri: Uri,
         authorization: Option<HeaderValue>,
         proxy_authorization: Option<HeaderValue>,
+        forwarded: bool,
     ) -> Self {
-        let mut plain = HeaderMap::with_capacity(5);
+        let mut head = Vec::with_capacity(256);
+        head.extend_from_slice(b"POST ");
+        if forwarded {
+            head.extend_from_slice(uri.to_string().as_bytes());
+        } else {
+            let target = uri.path_and_query().map_or("/", |pq| pq.as_str());
+            head.extend_from_slice(target.as_bytes());
+        }
+        head.extend_from_slice(b" HTTP/1.1\r\n");
+        let mut header = |name: &str, value: &[u8]| {
+            head.extend_from_slice(name.as_bytes());
+            head.extend_from_slice(b": ");
+            head.extend_from_slice(value);
+            head.extend_from_slice(b"\r\n");
+        };
+        if let Some(host) = host_header(&uri) {
+            header("host", host.as_bytes());
+        }
         for (name, value) in [
-            (header::AUTHORIZATION, authorization),
-            (header::PROXY_AUTHORIZATION, proxy_authorization),
+            ("authorization", authorization),
+            ("proxy-authorization", proxy_authorization),
         ] {
-            if let Some(mut value) = value {
-                value.set_sensitive(true);
-                plain.insert(name, value);
+            if let Some(value) = value {
+                header(name, value.as_bytes());
             }
         }
-        plain.insert(
-            header::USER_AGENT,
-            HeaderValue::from_static(concat!("tessera-llm/", env!("CARGO_PKG_VERSION"))),
+        header(
+            "user-agent",
+            concat!("tessera-llm/", env!("CARGO_PKG_VERSION")).as_bytes(),
         );
-        plain.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        // WHY here: hyper's client otherwise builds it for every request (a `format!` and a
-        // header-value check, ~2,600 instructions; docs/performance-log.md, twenty-seventh
-        // session), as it does when the request has none: the host, and the port unless it
-        // is the scheme's default.
-        if let Some(host) = host_header(&uri) {
-            plain.insert(header::HOST, host);
+        header("content-type", b"application/json");
+        let mut stream = head.clone();
+        head.extend_from_slice(b"accept: application/json\r\n");
+        stream.extend_from_slice(b"accept: text/event-stream\r\n");
+        Self {
+            uri,
+            plain: head.into(),
+            stream: stream.into(),
         }
-        let mut stream = plain.clone();
-        plain.insert(header::ACCEPT, HeaderValue::from_static("application/json"));
-        stream.insert(
-            header::ACCEPT,
-            HeaderValue::from_static("text/event-stream"),
-        );
-        Self { uri, plain, stream }
     }
 
-    /// A POST of `body`, asking for a streamed answer or not. The length of the body is known,
-    /// so it goes out with a `Content-Length`.
-    pub(super) fn post(&self, body: &RequestBody, stream: bool) -> Request<BodyParts> {
-        let mut request = Request::new(body.to_http());
-        *request.method_mut() = Method::POST;
-        *request.uri_mut() = self.uri.clone();
-        *request.headers_mut() = if stream {
-            self.stream.clone()
-        } else {
-            self.plain.clone()
-        };
+    /// Where requests go.
+    pub(super) fn uri(&self) -> &Uri {
+        &self.uri
+    }
+
+    /// The whole head of a POST of `body_len` bytes, asking for a streamed answer or not,
+    /// with the caller's trace headers.
+    pub(super) fn for_body(&self, body_len: u64, stream: bool) -> Vec<u8> {
+        let start = if stream { &self.stream } else { &self.plain };
+        let mut head = Vec::with_capacity(start.len() + 128);
+        head.extend_from_slice(start);
         // The caller's `chat` span, when traces are exported: the provider can join the trace.
-        for (name, value) in tessera_telemetry::outgoing_headers() {
-            if let Ok(value) = HeaderValue::try_from(value) {
-                request.headers_mut().insert(name, value);
-            }
-        }
-        request
+        super::h1::head_tail(&mut head, body_len, &tessera_telemetry::outgoing_headers());
+        head
     }
 }
 
@@ -305,24 +329,6 @@ fn host_header(uri: &Uri) -> Option<HeaderValue> {
         _ => HeaderValue::from_str(host),
     };
     value.ok()
-}
-
-/// The next piece of `response`'s body (trailers are skipped), or `None` at its end.
-pub(super) async fn next_chunk(
-    response: &mut Response<Incoming>,
-) -> Result<Option<Bytes>, hyper::Error> {
-    loop {
-        let body = response.body_mut();
-        match poll_fn(|cx| Pin::new(&mut *body).poll_frame(cx)).await {
-            None => return Ok(None),
-            Some(Err(e)) => return Err(e),
-            Some(Ok(frame)) => {
-                if let Ok(data) = frame.into_data() {
-                    return Ok(Some(data));
-                }
-            }
-        }
-    }
 }
 
 /// A failed exchange before any of a successful body was used: a connect that timed out is a
@@ -459,16 +465,22 @@ mod tests {
         endpoint: &'static str,
         answer: String,
     ) -> (
-        Result<Response<Incoming>, hyper_util::client::legacy::Error>,
+        Result<super::super::h1::ModelResponse, ExchangeError>,
         String,
         Option<HeaderValue>,
     ) {
         let (url, seen) = proxy(answer).await;
         let (route, auth) = route(endpoint, &Matcher::builder().all(url).build()).unwrap();
-        let head = RequestHead::new(Uri::from_static(endpoint), None, auth.clone());
-        let outcome = client(&route, &tls_config().unwrap())
-            .request(head.post(&RequestBody::for_tests(b"{}"), false))
-            .await;
+        let forwarded = matches!(route, Route::Forward { .. });
+        let head = RequestHead::new(Uri::from_static(endpoint), None, auth.clone(), forwarded);
+        let connector = Connector::new(route, tls_config().unwrap());
+        let outcome = async {
+            let connection = connector.connect(head.uri()).await?;
+            connection
+                .exchange(&head.for_body(2, false), &[Bytes::from_static(b"{}")])
+                .await
+        }
+        .await;
         (outcome, seen.await.unwrap(), auth)
     }
 
@@ -488,7 +500,7 @@ mod tests {
         let mut response = outcome.expect("the proxy answers");
         assert_eq!(response.status(), 200);
         assert_eq!(
-            next_chunk(&mut response).await.unwrap().as_deref(),
+            response.next_chunk().await.unwrap().as_deref(),
             Some(body.as_bytes())
         );
         assert!(
@@ -541,24 +553,41 @@ mod tests {
     }
 
     #[test]
-    fn the_authorization_header_is_sensitive_and_the_accept_header_follows_the_mode() {
-        let endpoint = Uri::from_static("http://127.0.0.1:9/v1/chat/completions");
+    fn the_head_carries_the_key_unshown_and_the_accept_header_follows_the_mode() {
+        let endpoint = Uri::from_static("http://127.0.0.1:9/v1/chat/completions?x=1");
         let head = RequestHead::new(
             endpoint,
             Some(HeaderValue::from_static("Bearer sk-1")),
             None,
+            false,
         );
-        let body = RequestBody::for_tests(b"{}");
-        let plain = head.post(&body, false);
-        let stream = head.post(&body, true);
-        assert_eq!(plain.method(), Method::POST);
-        assert_eq!(plain.uri(), "http://127.0.0.1:9/v1/chat/completions");
-        assert!(plain.headers()[header::AUTHORIZATION].is_sensitive());
-        assert_eq!(plain.headers()[header::ACCEPT], "application/json");
-        assert_eq!(stream.headers()[header::ACCEPT], "text/event-stream");
-        assert_eq!(stream.headers()[header::CONTENT_TYPE], "application/json");
-        assert_eq!(plain.headers()[header::HOST], "127.0.0.1:9");
-        assert_eq!(stream.headers()[header::HOST], "127.0.0.1:9");
+        let text = |stream| String::from_utf8(head.for_body(2, stream)).unwrap();
+        let (plain, stream) = (text(false), text(true));
+        for head in [&plain, &stream] {
+            assert!(
+                head.starts_with("POST /v1/chat/completions?x=1 HTTP/1.1\r\nhost: 127.0.0.1:9\r\n"),
+                "{head}"
+            );
+            assert!(
+                head.contains("\r\nauthorization: Bearer sk-1\r\n"),
+                "{head}"
+            );
+            assert!(
+                head.contains("\r\ncontent-type: application/json\r\n"),
+                "{head}"
+            );
+            assert!(head.ends_with("\r\ncontent-length: 2\r\n\r\n"), "{head}");
+        }
+        assert!(
+            plain.contains("\r\naccept: application/json\r\n"),
+            "{plain}"
+        );
+        assert!(
+            stream.contains("\r\naccept: text/event-stream\r\n"),
+            "{stream}"
+        );
+        let shown = format!("{head:?}");
+        assert!(!shown.contains("sk-1"), "{shown}");
     }
 
     #[test]

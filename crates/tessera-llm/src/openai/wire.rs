@@ -100,51 +100,14 @@ impl RequestBody {
             .collect()
     }
 
-    /// A body of one part (unit tests of other modules).
-    #[cfg(test)]
-    pub(crate) fn for_tests(bytes: &'static [u8]) -> Self {
-        Self::new(vec![Bytes::from_static(bytes)])
+    /// Its parts, in order.
+    pub(crate) fn parts(&self) -> &[Bytes] {
+        &self.parts
     }
 
-    /// The body for one attempt.
-    pub(crate) fn to_http(&self) -> BodyParts {
-        BodyParts {
-            parts: Arc::clone(&self.parts),
-            next: 0,
-            remaining: self.len,
-        }
-    }
-}
-
-/// One attempt's read of a [`RequestBody`]: its parts as data frames, in order.
-pub(crate) struct BodyParts {
-    parts: Arc<[Bytes]>,
-    next: usize,
-    remaining: u64,
-}
-
-impl http_body::Body for BodyParts {
-    type Data = Bytes;
-    type Error = std::convert::Infallible;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
-        let Some(part) = self.parts.get(self.next).cloned() else {
-            return std::task::Poll::Ready(None);
-        };
-        self.next += 1;
-        self.remaining = self.remaining.saturating_sub(part.len() as u64);
-        std::task::Poll::Ready(Some(Ok(http_body::Frame::data(part))))
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.remaining == 0
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        http_body::SizeHint::with_exact(self.remaining)
+    /// Its length in bytes.
+    pub(crate) fn len(&self) -> u64 {
+        self.len
     }
 }
 

@@ -1,0 +1,239 @@
+//! `OpenAiClient`'s HTTP/1.1 connections against a hand-written server over real TCP: a
+//! chunked event stream cut at awkward places, the connection kept for the next request, and a
+//! kept connection that the server dropped while it was idle.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use serde_json::json;
+use tessera_llm::openai::{OpenAiClient, OpenAiConfig};
+use tessera_llm::{ChatModel, ChatRequest, DeltaSink, Message, Role};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// What the server does with one request: answer with these writes (each flushed on its
+/// own) and keep the connection or close it, or close it without a word.
+enum Answer {
+    Writes(Vec<Vec<u8>>),
+    WritesThenClose(Vec<Vec<u8>>),
+    Close,
+}
+
+/// Reads one request (head and `content-length` body) from `socket`; false at its end.
+async fn read_request(socket: &mut TcpStream, buffer: &mut Vec<u8>) -> bool {
+    let mut chunk = [0u8; 4096];
+    let head_end = loop {
+        if let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
+            break end + 4;
+        }
+        match socket.read(&mut chunk).await {
+            Ok(0) | Err(_) => return false,
+            Ok(n) => buffer.extend_from_slice(&chunk[..n]),
+        }
+    };
+    let head = String::from_utf8_lossy(&buffer[..head_end]).to_ascii_lowercase();
+    let length: usize = head
+        .lines()
+        .find_map(|line| line.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    while buffer.len() < head_end + length {
+        match socket.read(&mut chunk).await {
+            Ok(0) | Err(_) => return false,
+            Ok(n) => buffer.extend_from_slice(&chunk[..n]),
+        }
+    }
+    buffer.drain(..head_end + length);
+    true
+}
+
+/// Counts of what the server saw.
+#[derive(Default)]
+struct Seen {
+    connections: AtomicUsize,
+    requests: AtomicUsize,
+    /// Told each time the server closes a connection.
+    closed: tokio::sync::Notify,
+}
+
+/// A server on this runtime that answers request `r` of connection `c` (both from 0) with
+/// `answer(c, r)`. Returns its base URL and its counts; it stops with the runtime.
+async fn start_server(
+    answer: impl Fn(usize, usize) -> Answer + Send + Sync + 'static,
+) -> (String, Arc<Seen>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let address = listener.local_addr().expect("address");
+    let seen = Arc::new(Seen::default());
+    let counts = Arc::clone(&seen);
+    let answer = Arc::new(answer);
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let connection = counts.connections.fetch_add(1, Ordering::SeqCst);
+            let counts = Arc::clone(&counts);
+            let answer = Arc::clone(&answer);
+            tokio::spawn(async move {
+                let mut buffer = Vec::new();
+                for request in 0.. {
+                    if !read_request(&mut socket, &mut buffer).await {
+                        break;
+                    }
+                    counts.requests.fetch_add(1, Ordering::SeqCst);
+                    let (writes, close) = match answer(connection, request) {
+                        Answer::Close => break,
+                        Answer::Writes(writes) => (writes, false),
+                        Answer::WritesThenClose(writes) => (writes, true),
+                    };
+                    for write in writes {
+                        if socket.write_all(&write).await.is_err() {
+                            break;
+                        }
+                        let _ = socket.flush().await;
+                        // Let the client read each piece on its own.
+                        tokio::task::yield_now().await;
+                    }
+                    if close {
+                        break;
+                    }
+                }
+                drop(socket);
+                counts.closed.notify_one();
+            });
+        }
+    });
+    (format!("http://{address}/v1"), seen)
+}
+
+fn client(base_url: String) -> OpenAiClient {
+    OpenAiClient::new(OpenAiConfig {
+        base_url,
+        default_model: "m".into(),
+        request_timeout: Duration::from_secs(5),
+        connect_timeout: Duration::from_secs(2),
+        // A failed attempt fails the call: nothing here may cost one.
+        max_attempts: 1,
+        ..OpenAiConfig::default()
+    })
+    .expect("valid config")
+}
+
+/// The SSE body of a streamed "Hello, world" in two deltas.
+fn event_stream() -> Vec<u8> {
+    let delta = |content: &str| {
+        json!({"id": "c1", "object": "chat.completion.chunk", "model": "m",
+               "choices": [{"index": 0, "delta": {"content": content}, "finish_reason": null}]})
+    };
+    let done = json!({"id": "c1", "object": "chat.completion.chunk", "model": "m",
+                      "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]});
+    format!(
+        "data: {}\n\ndata: {}\n\ndata: {done}\n\ndata: [DONE]\n\n",
+        delta("Hello"),
+        delta(", world")
+    )
+    .into_bytes()
+}
+
+/// `body` as a chunked response in writes cut across chunk-size lines, data and line ends.
+fn chunked_writes(body: &[u8]) -> Vec<Vec<u8>> {
+    let mut wire = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
+        transfer-encoding: chunked\r\n\r\n"
+        .to_vec();
+    for (n, piece) in body.chunks(37).enumerate() {
+        // Extensions on some chunk-size lines, upper-case hex on others.
+        let size = if n % 2 == 0 {
+            format!("{:x};n={n}\r\n", piece.len())
+        } else {
+            format!("{:X}\r\n", piece.len())
+        };
+        wire.extend_from_slice(size.as_bytes());
+        wire.extend_from_slice(piece);
+        wire.extend_from_slice(b"\r\n");
+    }
+    wire.extend_from_slice(b"0\r\n\r\n");
+    wire.chunks(23).map(<[u8]>::to_vec).collect()
+}
+
+/// A complete non-streamed answer "hi", in one write.
+fn plain_writes() -> Vec<Vec<u8>> {
+    let body = json!({
+        "id": "c2", "object": "chat.completion", "model": "m",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"},
+                     "finish_reason": "stop"}],
+    })
+    .to_string();
+    vec![
+        format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .into_bytes(),
+    ]
+}
+
+async fn say_hi(client: &OpenAiClient) {
+    let request = ChatRequest::new("Writer", vec![Message::text(Role::User, "Say hi")]);
+    let reply = client.complete(request, None).await.expect("completion");
+    assert_eq!(reply.message.content_str(), "hi");
+}
+
+#[tokio::test]
+async fn a_chunked_event_stream_cut_anywhere_is_read_and_its_connection_kept() {
+    let (base_url, seen) =
+        start_server(|_, _| Answer::Writes(chunked_writes(&event_stream()))).await;
+    let client = client(base_url);
+    for _ in 0..2 {
+        let mut request = ChatRequest::new("Writer", vec![Message::text(Role::User, "Hi")]);
+        request.stream = true;
+        let deltas = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        let sink_deltas = Arc::clone(&deltas);
+        let sink: DeltaSink = Box::new(move |delta: &str| {
+            sink_deltas.lock().unwrap().push(delta.to_owned());
+        });
+        let reply = client.complete(request, Some(sink)).await.expect("stream");
+        assert_eq!(reply.message.content_str(), "Hello, world");
+        assert_eq!(*deltas.lock().unwrap(), ["Hello", ", world"]);
+    }
+    assert_eq!(seen.requests.load(Ordering::SeqCst), 2);
+    assert_eq!(
+        seen.connections.load(Ordering::SeqCst),
+        1,
+        "the second request rides the first's connection"
+    );
+}
+
+#[tokio::test]
+async fn a_kept_connection_the_server_dropped_is_replaced_without_a_failed_attempt() {
+    // The first connection answers once, then takes the next request and closes without an
+    // answer (as a server whose idle timeout struck just then); later connections answer.
+    let (base_url, seen) = start_server(|connection, request| {
+        if connection == 0 && request == 1 {
+            Answer::Close
+        } else {
+            Answer::Writes(plain_writes())
+        }
+    })
+    .await;
+    let client = client(base_url);
+    say_hi(&client).await;
+    say_hi(&client).await;
+    say_hi(&client).await;
+    assert_eq!(seen.connections.load(Ordering::SeqCst), 2);
+    assert_eq!(
+        seen.requests.load(Ordering::SeqCst),
+        4,
+        "the dropped request went again, once"
+    );
+}
+
+#[tokio::test]
+async fn a_kept_connection_the_server_closed_while_idle_is_replaced() {
+    // Every connection answers once and closes (no `connection: close` header to warn).
+    let (base_url, seen) = start_server(|_, _| Answer::WritesThenClose(plain_writes())).await;
+    let client = client(base_url);
+    let closed = seen.closed.notified();
+    say_hi(&client).await;
+    closed.await;
+    say_hi(&client).await;
+    assert_eq!(seen.connections.load(Ordering::SeqCst), 2);
+    assert_eq!(seen.requests.load(Ordering::SeqCst), 2);
+}

@@ -193,6 +193,7 @@ impl Inner {
             let mut pools = pools.borrow_mut();
             let me = Arc::as_ptr(self);
             let (_, idle) = pools.iter_mut().find(|(owner, _)| owner.as_ptr() == me)?;
+            close_expired(idle);
             while let Some(mut connection) = idle.pop_back() {
                 if connection.still_usable(IDLE_TIMEOUT) {
                     return Some(connection);
@@ -221,15 +222,22 @@ impl Inner {
                     &mut pools[last].1
                 }
             };
-            // The oldest first: those idle too long close now rather than at their next use.
-            while idle
-                .front_mut()
-                .is_some_and(|oldest| !oldest.idle_within(IDLE_TIMEOUT))
-            {
-                idle.pop_front();
-            }
+            close_expired(idle);
             idle.push_back(connection);
         });
+    }
+}
+
+/// Closes the connections of `idle` (the oldest first) that have been idle too long.
+///
+/// WHY on every use of a thread's idle list: no task watches idle connections, so one that
+/// the peer closed stays open on this side until its list is next used.
+fn close_expired(idle: &mut VecDeque<ModelConnection>) {
+    while idle
+        .front()
+        .is_some_and(|oldest| !oldest.idle_within(IDLE_TIMEOUT))
+    {
+        idle.pop_front();
     }
 }
 

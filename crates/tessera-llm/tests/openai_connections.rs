@@ -9,8 +9,11 @@ use std::time::Duration;
 use serde_json::json;
 use tessera_llm::openai::{OpenAiClient, OpenAiConfig};
 use tessera_llm::{ChatModel, ChatRequest, DeltaSink, Message, Role};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpListener;
+
+mod common;
+use common::read_request;
 
 /// What the server does with one request: answer with these writes (each flushed on its
 /// own) and keep the connection or close it, or close it without a word.
@@ -18,34 +21,6 @@ enum Answer {
     Writes(Vec<Vec<u8>>),
     WritesThenClose(Vec<Vec<u8>>),
     Close,
-}
-
-/// Reads one request (head and `content-length` body) from `socket`; false at its end.
-async fn read_request(socket: &mut TcpStream, buffer: &mut Vec<u8>) -> bool {
-    let mut chunk = [0u8; 4096];
-    let head_end = loop {
-        if let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
-            break end + 4;
-        }
-        match socket.read(&mut chunk).await {
-            Ok(0) | Err(_) => return false,
-            Ok(n) => buffer.extend_from_slice(&chunk[..n]),
-        }
-    };
-    let head = String::from_utf8_lossy(&buffer[..head_end]).to_ascii_lowercase();
-    let length: usize = head
-        .lines()
-        .find_map(|line| line.strip_prefix("content-length:"))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0);
-    while buffer.len() < head_end + length {
-        match socket.read(&mut chunk).await {
-            Ok(0) | Err(_) => return false,
-            Ok(n) => buffer.extend_from_slice(&chunk[..n]),
-        }
-    }
-    buffer.drain(..head_end + length);
-    true
 }
 
 /// Counts of what the server saw.

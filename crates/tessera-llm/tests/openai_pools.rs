@@ -9,8 +9,11 @@ use std::time::Duration;
 use serde_json::json;
 use tessera_llm::openai::{OpenAiClient, OpenAiConfig};
 use tessera_llm::{ChatModel, ChatRequest, Message, Role};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
+
+mod common;
+use common::read_request;
 
 /// Answers every request on a connection with the same completion, keeping it open.
 async fn serve_connection(mut socket: TcpStream) {
@@ -27,31 +30,7 @@ async fn serve_connection(mut socket: TcpStream) {
         body.len()
     );
     let mut buffer = Vec::new();
-    let mut chunk = [0u8; 4096];
-    loop {
-        // One request: headers, then `content-length` bytes of body.
-        let head_end = loop {
-            if let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
-                break end + 4;
-            }
-            match socket.read(&mut chunk).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => buffer.extend_from_slice(&chunk[..n]),
-            }
-        };
-        let head = String::from_utf8_lossy(&buffer[..head_end]).to_ascii_lowercase();
-        let length: usize = head
-            .lines()
-            .find_map(|line| line.strip_prefix("content-length:"))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0);
-        while buffer.len() < head_end + length {
-            match socket.read(&mut chunk).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => buffer.extend_from_slice(&chunk[..n]),
-            }
-        }
-        buffer.drain(..head_end + length);
+    while read_request(&mut socket, &mut buffer).await {
         if socket.write_all(response.as_bytes()).await.is_err() {
             return;
         }

@@ -138,8 +138,7 @@ pub struct OpenAiClient {
 }
 
 struct Inner {
-    /// How every thread's client connects (directly, or through the environment's proxy).
-    /// Opens the connections (TCP, TLS, a proxy's tunnel).
+    /// Opens the connections: directly or through the environment's proxy, TLS for https.
     connector: Connector,
     /// The endpoint and the head every request starts with (the API key: never shown).
     head: RequestHead,
@@ -592,12 +591,16 @@ impl Inner {
             return Ok(response);
         }
         let retry_after = retry_after(|name| response.header(name));
-        let (body, truncated) = read_capped(&mut response, MAX_ERROR_BODY_BYTES)
-            .await
-            .unwrap_or_default();
-        if !truncated {
-            self.keep(response);
-        }
+        // The excerpt is the best effort: a body that cannot be read leaves it empty.
+        let body = match read_capped(&mut response, MAX_ERROR_BODY_BYTES).await {
+            Ok((body, truncated)) => {
+                if !truncated {
+                    self.keep(response);
+                }
+                body
+            }
+            Err(_) => Vec::new(),
+        };
         let error = if status == 429 {
             LlmError::RateLimited { retry_after }
         } else {

@@ -57,19 +57,19 @@ impl ExchangeError {
 }
 
 /// A byte stream to the model endpoint (TCP, TLS over TCP, a proxy's tunnel).
-pub(super) trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
-impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
+pub(super) trait ByteStream: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> ByteStream for T {}
 
 /// An open connection and what it has read and not yet used.
 pub(super) struct ModelConnection {
-    io: Box<dyn Stream>,
+    io: Box<dyn ByteStream>,
     read: BytesMut,
     /// When it was last put back idle (`None`: never used yet).
     idle_since: Option<Instant>,
 }
 
 impl ModelConnection {
-    pub(super) fn new(io: Box<dyn Stream>) -> Self {
+    pub(super) fn new(io: Box<dyn ByteStream>) -> Self {
         Self {
             io,
             read: BytesMut::new(),
@@ -139,7 +139,12 @@ impl ModelConnection {
                 return Err(ExchangeError::Invalid("response head too large"));
             }
             if self.fill().await? == 0 {
-                return Err(ExchangeError::Closed);
+                // Nothing at all (the peer closed an idle connection) or part of a head.
+                return Err(if self.read.is_empty() {
+                    ExchangeError::Closed
+                } else {
+                    ExchangeError::Invalid("response head cut short")
+                });
             }
         }
     }
@@ -642,7 +647,7 @@ mod tests {
                 b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhel",
                 "closed before",
             ),
-            (b"HTTP/1.1 200 OK\r\ncontent-le", "closed before"),
+            (b"HTTP/1.1 200 OK\r\ncontent-le", "head cut short"),
             (b"", "closed before"),
         ] {
             let error = failure(response).await.to_string();

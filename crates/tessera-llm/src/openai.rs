@@ -559,8 +559,8 @@ impl Inner {
             }
             done = flow.is_break();
         }
-        // After `[DONE]` the body's end is usually in the same read: then the connection is
-        // kept for the next request.
+        // Kept even when the loop stopped at `[DONE]` before the body's end: the rest is read
+        // before the connection's next request (`h1::ModelConnection::still_usable`).
         self.keep(response);
         if !done && let Some(data) = parser.finish() {
             if data.trim() == "[DONE]" {

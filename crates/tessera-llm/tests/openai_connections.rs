@@ -20,6 +20,8 @@ use common::read_request;
 enum Answer {
     Writes(Vec<Vec<u8>>),
     WritesThenClose(Vec<Vec<u8>>),
+    /// These writes, then the last one once the test says `release`.
+    WritesThenHeld(Vec<Vec<u8>>, Vec<u8>),
     Close,
 }
 
@@ -30,6 +32,10 @@ struct Seen {
     requests: AtomicUsize,
     /// Told each time the server closes a connection.
     closed: tokio::sync::Notify,
+    /// Lets a held last write go (`Answer::WritesThenHeld`).
+    release: tokio::sync::Notify,
+    /// Told when a held last write has been written.
+    released: tokio::sync::Notify,
 }
 
 /// A server on this runtime that answers request `r` of connection `c` (both from 0) with
@@ -54,10 +60,11 @@ async fn start_server(
                         break;
                     }
                     counts.requests.fetch_add(1, Ordering::SeqCst);
-                    let (writes, close) = match answer(connection, request) {
+                    let (writes, held, close) = match answer(connection, request) {
                         Answer::Close => break,
-                        Answer::Writes(writes) => (writes, false),
-                        Answer::WritesThenClose(writes) => (writes, true),
+                        Answer::Writes(writes) => (writes, None, false),
+                        Answer::WritesThenClose(writes) => (writes, None, true),
+                        Answer::WritesThenHeld(writes, last) => (writes, Some(last), false),
                     };
                     for write in writes {
                         if socket.write_all(&write).await.is_err() {
@@ -66,6 +73,13 @@ async fn start_server(
                         let _ = socket.flush().await;
                         // Let the client read each piece on its own.
                         tokio::task::yield_now().await;
+                    }
+                    if let Some(last) = held {
+                        counts.release.notified().await;
+                        if socket.write_all(&last).await.is_err() {
+                            break;
+                        }
+                        counts.released.notify_one();
                     }
                     if close {
                         break;
@@ -211,4 +225,39 @@ async fn a_kept_connection_the_server_closed_while_idle_is_replaced() {
     say_hi(&client).await;
     assert_eq!(seen.connections.load(Ordering::SeqCst), 2);
     assert_eq!(seen.requests.load(Ordering::SeqCst), 2);
+}
+
+/// A streamed "Hello, world" whose caller has all it needs at `[DONE]`.
+async fn stream_hello(client: &OpenAiClient) {
+    let mut request = ChatRequest::new("Writer", vec![Message::text(Role::User, "Hi")]);
+    request.stream = true;
+    let reply = client.complete(request, None).await.expect("stream");
+    assert_eq!(reply.message.content_str(), "Hello, world");
+}
+
+#[tokio::test]
+async fn a_stream_whose_body_ends_after_done_keeps_its_connection() {
+    // The body's last chunk (`0`, the blank line) comes only after the client has its answer.
+    let (base_url, seen) = start_server(|_, _| {
+        let mut writes = chunked_writes(&event_stream());
+        let mut wire = writes.concat();
+        let end = wire.split_off(wire.len() - 5);
+        assert_eq!(end, b"0\r\n\r\n");
+        writes = vec![wire];
+        Answer::WritesThenHeld(writes, end)
+    })
+    .await;
+    let client = client(base_url);
+    stream_hello(&client).await;
+    let released = seen.released.notified();
+    seen.release.notify_one();
+    released.await;
+    // The second answer's end is held too; the call has what it needs at `[DONE]`.
+    stream_hello(&client).await;
+    assert_eq!(seen.requests.load(Ordering::SeqCst), 2);
+    assert_eq!(
+        seen.connections.load(Ordering::SeqCst),
+        1,
+        "the first answer's end was read before the second request, on the same connection"
+    );
 }

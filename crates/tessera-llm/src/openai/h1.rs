@@ -9,6 +9,7 @@
 //! reads and writes the socket: one task, woken only by the socket. A chat completion needs
 //! none of what hyper adds beyond that (no upgrades, no pipelining, no `Expect`).
 
+use std::future::Future as _;
 use std::io::{self, IoSlice};
 use std::time::{Duration, Instant};
 
@@ -27,6 +28,10 @@ const MAX_LINE_BYTES: usize = 4 * 1024;
 
 /// How much room a read asks for at least.
 const READ_SIZE: usize = 16 * 1024;
+
+/// The most of a finished answer's body that is still read (and dropped) to keep its
+/// connection, before the connection's next request.
+const MAX_UNREAD_BODY: usize = 64 * 1024;
 
 /// Why an exchange failed.
 #[derive(Debug, thiserror::Error)]
@@ -66,6 +71,9 @@ pub(super) struct ModelConnection {
     read: BytesMut,
     /// When it was last put back idle (`None`: never used yet).
     idle_since: Option<Instant>,
+    /// The rest of the last answer's body, which its caller did not need (a stream read up to
+    /// `[DONE]`, whose body's end came later): read and dropped before the next request.
+    unread_body: Option<Framing>,
 }
 
 impl ModelConnection {
@@ -74,6 +82,7 @@ impl ModelConnection {
             io,
             read: BytesMut::new(),
             idle_since: None,
+            unread_body: None,
         }
     }
 
@@ -88,14 +97,33 @@ impl ModelConnection {
     }
 
     /// Whether an idle connection can take another request: idle for less than `idle_limit`,
-    /// and neither closed by the peer nor holding bytes nobody asked for. Never waits.
+    /// the rest of its last body (if any) arrived and read, and neither closed by the peer nor
+    /// holding bytes nobody asked for. Never waits.
     pub(super) fn still_usable(&mut self, idle_limit: Duration) -> bool {
         if !self.idle_within(idle_limit) {
             return false;
         }
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        if let Some(mut framing) = self.unread_body.take() {
+            let mut read = 0;
+            loop {
+                match self.settle(&mut framing) {
+                    Settled::Clean => break,
+                    Settled::Broken => return false,
+                    Settled::Pending if read > MAX_UNREAD_BODY => return false,
+                    Settled::Pending => {}
+                }
+                self.read.reserve(READ_SIZE);
+                let mut fill = std::pin::pin!(self.io.read_buf(&mut self.read));
+                match fill.as_mut().poll(&mut cx) {
+                    std::task::Poll::Ready(Ok(n)) if n > 0 => read += n,
+                    // Not all there yet, closed, or failed.
+                    _ => return false,
+                }
+            }
+        }
         // One read attempt that must find nothing to read yet. A closed connection reads as
         // end of file (TLS: its close_notify) or as an error.
-        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
         let mut probe = [0u8; 1];
         let mut buf = tokio::io::ReadBuf::new(&mut probe);
         matches!(
@@ -274,22 +302,23 @@ impl ModelConnection {
         Ok(Some(line.freeze()))
     }
 
-    /// Finish the body with what is already buffered, without waiting: whether it ended and
-    /// nothing follows it, so the connection can take another request.
-    pub(super) fn finish_buffered(&mut self, framing: &mut Framing) -> bool {
+    /// Read the rest of a body from what is buffered, dropping it, without waiting.
+    fn settle(&mut self, framing: &mut Framing) -> Settled {
         loop {
             match self.decode(framing) {
                 Ok(Some(Some(_))) => {}
-                Ok(Some(None)) => return self.read.is_empty(),
-                Ok(None) | Err(_) => return false,
+                Ok(Some(None)) if self.read.is_empty() => return Settled::Clean,
+                // Bytes after the body's end: nothing a request asked for.
+                Ok(Some(None)) | Err(_) => return Settled::Broken,
+                Ok(None) => return Settled::Pending,
             }
         }
     }
 
     /// Mark the connection idle from now (on its way back to a pool).
-    pub(super) fn set_idle(&mut self) {
+    fn set_idle(&mut self) {
         self.idle_since = Some(Instant::now());
-        if self.read.capacity() > 4 * READ_SIZE {
+        if self.read.is_empty() && self.read.capacity() > 4 * READ_SIZE {
             // A large answer's buffer is not kept for the connection's idle life.
             self.read = BytesMut::new();
         }
@@ -335,15 +364,41 @@ impl ModelResponse {
         self.connection.next_chunk(&mut self.framing).await
     }
 
-    /// The connection, idle, if the body has ended (or ends with what is already buffered)
-    /// and the connection can take another request; else `None`, and it closes.
+    /// The connection, idle, if it can take another request once the rest of this body (if
+    /// its caller stopped early) is read; else `None`, and it closes.
     pub(super) fn into_idle(mut self) -> Option<ModelConnection> {
-        if !self.head.keep_alive || !self.connection.finish_buffered(&mut self.framing) {
+        if !self.head.keep_alive {
             return None;
+        }
+        match self.connection.settle(&mut self.framing) {
+            Settled::Clean => {}
+            Settled::Broken => return None,
+            // Read at the connection's next use, when it has most likely arrived; a long rest
+            // is not worth reading.
+            Settled::Pending => match self.framing {
+                Framing::Length(left) | Framing::ChunkData(left)
+                    if left > MAX_UNREAD_BODY as u64 =>
+                {
+                    return None;
+                }
+                Framing::Close => return None,
+                framing => self.connection.unread_body = Some(framing),
+            },
         }
         self.connection.set_idle();
         Some(self.connection)
     }
+}
+
+/// Where the rest of a body stands after what is buffered was read.
+#[derive(Debug, PartialEq, Eq)]
+enum Settled {
+    /// The body ended, and nothing follows it.
+    Clean,
+    /// More of it is to come.
+    Pending,
+    /// It cannot be finished (malformed), or bytes follow its end.
+    Broken,
 }
 
 /// How a response's body is delimited, and where reading it stands.
@@ -670,33 +725,72 @@ mod tests {
         assert!(!connection.still_usable(Duration::from_secs(60)));
     }
 
-    #[tokio::test]
-    async fn a_body_finished_from_the_buffer_leaves_the_connection_reusable() {
+    /// A connection whose peer has sent `first`, past the head read from it, with the first
+    /// piece of its body read (as a stream stops at `[DONE]`), put back idle.
+    async fn stopped_early(first: &[u8]) -> (Option<ModelConnection>, tokio::io::DuplexStream) {
         let (client, mut server) = duplex(1 << 16);
         let mut connection = ModelConnection::new(Box::new(client));
-        server.write_all(CHUNKED).await.unwrap();
+        server.write_all(first).await.unwrap();
         let head = connection.read_head().await.unwrap();
-        let mut framing = head.framing;
-        // The caller stops after the first piece (as a stream stops at `[DONE]`).
-        assert_eq!(
-            connection
-                .next_chunk(&mut framing)
-                .await
-                .unwrap()
-                .as_deref(),
-            Some(&b"hello"[..])
-        );
-        assert!(connection.finish_buffered(&mut framing));
-        assert_eq!(framing, Framing::Done);
+        let mut response = ModelResponse {
+            framing: head.framing,
+            head,
+            connection,
+        };
+        assert!(response.next_chunk().await.unwrap().is_some());
+        (response.into_idle(), server)
+    }
 
-        // A body whose end has not arrived yet is not waited for.
-        server
-            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\nab")
-            .await
-            .unwrap();
-        let head = connection.read_head().await.unwrap();
-        let mut framing = head.framing;
-        assert!(!connection.finish_buffered(&mut framing));
+    #[tokio::test]
+    async fn a_body_its_caller_stopped_reading_is_finished_before_the_next_request() {
+        // All of it already read: reusable at once.
+        let (connection, _server) = stopped_early(CHUNKED).await;
+        let mut connection = connection.expect("kept");
+        assert!(connection.still_usable(Duration::from_secs(60)));
+
+        // Its end arrives later, before the next request: read then, and reusable.
+        let cut = CHUNKED.len() - 9;
+        let (connection, mut server) = stopped_early(&CHUNKED[..cut]).await;
+        let mut connection = connection.expect("kept, its end to come");
+        server.write_all(&CHUNKED[cut..]).await.unwrap();
+        assert!(connection.still_usable(Duration::from_secs(60)));
+        assert_eq!(connection.buffered(), 0);
+
+        // Its end has not arrived at the next request: not used.
+        let (connection, _server) = stopped_early(&CHUNKED[..cut]).await;
+        assert!(
+            !connection
+                .expect("kept")
+                .still_usable(Duration::from_secs(60))
+        );
+
+        // Bytes after its end: not used.
+        let (connection, mut server) = stopped_early(&CHUNKED[..cut]).await;
+        let mut connection = connection.expect("kept");
+        server.write_all(&CHUNKED[cut..]).await.unwrap();
+        server.write_all(b"HTTP/1.1 200 OK\r\n").await.unwrap();
+        assert!(!connection.still_usable(Duration::from_secs(60)));
+
+        // The peer closed before its end: not used.
+        let (connection, server) = stopped_early(&CHUNKED[..cut]).await;
+        drop(server);
+        assert!(
+            !connection
+                .expect("kept")
+                .still_usable(Duration::from_secs(60))
+        );
+
+        // Too much of it left to be worth reading: closed at once.
+        let (connection, _server) =
+            stopped_early(b"HTTP/1.1 200 OK\r\ncontent-length: 100000\r\n\r\nab").await;
+        assert!(connection.is_none());
+        // Delimited by the close, or `connection: close`: closed at once.
+        let (connection, _server) = stopped_early(b"HTTP/1.1 200 OK\r\n\r\nab").await;
+        assert!(connection.is_none());
+        let (connection, _server) =
+            stopped_early(b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 2\r\n\r\nab")
+                .await;
+        assert!(connection.is_none());
     }
 
     #[tokio::test]

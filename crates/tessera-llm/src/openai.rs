@@ -278,8 +278,7 @@ impl OpenAiClient {
             .map_err(|e| LlmError::Config(format!("invalid endpoint {endpoint}: {e}")))?;
         let (route, proxy_authorization) =
             Route::to(&uri, &Matcher::from_env(), config.connect_timeout)?;
-        let forwarded = matches!(route, Route::Forward { .. });
-        let head = RequestHead::new(uri, authorization, proxy_authorization, forwarded);
+        let head = RequestHead::new(uri, authorization, proxy_authorization, &route);
         let connector = Connector::new(route, transport::tls_config()?);
         Ok(Self {
             inner: Arc::new(Inner {

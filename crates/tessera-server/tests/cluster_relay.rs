@@ -176,6 +176,13 @@ impl actix::Handler<tessera_engine::session::Deliver> for Collector {
 #[rtype(result = "Vec<Value>")]
 struct Collected;
 
+impl actix::Handler<Collected> for Collector {
+    type Result = actix::MessageResult<Collected>;
+    fn handle(&mut self, _: Collected, _: &mut Self::Context) -> Self::Result {
+        actix::MessageResult(self.0.clone())
+    }
+}
+
 /// What `collector` got, once `done` says it is all there (polled; the test fails after 10 s
 /// with `what` and what came).
 async fn collected_once(
@@ -200,12 +207,6 @@ fn logged_seqs(seen: &[Value]) -> Vec<u64> {
         .filter_map(|e| e["seq"].as_u64())
         .filter(|s| *s > 0)
         .collect()
-}
-impl actix::Handler<Collected> for Collector {
-    type Result = actix::MessageResult<Collected>;
-    fn handle(&mut self, _: Collected, _: &mut Self::Context) -> Self::Result {
-        actix::MessageResult(self.0.clone())
-    }
 }
 
 #[actix::test]

@@ -132,6 +132,20 @@ impl ModelConnection {
         )
     }
 
+    /// Send a request (`head` and `body`) and read its response's head.
+    pub(super) async fn exchange(
+        mut self,
+        head: &[u8],
+        body: &[Bytes],
+    ) -> Result<ModelResponse, ExchangeError> {
+        self.send(head, body).await?;
+        let head = self.read_head().await?;
+        Ok(ModelResponse {
+            head,
+            connection: self,
+        })
+    }
+
     /// Write `head` then `body`'s parts in as few writes as the socket takes, and flush.
     async fn send(&mut self, head: &[u8], body: &[Bytes]) -> io::Result<()> {
         let mut slices: SmallVec<[IoSlice<'_>; 64]> = SmallVec::with_capacity(body.len() + 1);
@@ -325,28 +339,11 @@ impl ModelConnection {
     }
 }
 
-impl ModelConnection {
-    /// Send a request (`head` and `body`) and read its response's head.
-    pub(super) async fn exchange(
-        mut self,
-        head: &[u8],
-        body: &[Bytes],
-    ) -> Result<ModelResponse, ExchangeError> {
-        self.send(head, body).await?;
-        let head = self.read_head().await?;
-        Ok(ModelResponse {
-            framing: head.framing,
-            head,
-            connection: self,
-        })
-    }
-}
-
 /// A response being read: its head, and the connection its body comes on.
 pub(super) struct ModelResponse {
     connection: ModelConnection,
+    /// Its `framing` is where reading the body stands.
     head: ResponseHead,
-    framing: Framing,
 }
 
 impl ModelResponse {
@@ -361,7 +358,7 @@ impl ModelResponse {
 
     /// The next piece of the body, or `None` at its end.
     pub(super) async fn next_chunk(&mut self) -> Result<Option<Bytes>, ExchangeError> {
-        self.connection.next_chunk(&mut self.framing).await
+        self.connection.next_chunk(&mut self.head.framing).await
     }
 
     /// The connection, idle, if it can take another request once the rest of this body (if
@@ -370,12 +367,12 @@ impl ModelResponse {
         if !self.head.keep_alive {
             return None;
         }
-        match self.connection.settle(&mut self.framing) {
+        match self.connection.settle(&mut self.head.framing) {
             Settled::Clean => {}
             Settled::Broken => return None,
             // Read at the connection's next use, when it has most likely arrived; a long rest
             // is not worth reading.
-            Settled::Pending => match self.framing {
+            Settled::Pending => match self.head.framing {
                 Framing::Length(left) | Framing::ChunkData(left)
                     if left > MAX_UNREAD_BODY as u64 =>
                 {
@@ -448,12 +445,12 @@ struct Field {
 /// A response's status and headers.
 #[derive(Debug)]
 pub(super) struct ResponseHead {
-    pub(super) status: u16,
+    status: u16,
     raw: Bytes,
     fields: SmallVec<[Field; 12]>,
-    pub(super) framing: Framing,
+    framing: Framing,
     /// Whether the connection can carry another request after this body.
-    pub(super) keep_alive: bool,
+    keep_alive: bool,
 }
 
 impl ResponseHead {
@@ -587,13 +584,12 @@ mod tests {
         });
         let mut head = connection.read_head().await.unwrap();
         let mut body = Vec::new();
-        let mut framing = head.framing;
-        while let Some(data) = connection.next_chunk(&mut framing).await.unwrap() {
+        while let Some(data) = connection.next_chunk(&mut head.framing).await.unwrap() {
             body.extend_from_slice(&data);
         }
-        head.framing = framing;
         writer.await.unwrap();
         assert_eq!(connection.buffered(), 0);
+        let framing = head.framing;
         (head, body, framing)
     }
 
@@ -732,11 +728,7 @@ mod tests {
         let mut connection = ModelConnection::new(Box::new(client));
         server.write_all(first).await.unwrap();
         let head = connection.read_head().await.unwrap();
-        let mut response = ModelResponse {
-            framing: head.framing,
-            head,
-            connection,
-        };
+        let mut response = ModelResponse { head, connection };
         assert!(response.next_chunk().await.unwrap().is_some());
         (response.into_idle(), server)
     }

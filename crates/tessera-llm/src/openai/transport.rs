@@ -13,7 +13,6 @@
 //! are this client's own anyway.
 
 use std::future::{Future, poll_fn};
-use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -22,10 +21,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::Uri;
 use http::header::HeaderValue;
-use hyper::rt::{Read, ReadBufCursor, Write};
 use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::connect::proxy::Tunnel;
-use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
 use hyper_util::client::proxy::matcher::Matcher;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
@@ -141,9 +139,9 @@ impl Route {
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 impl tower_service::Service<Uri> for Route {
-    type Response = RouteStream;
+    type Response = TokioIo<TcpStream>;
     type Error = BoxError;
-    type Future = Pin<Box<dyn Future<Output = Result<RouteStream, BoxError>> + Send>>;
+    type Future = Pin<Box<dyn Future<Output = Result<TokioIo<TcpStream>, BoxError>> + Send>>;
 
     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
         // Every variant is always ready: each call is a connection attempt of its own.
@@ -154,77 +152,17 @@ impl tower_service::Service<Uri> for Route {
         match self {
             Self::Direct(tcp) => {
                 let connect = tcp.call(endpoint);
-                Box::pin(async move { Ok(RouteStream::new(connect.await?, false)) })
+                Box::pin(async move { Ok(connect.await?) })
             }
             Self::Tunnel(tunnel) => {
                 let connect = tunnel.call(endpoint);
-                Box::pin(async move { Ok(RouteStream::new(connect.await?, false)) })
+                Box::pin(async move { Ok(connect.await?) })
             }
             Self::Forward { tcp, proxy } => {
                 let connect = tcp.call(proxy.clone());
-                Box::pin(async move { Ok(RouteStream::new(connect.await?, true)) })
+                Box::pin(async move { Ok(connect.await?) })
             }
         }
-    }
-}
-
-/// A connection of a [`Route`]. One to a forwarding proxy says so, so that the requests on it
-/// name the whole URL.
-pub(super) struct RouteStream {
-    io: TokioIo<TcpStream>,
-    forwarded: bool,
-}
-
-impl RouteStream {
-    fn new(io: TokioIo<TcpStream>, forwarded: bool) -> Self {
-        Self { io, forwarded }
-    }
-}
-
-impl Connection for RouteStream {
-    fn connected(&self) -> Connected {
-        self.io.connected().proxy(self.forwarded)
-    }
-}
-
-impl Read for RouteStream {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: ReadBufCursor<'_>,
-    ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_read(cx, buf)
-    }
-}
-
-impl Write for RouteStream {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
-    }
-
-    // Vectored, as the socket is: a body's pieces go out in one `writev`, not joined first.
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
     }
 }
 
@@ -247,17 +185,17 @@ impl std::fmt::Debug for RequestHead {
 }
 
 impl RequestHead {
-    /// Requests to `uri` with `authorization` and `proxy_authorization`, naming the whole URL
-    /// when they go to a forwarding proxy (`forwarded`), else only its path and query.
+    /// Requests to `uri` along `route` with `authorization` and `proxy_authorization`, naming
+    /// the whole URL when they go to a forwarding proxy, else only its path and query.
     pub(super) fn new(
         uri: Uri,
         authorization: Option<HeaderValue>,
         proxy_authorization: Option<HeaderValue>,
-        forwarded: bool,
+        route: &Route,
     ) -> Self {
         let mut head = Vec::with_capacity(256);
         head.extend_from_slice(b"POST ");
-        if forwarded {
+        if matches!(route, Route::Forward { .. }) {
             head.extend_from_slice(uri.to_string().as_bytes());
         } else {
             let target = uri.path_and_query().map_or("/", |pq| pq.as_str());
@@ -313,8 +251,8 @@ impl RequestHead {
     }
 }
 
-/// The `Host` header of requests to `uri`, as hyper's client would write it; `None` without a
-/// host (the client then reports the URI).
+/// The `Host` header of requests to `uri`, as hyper's client wrote it; `None` without a host
+/// (connecting then fails and reports the URI).
 fn host_header(uri: &Uri) -> Option<HeaderValue> {
     let host = uri.host()?;
     let default_port = match uri.scheme_str() {
@@ -379,6 +317,8 @@ pub(super) fn describe(error: &(dyn std::error::Error + 'static)) -> String {
 mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;
+
+    use std::io;
 
     use super::*;
 
@@ -471,8 +411,7 @@ mod tests {
     ) {
         let (url, seen) = proxy(answer).await;
         let (route, auth) = route(endpoint, &Matcher::builder().all(url).build()).unwrap();
-        let forwarded = matches!(route, Route::Forward { .. });
-        let head = RequestHead::new(Uri::from_static(endpoint), None, auth.clone(), forwarded);
+        let head = RequestHead::new(Uri::from_static(endpoint), None, auth.clone(), &route);
         let connector = Connector::new(route, tls_config().unwrap());
         let outcome = async {
             let connection = connector.connect(head.uri()).await?;
@@ -559,7 +498,7 @@ mod tests {
             endpoint,
             Some(HeaderValue::from_static("Bearer sk-1")),
             None,
-            false,
+            &Route::Direct(HttpConnector::new()),
         );
         let text = |stream| String::from_utf8(head.for_body(2, stream)).unwrap();
         let (plain, stream) = (text(false), text(true));

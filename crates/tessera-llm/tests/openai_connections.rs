@@ -1,6 +1,7 @@
 //! `OpenAiClient`'s HTTP/1.1 connections against a hand-written server over real TCP: a
-//! chunked event stream cut at awkward places, the connection kept for the next request, and a
-//! kept connection that the server dropped while it was idle.
+//! chunked event stream cut at awkward places, the connection kept for the next request, a kept
+//! connection that the server dropped while it was idle, and an answer sent before the request
+//! was read whole.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -260,4 +261,49 @@ async fn a_stream_whose_body_ends_after_done_keeps_its_connection() {
         1,
         "the first answer's end was read before the second request, on the same connection"
     );
+}
+
+#[tokio::test]
+async fn an_answer_before_the_request_was_read_whole_is_reported_not_the_write_error() {
+    // A server that refuses a request from its head alone (as a proxy limiting bodies does):
+    // it answers 413 and closes with the body unread, which resets the connection.
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let address = listener.local_addr().expect("address");
+    let server = tokio::spawn(async move {
+        let (mut socket, _) = listener.accept().await.expect("accept");
+        let mut head = Vec::new();
+        let mut chunk = [0u8; 4096];
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = tokio::io::AsyncReadExt::read(&mut socket, &mut chunk)
+                .await
+                .expect("read");
+            assert_ne!(n, 0, "the request's head");
+            head.extend_from_slice(&chunk[..n]);
+        }
+        let body = r#"{"error":{"message":"request too large"}}"#;
+        let answer = format!(
+            "HTTP/1.1 413 Payload Too Large\r\ncontent-type: application/json\r\n\
+             content-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        socket.write_all(answer.as_bytes()).await.expect("answer");
+        // Dropped with the rest of the request unread.
+    });
+    let client = client(format!("http://{address}/v1"));
+    // Far more than the loopback's socket buffers take, so the write is still going on when
+    // the server goes.
+    let huge = "x".repeat(48 << 20);
+    let request = ChatRequest::new("Writer", vec![Message::text(Role::User, huge)]);
+    let error = client.complete(request, None).await.expect_err("refused");
+    server.await.expect("server");
+    match error {
+        tessera_llm::LlmError::Status {
+            status,
+            body_excerpt,
+        } => {
+            assert_eq!(status, 413);
+            assert!(body_excerpt.contains("request too large"), "{body_excerpt}");
+        }
+        other => panic!("expected the server's 413, got {other:?}"),
+    }
 }

@@ -51,14 +51,18 @@ impl ExchangeError {
     /// that was idle in the pool, the peer had most likely closed it meanwhile.
     pub(super) fn before_response(&self) -> bool {
         matches!(self, Self::Closed)
-            || matches!(self, Self::Io(e) if matches!(
-                e.kind(),
-                io::ErrorKind::ConnectionReset
-                    | io::ErrorKind::BrokenPipe
-                    | io::ErrorKind::ConnectionAborted
-                    | io::ErrorKind::UnexpectedEof
-            ))
+            || matches!(self, Self::Io(e) if is_peer_gone(e) || e.kind() == io::ErrorKind::UnexpectedEof)
     }
+}
+
+/// Whether `error` says the peer closed or reset the connection.
+fn is_peer_gone(error: &io::Error) -> bool {
+    matches!(
+        error.kind(),
+        io::ErrorKind::ConnectionReset
+            | io::ErrorKind::BrokenPipe
+            | io::ErrorKind::ConnectionAborted
+    )
 }
 
 /// A byte stream to the model endpoint (TCP, TLS over TCP, a proxy's tunnel).
@@ -138,8 +142,21 @@ impl ModelConnection {
         head: &[u8],
         body: &[Bytes],
     ) -> Result<ModelResponse, ExchangeError> {
-        self.send(head, body).await?;
-        let head = self.read_head().await?;
+        let head = match self.send(head, body).await {
+            Ok(()) => self.read_head().await?,
+            // A server may answer before it has read the whole request (a 413, a 401) and
+            // close: the write fails, but its answer may be there to read, and it says more
+            // than the write's error. The request went out incomplete, so the connection is
+            // not kept. A dead socket's read does not wait.
+            Err(write) if is_peer_gone(&write) => match self.read_head().await {
+                Ok(mut head) => {
+                    head.keep_alive = false;
+                    head
+                }
+                Err(_) => return Err(write.into()),
+            },
+            Err(write) => return Err(write.into()),
+        };
         Ok(ModelResponse {
             head,
             connection: self,
@@ -810,6 +827,55 @@ mod tests {
             String::from_utf8(seen).unwrap(),
             "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 11\r\n\
              traceparent: 00-ab-cd-01\r\n\r\n{\"a\":[1,2]}"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_answer_sent_before_the_request_was_read_whole_is_the_response() {
+        // The peer reads the head, answers and goes away with most of the body unread.
+        let (client, mut server) = duplex(256);
+        let connection = ModelConnection::new(Box::new(client));
+        let peer = tokio::spawn(async move {
+            let mut start = [0u8; 64];
+            server.read_exact(&mut start).await.unwrap();
+            server
+                .write_all(b"HTTP/1.1 413 Payload Too Large\r\ncontent-length: 8\r\n\r\ntoo long")
+                .await
+                .unwrap();
+        });
+        let body = [Bytes::from(vec![b'x'; 1 << 16])];
+        let mut response = connection
+            .exchange(b"POST / HTTP/1.1\r\ncontent-length: 65536\r\n\r\n", &body)
+            .await
+            .expect("the answer, not the write's error");
+        peer.await.unwrap();
+        assert_eq!(response.status(), 413);
+        assert_eq!(
+            &response.next_chunk().await.unwrap().unwrap()[..],
+            b"too long"
+        );
+        assert!(response.next_chunk().await.unwrap().is_none());
+        assert!(
+            response.into_idle().is_none(),
+            "the request went out cut short"
+        );
+
+        // Gone without an answer: the write's error.
+        let (client, mut server) = duplex(256);
+        let connection = ModelConnection::new(Box::new(client));
+        let peer = tokio::spawn(async move {
+            let mut start = [0u8; 64];
+            server.read_exact(&mut start).await.unwrap();
+        });
+        let error = connection
+            .exchange(b"POST / HTTP/1.1\r\ncontent-length: 65536\r\n\r\n", &body)
+            .await
+            .err()
+            .expect("no answer");
+        peer.await.unwrap();
+        assert!(
+            matches!(&error, ExchangeError::Io(e) if e.kind() == io::ErrorKind::BrokenPipe),
+            "{error:?}"
         );
     }
 }

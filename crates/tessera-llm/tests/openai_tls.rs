@@ -1,6 +1,6 @@
 //! `OpenAiClient` against `https` endpoints: a request reaches a server whose certificate the
-//! roots vouch for over TLS, and a server whose certificate they do not is refused before any
-//! request is sent.
+//! roots vouch for over TLS, a server whose certificate they do not is refused before any
+//! request is sent, and a server's answer sent before it read the request whole is reported.
 //!
 //! The roots are the platform's, read from `SSL_CERT_FILE` when it is set (as OpenSSL does):
 //! this test binary sets it to its own CA, so it holds exactly one test.
@@ -24,9 +24,23 @@ fn tls_file(name: &str) -> PathBuf {
         .join(name)
 }
 
-/// A TLS server on a random port of 127.0.0.1 with the certificate `cert`: it answers one
-/// request per connection with a completion, and reports each request's first line.
-async fn serve_tls(cert: &str, key: &str) -> (u16, mpsc::UnboundedReceiver<String>) {
+/// A completion "over tls", closing its connection.
+fn completion() -> String {
+    let body = r#"{"id":"c1","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"over tls"},"finish_reason":"stop"}]}"#;
+    format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+/// A TLS server on a random port of 127.0.0.1 with the certificate `cert`: it reads each
+/// connection's request head (not its body), answers `response` and closes, and reports each
+/// request's first line.
+async fn serve_tls(
+    cert: &str,
+    key: &str,
+    response: String,
+) -> (u16, mpsc::UnboundedReceiver<String>) {
     let certs = vec![CertificateDer::from_pem_file(tls_file(cert)).expect("certificate")];
     let key = PrivateKeyDer::from_pem_file(tls_file(key)).expect("key");
     let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
@@ -42,7 +56,7 @@ async fn serve_tls(cert: &str, key: &str) -> (u16, mpsc::UnboundedReceiver<Strin
     let (seen, requests) = mpsc::unbounded_channel();
     tokio::spawn(async move {
         while let Ok((socket, _)) = listener.accept().await {
-            let (acceptor, seen) = (acceptor.clone(), seen.clone());
+            let (acceptor, seen, response) = (acceptor.clone(), seen.clone(), response.clone());
             tokio::spawn(async move {
                 // A refused handshake ends here, with nothing read.
                 let Ok(mut tls) = acceptor.accept(socket).await else {
@@ -58,11 +72,6 @@ async fn serve_tls(cert: &str, key: &str) -> (u16, mpsc::UnboundedReceiver<Strin
                 }
                 let text = String::from_utf8_lossy(&head);
                 let _ = seen.send(text.lines().next().unwrap_or_default().to_owned());
-                let body = r#"{"id":"c1","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"over tls"},"finish_reason":"stop"}]}"#;
-                let response = format!(
-                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                    body.len()
-                );
                 let _ = tls.write_all(response.as_bytes()).await;
                 let _ = tls.shutdown().await;
             });
@@ -89,12 +98,13 @@ fn request() -> ChatRequest {
 }
 
 #[tokio::test]
-async fn an_https_endpoint_is_reached_over_tls_and_an_untrusted_certificate_is_refused() {
+async fn over_tls_an_endpoint_is_reached_an_untrusted_certificate_refused_and_an_early_answer_reported()
+ {
     // SAFETY: the one test of this binary sets it before any client reads the roots, and no
     // other thread of the process reads the environment meanwhile.
     unsafe { std::env::set_var("SSL_CERT_FILE", tls_file("test-ca.pem")) };
 
-    let (port, mut requests) = serve_tls("trusted-cert.pem", "trusted-key.pem").await;
+    let (port, mut requests) = serve_tls("trusted-cert.pem", "trusted-key.pem", completion()).await;
     let reply = client(port)
         .complete(request(), None)
         .await
@@ -105,7 +115,8 @@ async fn an_https_endpoint_is_reached_over_tls_and_an_untrusted_certificate_is_r
         Some("POST /v1/chat/completions HTTP/1.1")
     );
 
-    let (port, mut requests) = serve_tls("untrusted-cert.pem", "untrusted-key.pem").await;
+    let (port, mut requests) =
+        serve_tls("untrusted-cert.pem", "untrusted-key.pem", completion()).await;
     let err = client(port)
         .complete(request(), None)
         .await
@@ -117,5 +128,35 @@ async fn an_https_endpoint_is_reached_over_tls_and_an_untrusted_certificate_is_r
     assert!(
         requests.try_recv().is_err(),
         "no request may reach a server whose certificate was refused"
+    );
+
+    // A server that refuses a request from its head alone (a body limit) answers 413 and closes
+    // with the body unread: the client reports the 413, not the failed write.
+    let body = r#"{"error":{"message":"request too large"}}"#;
+    let refusal = format!(
+        "HTTP/1.1 413 Payload Too Large\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let (port, mut requests) = serve_tls("trusted-cert.pem", "trusted-key.pem", refusal).await;
+    // Far more than the loopback's socket buffers take, so the write is still going on when
+    // the server goes.
+    let huge = ChatRequest::new(
+        "Writer",
+        vec![Message::text(Role::User, "x".repeat(48 << 20))],
+    );
+    match client(port).complete(huge, None).await {
+        Err(LlmError::Status {
+            status,
+            body_excerpt,
+        }) => {
+            assert_eq!(status, 413);
+            assert!(body_excerpt.contains("request too large"), "{body_excerpt}");
+        }
+        other => panic!("expected the server's 413, got {other:?}"),
+    }
+    assert_eq!(
+        requests.recv().await.as_deref(),
+        Some("POST /v1/chat/completions HTTP/1.1")
     );
 }

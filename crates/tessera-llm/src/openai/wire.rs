@@ -572,7 +572,7 @@ impl std::ops::Deref for WireStr<'_> {
 }
 
 /// One stream chunk of the shape providers send, read without building a `Value` tree (the
-/// chunks are most of a streamed answer's parsing): by hand ([`scan::scan_chunk`]) when it is
+/// chunks are most of a streamed answer's parsing): by hand ([`scan::scan_chunk_into`]) when it is
 /// plainly of this shape, else by serde. A chunk with a field of another type, a duplicate
 /// field or an `error` does not fit and is read by the general path
 /// ([`StreamAssembler::apply_value`]); a chunk that fits means the same on both paths.
@@ -586,6 +586,16 @@ struct ChunkWire<'a> {
     /// Inline: one choice is what we ask for, so a chunk needs no allocation of its own.
     #[serde(borrow)]
     choices: Option<SmallVec<[ChoiceWire<'a>; 1]>>,
+}
+
+impl ChunkWire<'_> {
+    /// A chunk with none of its fields, to be read into.
+    const EMPTY: Self = Self {
+        error: None,
+        model: None,
+        usage: None,
+        choices: None,
+    };
 }
 
 #[derive(Deserialize)]
@@ -657,8 +667,9 @@ impl StreamAssembler {
         on_delta: &mut dyn FnMut(&str),
     ) -> Result<(), LlmError> {
         // The usual chunk by hand; what the reader is not sure of, by serde as it reads it.
-        if let Some(chunk) = scan::scan_chunk(data) {
-            self.apply_typed(chunk, on_delta);
+        let mut chunk = ChunkWire::EMPTY;
+        if scan::scan_chunk_into(data, &mut chunk).is_some() {
+            self.apply_typed(&chunk, on_delta);
             return Ok(());
         }
         // `[...]` would fill a derived struct by position: only objects take the typed path.
@@ -666,7 +677,7 @@ impl StreamAssembler {
             && let Ok(chunk) = serde_json::from_str::<ChunkWire<'_>>(data)
             && chunk.error.is_none()
         {
-            self.apply_typed(chunk, on_delta);
+            self.apply_typed(&chunk, on_delta);
             return Ok(());
         }
         self.apply_value(data, on_delta)
@@ -674,13 +685,13 @@ impl StreamAssembler {
 
     /// A chunk of the usual shape (see [`ChunkWire`]): the same effect as [`Self::apply_value`]
     /// on the same text.
-    fn apply_typed(&mut self, chunk: ChunkWire<'_>, on_delta: &mut dyn FnMut(&str)) {
+    fn apply_typed(&mut self, chunk: &ChunkWire<'_>, on_delta: &mut dyn FnMut(&str)) {
         if self.model.is_none()
-            && let Some(m) = chunk.model.filter(|m| !m.is_empty())
+            && let Some(m) = chunk.model.as_deref().filter(|m| !m.is_empty())
         {
-            self.model = Some(m.0.into_owned());
+            self.model = Some(m.to_owned());
         }
-        if let Some(usage) = chunk.usage {
+        if let Some(usage) = &chunk.usage {
             self.usage = Some(Usage {
                 prompt_tokens: usage.prompt_tokens.unwrap_or(0),
                 completion_tokens: usage.completion_tokens.unwrap_or(0),
@@ -689,14 +700,14 @@ impl StreamAssembler {
         // We ask for one choice; ignore any other index a server might send.
         for choice in chunk
             .choices
-            .into_iter()
+            .iter()
             .flatten()
             .filter(|c| c.index.unwrap_or(0) == 0)
         {
-            if let Some(reason) = choice.finish_reason {
-                self.finish_reason = Some(reason.0.into_owned());
+            if let Some(reason) = choice.finish_reason.as_deref() {
+                self.finish_reason = Some(reason.to_owned());
             }
-            let Some(delta) = choice.delta else {
+            let Some(delta) = &choice.delta else {
                 continue;
             };
             if let Some(text) = &delta.content {
@@ -705,16 +716,11 @@ impl StreamAssembler {
             if let Some(refusal) = &delta.refusal {
                 self.refusal.push_str(refusal);
             }
-            for fragment in delta.tool_calls.into_iter().flatten() {
-                let (name, arguments) = fragment
-                    .function
-                    .map_or((None, None), |f| (f.name, f.arguments));
-                self.apply_fragment_parts(
-                    fragment.id.as_deref(),
-                    fragment.index,
-                    name.as_deref(),
-                    arguments.as_deref(),
-                );
+            for fragment in delta.tool_calls.iter().flatten() {
+                let (name, arguments) = fragment.function.as_ref().map_or((None, None), |f| {
+                    (f.name.as_deref(), f.arguments.as_deref())
+                });
+                self.apply_fragment_parts(fragment.id.as_deref(), fragment.index, name, arguments);
             }
         }
     }

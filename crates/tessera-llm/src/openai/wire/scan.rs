@@ -2,8 +2,8 @@
 //!
 //! WHY: a provider sends one chunk per token, and serde's derived reader took ~4,950
 //! instructions for each of the mock's ~170-byte chunks (~40,000 per LoadTest turn); this one
-//! takes ~3,300, and a turn ~10,900 fewer instructions, −2.4% (docs/performance-log.md,
-//! twenty-sixth session). This reader only
+//! took ~3,300 (twenty-sixth session), and ~2,000 since it reads into its caller's struct
+//! instead of returning nested ones (thirty-first; docs/performance-log.md). This reader only
 //! accepts what it is sure of (strings and their escapes, whole numbers, the fields and types
 //! [`ChunkWire`] has, each key once) and gives up on anything else, which serde then reads as
 //! before: an escaped surrogate pair, an escaped key, a field of another type, a duplicate
@@ -19,16 +19,18 @@ use super::{ChoiceWire, ChunkWire, DeltaWire, FragmentWire, FunctionWire, UsageW
 /// Nesting depth past which a skipped value is left to serde (whose own limit is 128).
 const MAX_DEPTH: u32 = 64;
 
-/// `data` read as a [`ChunkWire`], or `None` when it is not of the usual shape.
-pub(super) fn scan_chunk(data: &str) -> Option<ChunkWire<'_>> {
+/// `data` read into `chunk` (empty at first: [`ChunkWire::EMPTY`]), or `None` when it is not
+/// of the usual shape, and what `chunk` holds then is to be dropped. WHY in place: built and
+/// returned, the nested structs were copied several times over (~670 instructions a chunk).
+pub(super) fn scan_chunk_into<'a>(data: &'a str, chunk: &mut ChunkWire<'a>) -> Option<()> {
     let mut reader = Reader {
         text: data,
         bytes: data.as_bytes(),
         at: 0,
     };
-    let chunk = reader.chunk()?;
+    reader.chunk(chunk)?;
     reader.skip_whitespace();
-    (reader.at == reader.bytes.len()).then_some(chunk)
+    (reader.at == reader.bytes.len()).then_some(())
 }
 
 /// Sets `bit` in `seen`, or gives up when it was set: a key twice is serde's error.
@@ -47,13 +49,7 @@ struct Reader<'a> {
 }
 
 impl<'a> Reader<'a> {
-    fn chunk(&mut self) -> Option<ChunkWire<'a>> {
-        let mut chunk = ChunkWire {
-            error: None,
-            model: None,
-            usage: None,
-            choices: None,
-        };
+    fn chunk(&mut self, chunk: &mut ChunkWire<'a>) -> Option<()> {
         let mut seen = 0;
         self.object(|r, key| match key {
             // A null error is no error; any other goes to serde and the general reader.
@@ -76,18 +72,20 @@ impl<'a> Reader<'a> {
             "choices" => {
                 first_time(&mut seen, 8)?;
                 if !r.null() {
-                    let mut choices = SmallVec::new();
+                    let choices = chunk.choices.insert(SmallVec::new());
                     r.array(|r| {
-                        choices.push(r.choice()?);
-                        Some(())
+                        choices.push(ChoiceWire {
+                            index: None,
+                            finish_reason: None,
+                            delta: None,
+                        });
+                        r.choice(choices.last_mut()?)
                     })?;
-                    chunk.choices = Some(choices);
                 }
                 Some(())
             }
             _ => r.skip_value(1),
-        })?;
-        Some(chunk)
+        })
     }
 
     fn usage(&mut self) -> Option<UsageWire> {
@@ -112,12 +110,7 @@ impl<'a> Reader<'a> {
         Some(usage)
     }
 
-    fn choice(&mut self) -> Option<ChoiceWire<'a>> {
-        let mut choice = ChoiceWire {
-            index: None,
-            finish_reason: None,
-            delta: None,
-        };
+    fn choice(&mut self, choice: &mut ChoiceWire<'a>) -> Option<()> {
         let mut seen = 0;
         self.object(|r, key| match key {
             "index" => {
@@ -133,21 +126,19 @@ impl<'a> Reader<'a> {
             "delta" => {
                 first_time(&mut seen, 4)?;
                 if !r.null() {
-                    choice.delta = Some(r.delta()?);
+                    r.delta(choice.delta.insert(DeltaWire {
+                        content: None,
+                        refusal: None,
+                        tool_calls: None,
+                    }))?;
                 }
                 Some(())
             }
             _ => r.skip_value(3),
-        })?;
-        Some(choice)
+        })
     }
 
-    fn delta(&mut self) -> Option<DeltaWire<'a>> {
-        let mut delta = DeltaWire {
-            content: None,
-            refusal: None,
-            tool_calls: None,
-        };
+    fn delta(&mut self, delta: &mut DeltaWire<'a>) -> Option<()> {
         let mut seen = 0;
         self.object(|r, key| match key {
             "content" => {
@@ -163,26 +154,23 @@ impl<'a> Reader<'a> {
             "tool_calls" => {
                 first_time(&mut seen, 4)?;
                 if !r.null() {
-                    let mut fragments = SmallVec::new();
+                    let fragments = delta.tool_calls.insert(SmallVec::new());
                     r.array(|r| {
-                        fragments.push(r.fragment()?);
-                        Some(())
+                        fragments.push(FragmentWire {
+                            id: None,
+                            index: None,
+                            function: None,
+                        });
+                        r.fragment(fragments.last_mut()?)
                     })?;
-                    delta.tool_calls = Some(fragments);
                 }
                 Some(())
             }
             _ => r.skip_value(4),
-        })?;
-        Some(delta)
+        })
     }
 
-    fn fragment(&mut self) -> Option<FragmentWire<'a>> {
-        let mut fragment = FragmentWire {
-            id: None,
-            index: None,
-            function: None,
-        };
+    fn fragment(&mut self, fragment: &mut FragmentWire<'a>) -> Option<()> {
         let mut seen = 0;
         self.object(|r, key| match key {
             "id" => {
@@ -203,8 +191,7 @@ impl<'a> Reader<'a> {
                 Some(())
             }
             _ => r.skip_value(5),
-        })?;
-        Some(fragment)
+        })
     }
 
     fn function(&mut self) -> Option<FunctionWire<'a>> {
@@ -232,7 +219,12 @@ impl<'a> Reader<'a> {
     // --- JSON pieces -----------------------------------------------------------------------
 
     fn skip_whitespace(&mut self) {
-        while let Some(b' ' | b'\n' | b'\r' | b'\t') = self.bytes.get(self.at) {
+        // Providers send compact JSON: one comparison tells most bytes from whitespace (every
+        // whitespace byte is at most a space).
+        while let Some(&byte) = self.bytes.get(self.at)
+            && byte <= b' '
+            && matches!(byte, b' ' | b'\n' | b'\r' | b'\t')
+        {
             self.at += 1;
         }
     }
@@ -485,6 +477,11 @@ mod tests {
 
     fn serde_reads(data: &str) -> Option<ChunkWire<'_>> {
         serde_json::from_str(data).ok()
+    }
+
+    fn scan_chunk(data: &str) -> Option<ChunkWire<'_>> {
+        let mut chunk = ChunkWire::EMPTY;
+        scan_chunk_into(data, &mut chunk).map(|()| chunk)
     }
 
     #[test]

@@ -508,6 +508,8 @@ impl Inner {
 
         let mut parser = SseParser::new();
         let mut assembler = StreamAssembler::default();
+        // The text of one read's events, passed on as one delta (see below).
+        let mut read_text = String::new();
         let mut started = false;
         let mut done = false;
         let sent_at = Instant::now();
@@ -539,20 +541,29 @@ impl Inner {
                 );
             }
             let mut invalid = None;
-            let flow = parser
-                .push_each(&chunk, |data| {
-                    if data.trim() == "[DONE]" {
-                        return ControlFlow::Break(());
+            // The events of one read reach the sink as one delta: each delta becomes an event
+            // for the chat's clients (logged, sent, stored), and when the reader falls behind
+            // the provider (under load, or a provider that sends tokens in batches) this
+            // publishes one event per read instead of one per token. Nothing waits for it: the
+            // text goes on as soon as its read is parsed.
+            let flow = parser.push_each(&chunk, |data| {
+                if data.trim() == "[DONE]" {
+                    return ControlFlow::Break(());
+                }
+                match assembler.apply(data, &mut |text| read_text.push_str(text)) {
+                    Ok(()) => ControlFlow::Continue(()),
+                    Err(error) => {
+                        invalid = Some(error);
+                        ControlFlow::Break(())
                     }
-                    match assembler.apply(data, on_delta) {
-                        Ok(()) => ControlFlow::Continue(()),
-                        Err(error) => {
-                            invalid = Some(error);
-                            ControlFlow::Break(())
-                        }
-                    }
-                })
-                .map_err(Failure::fatal)?;
+                }
+            });
+            // What was read before a broken event still goes out, as it did event by event.
+            if !read_text.is_empty() {
+                on_delta(&read_text);
+                read_text.clear();
+            }
+            let flow = flow.map_err(Failure::fatal)?;
             if let Some(error) = invalid {
                 return Err(Failure::fatal(error));
             }

@@ -307,3 +307,52 @@ async fn an_answer_before_the_request_was_read_whole_is_reported_not_the_write_e
         other => panic!("expected the server's 413, got {other:?}"),
     }
 }
+
+#[tokio::test]
+async fn deltas_read_together_reach_the_sink_as_one_and_a_later_read_on_its_own() {
+    let event = |delta: serde_json::Value| {
+        format!(
+            "data: {}\n\n",
+            json!({"id": "c1", "object": "chat.completion.chunk", "model": "m",
+                   "choices": [{"index": 0, "delta": delta, "finish_reason": null}]})
+        )
+    };
+    let first = event(json!({"content": "Hello"}));
+    let rest = format!(
+        "{}{}data: {}\n\ndata: [DONE]\n\n",
+        event(json!({"content": ", "})),
+        event(json!({"content": "world"})),
+        json!({"id": "c1", "object": "chat.completion.chunk", "model": "m",
+               "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+    );
+    let head = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\n\r\n",
+        first.len() + rest.len()
+    );
+    let (base_url, seen) = start_server(move |_, _| {
+        Answer::WritesThenHeld(
+            vec![format!("{head}{first}").into_bytes()],
+            rest.clone().into_bytes(),
+        )
+    })
+    .await;
+    let client = client(base_url);
+    let (deltas, mut sink_seen) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let sink: DeltaSink = Box::new(move |text: &str| {
+        let _ = deltas.send(text.to_owned());
+    });
+    let mut request = ChatRequest::new("Writer", vec![Message::text(Role::User, "Hi")]);
+    request.stream = true;
+    let call = tokio::spawn({
+        let client = client.clone();
+        async move { client.complete(request, Some(sink)).await }
+    });
+    // The first event is passed on while the rest of the answer is still held back.
+    assert_eq!(sink_seen.recv().await.as_deref(), Some("Hello"));
+    seen.release.notify_one();
+    let reply = call.await.expect("task").expect("stream");
+    assert_eq!(reply.message.content_str(), "Hello, world");
+    // The two deltas that came in one read, as one.
+    assert_eq!(sink_seen.recv().await.as_deref(), Some(", world"));
+    assert_eq!(sink_seen.recv().await, None, "no other delta");
+}

@@ -244,7 +244,7 @@ async fn tool_history_is_encoded_in_openai_shape() {
 }
 
 #[tokio::test]
-async fn streamed_text_deltas_reach_the_sink_in_order() {
+async fn streamed_text_reaches_the_sink_in_order() {
     let server = MockServer::start().await;
     let pieces = ["The", " quick", " brown", " fox", " — done ✓"];
     let mut events = vec![
@@ -275,10 +275,13 @@ async fn streamed_text_deltas_reach_the_sink_in_order() {
         .await
         .expect("completion");
     let seen = seen.lock().expect("lock").clone();
-    assert_eq!(seen, pieces);
+    // The events of one read come as one delta (tests/openai_connections.rs shows both cases);
+    // how the body is cut into reads is up to the network.
+    assert_eq!(seen.concat(), pieces.concat());
+    assert!(seen.iter().all(|delta| !delta.is_empty()), "{seen:?}");
     assert_eq!(
         response.message.content.as_deref(),
-        Some(seen.concat().as_str())
+        Some(pieces.concat().as_str())
     );
     assert_eq!(response.usage.prompt_tokens, 20);
     assert_eq!(response.usage.completion_tokens, 5);

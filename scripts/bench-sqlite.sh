@@ -21,6 +21,8 @@
 #   SERVER_CPUS=0 PEER_CPUS=1 LATENCY_MS=100 scripts/bench-sqlite.sh
 #                                                    # the server on one core, the peers on the
 #                                                    # other (its CPU figures are its own)
+#   MOCK_ARGS=--stream scripts/bench-sqlite.sh       # the mock streams one SSE event per word
+#                                                    # (by default a whole answer in one event)
 #
 # The database (and WAL_PAGES' copy of the WAL) is deleted at the end unless KEEP_DATA is set:
 # a 10,000-chat run leaves ~0.5 GB, and a disk filled by runs fails everything else. Logs,
@@ -39,6 +41,7 @@ cd "$(dirname "$0")/.."
 CHATS=${CHATS:-1000}
 TURNS=${TURNS:-10}
 LATENCY_MS=${LATENCY_MS:-0}
+MOCK_ARGS=${MOCK_ARGS:-}
 RUN_ARGS=${RUN_ARGS:-}
 PROFILE=${PROFILE:-}
 WAL_PAGES=${WAL_PAGES:-}
@@ -66,7 +69,9 @@ command -v jq >/dev/null || { echo "needs jq" >&2; exit 1; }
 # shellcheck source=scripts/bench-lib.sh
 source scripts/bench-lib.sh
 
-"${peer_pin[@]}" "$MOCK_LLM" mock-llm --port 0 --latency-ms "$LATENCY_MS" >"$WORK/mock.log" 2>&1 &
+# shellcheck disable=SC2086 # MOCK_ARGS is a list of flags
+"${peer_pin[@]}" "$MOCK_LLM" mock-llm --port 0 --latency-ms "$LATENCY_MS" $MOCK_ARGS \
+  >"$WORK/mock.log" 2>&1 &
 pids+=($!)
 MOCK=$(wait_listening "$WORK/mock.log")
 

@@ -523,13 +523,7 @@ impl Inner {
                         Failure::retry(error)
                     });
                 }
-                Ok(Err(e)) if started => {
-                    return Err(Failure::fatal(LlmError::Stream(format!(
-                        "connection lost: {}",
-                        describe(&e)
-                    ))));
-                }
-                Ok(Err(e)) => return Err(Failure::retry(transport_error(&e, timeout))),
+                Ok(Err(e)) => return Err(body_failure(&e, started, timeout)),
                 Ok(Ok(None)) => break,
                 Ok(Ok(Some(chunk))) => chunk,
             };
@@ -540,34 +534,56 @@ impl Inner {
                     sent_at.elapsed().as_secs_f64(),
                 );
             }
-            let mut invalid = None;
             // The events of one read reach the sink as one delta: each delta becomes an event
             // for the chat's clients (logged, sent, stored), and when the reader falls behind
             // the provider (under load, or a provider that sends tokens in batches) this
             // publishes one event per read instead of one per token. Nothing waits for it: the
-            // text goes on as soon as its read is parsed.
-            let flow = parser.push_each(&chunk, |data| {
-                if data.trim() == "[DONE]" {
-                    return ControlFlow::Break(());
-                }
-                match assembler.apply(data, &mut |text| read_text.push_str(text)) {
-                    Ok(()) => ControlFlow::Continue(()),
+            // text goes on as soon as what was read is parsed. A chunked body's chunks that
+            // came in the same read are taken here too (`next_buffered_chunk`).
+            let mut invalid = None;
+            let mut too_large = None;
+            let mut broken = None;
+            let mut next = Some(chunk);
+            while let Some(piece) = next.take() {
+                let parsed = parser.push_each(&piece, |data| {
+                    if data.trim() == "[DONE]" {
+                        return ControlFlow::Break(());
+                    }
+                    match assembler.apply(data, &mut |text| read_text.push_str(text)) {
+                        Ok(()) => ControlFlow::Continue(()),
+                        Err(error) => {
+                            invalid = Some(error);
+                            ControlFlow::Break(())
+                        }
+                    }
+                });
+                match parsed {
+                    Ok(ControlFlow::Continue(())) => {}
+                    Ok(ControlFlow::Break(())) => {
+                        done = true;
+                        break;
+                    }
                     Err(error) => {
-                        invalid = Some(error);
-                        ControlFlow::Break(())
+                        too_large = Some(error);
+                        break;
                     }
                 }
-            });
+                match response.next_buffered_chunk() {
+                    Ok(more) => next = more,
+                    Err(error) => broken = Some(error),
+                }
+            }
             // What was read before a broken event still goes out, as it did event by event.
             if !read_text.is_empty() {
                 on_delta(&read_text);
                 read_text.clear();
             }
-            let flow = flow.map_err(Failure::fatal)?;
-            if let Some(error) = invalid {
+            if let Some(error) = too_large.or(invalid) {
                 return Err(Failure::fatal(error));
             }
-            done = flow.is_break();
+            if let Some(error) = broken {
+                return Err(body_failure(&error, started, timeout));
+            }
         }
         // Kept even when the loop stopped at `[DONE]` before the body's end: the rest is read
         // before the connection's next request (`h1::ModelConnection::still_usable`).
@@ -624,6 +640,19 @@ impl Inner {
             retry: is_retryable_status(status),
             retry_after,
         })
+    }
+}
+
+/// A streamed body that broke off: before its first byte another attempt may help; after it,
+/// the caller has had part of the answer, so the call fails.
+fn body_failure(error: &ExchangeError, started: bool, timeout: Duration) -> Failure {
+    if started {
+        Failure::fatal(LlmError::Stream(format!(
+            "connection lost: {}",
+            describe(error)
+        )))
+    } else {
+        Failure::retry(transport_error(error, timeout))
     }
 }
 

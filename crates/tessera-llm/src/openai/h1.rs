@@ -378,6 +378,12 @@ impl ModelResponse {
         self.connection.next_chunk(&mut self.head.framing).await
     }
 
+    /// The next piece of the body if it is already read (a chunked body's next chunk that came
+    /// in the same read as the last), else `None`: never waits.
+    pub(super) fn next_buffered_chunk(&mut self) -> Result<Option<Bytes>, ExchangeError> {
+        Ok(self.connection.decode(&mut self.head.framing)?.flatten())
+    }
+
     /// The connection, idle, if it can take another request once the rest of this body (if
     /// its caller stopped early) is read; else `None`, and it closes.
     pub(super) fn into_idle(mut self) -> Option<ModelConnection> {

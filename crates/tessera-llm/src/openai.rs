@@ -527,13 +527,6 @@ impl Inner {
                 Ok(Ok(None)) => break,
                 Ok(Ok(Some(chunk))) => chunk,
             };
-            if !started && !chunk.is_empty() {
-                started = true;
-                tracing::Span::current().record(
-                    tessera_telemetry::TIME_TO_FIRST_CHUNK,
-                    sent_at.elapsed().as_secs_f64(),
-                );
-            }
             // The events of one read reach the sink as one delta: each delta becomes an event
             // for the chat's clients (logged, sent, stored), and when the reader falls behind
             // the provider (under load, or a provider that sends tokens in batches) this
@@ -545,6 +538,13 @@ impl Inner {
             let mut broken = None;
             let mut next = Some(chunk);
             while let Some(piece) = next.take() {
+                if !started && !piece.is_empty() {
+                    started = true;
+                    tracing::Span::current().record(
+                        tessera_telemetry::TIME_TO_FIRST_CHUNK,
+                        sent_at.elapsed().as_secs_f64(),
+                    );
+                }
                 let parsed = parser.push_each(&piece, |data| {
                     if data.trim() == "[DONE]" {
                         return ControlFlow::Break(());

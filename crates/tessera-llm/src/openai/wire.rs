@@ -572,8 +572,8 @@ impl std::ops::Deref for WireStr<'_> {
 }
 
 /// One stream chunk of the shape providers send, read without building a `Value` tree (the
-/// chunks are most of a streamed answer's parsing): by hand ([`scan::scan_chunk_into`]) when it is
-/// plainly of this shape, else by serde. A chunk with a field of another type, a duplicate
+/// chunks are most of a streamed answer's parsing): by hand ([`scan::scan_chunk_into`]) when
+/// it is plainly of this shape, else by serde. A chunk with a field of another type, a duplicate
 /// field or an `error` does not fit and is read by the general path
 /// ([`StreamAssembler::apply_value`]); a chunk that fits means the same on both paths.
 #[derive(Deserialize)]

@@ -18,11 +18,11 @@ use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use actix_http::body::EitherBody;
+use actix_http::body::{BodyStream, BoxBody, EitherBody};
 use actix_http::header::CONTENT_TYPE;
 use actix_http::{HttpService, Method, Request as HttpRequest, Response, StatusCode};
 use anyhow::Context as _;
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use futures::StreamExt as _;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -42,6 +42,10 @@ pub struct MockArgs {
     /// with `"stream": true` always get SSE.
     #[arg(long)]
     pub stream: bool,
+    /// With `--stream`: the time between two events of a streamed answer, as a model's pace
+    /// of tokens (the first comes after `--latency-ms`); 0 sends the whole answer at once.
+    #[arg(long, default_value_t = 0)]
+    pub token_interval_ms: u64,
     /// Worker threads (1 is plenty: the mock must never be the bottleneck, nor steal cores).
     #[arg(long, default_value_t = 1)]
     pub workers: usize,
@@ -54,6 +58,7 @@ pub struct MockArgs {
 struct Settings {
     latency: Duration,
     split_words: bool,
+    token_interval: Duration,
     hasher: RandomState,
 }
 
@@ -89,6 +94,7 @@ pub fn run(args: MockArgs) -> anyhow::Result<()> {
     let settings = Arc::new(Settings {
         latency: Duration::from_millis(args.latency_ms),
         split_words: args.stream,
+        token_interval: Duration::from_millis(args.token_interval_ms),
         hasher: RandomState::new(),
     });
     let listener = listen(args.port)?;
@@ -165,7 +171,49 @@ async fn serve(
     if !settings.latency.is_zero() {
         actix_rt::time::sleep(settings.latency).await;
     }
+    if content_type == EVENT_STREAM && !settings.token_interval.is_zero() {
+        return Ok(paced(out, settings.token_interval));
+    }
     Ok(with_type(StatusCode::OK, content_type, out))
+}
+
+const EVENT_STREAM: &str = "text/event-stream";
+
+/// An event stream sent one event at a time, `interval` apart (chunked), as a model streams
+/// its tokens. The events are the body's `\n\n`-terminated parts (its JSON has no raw line
+/// breaks).
+fn paced(body: Vec<u8>, interval: Duration) -> Response<EitherBody<Vec<u8>>> {
+    let body = Bytes::from(body);
+    let mut ends: Vec<usize> = body
+        .windows(2)
+        .enumerate()
+        .filter(|(_, pair)| *pair == b"\n\n")
+        .map(|(at, _)| at + 2)
+        .collect();
+    if ends.last() != Some(&body.len()) {
+        ends.push(body.len());
+    }
+    let events = futures::stream::unfold((0, 0), move |(index, start)| {
+        let body = body.clone();
+        let end = ends.get(index).copied();
+        async move {
+            let end = end?;
+            if index > 0 {
+                actix_rt::time::sleep(interval).await;
+            }
+            Some((
+                Ok::<_, Infallible>(body.slice(start..end)),
+                (index + 1, end),
+            ))
+        }
+    });
+    Response::build(StatusCode::OK)
+        .insert_header((CONTENT_TYPE, EVENT_STREAM))
+        .message_body(EitherBody::<Vec<u8>>::right(BoxBody::new(BodyStream::new(
+            events,
+        ))))
+        // Only a builder holding a bad header fails, and this one holds none.
+        .unwrap_or_else(|_| bad_request("cannot build the event stream"))
 }
 
 fn with_type(
@@ -327,7 +375,7 @@ fn completions(settings: &Settings, body: &[u8]) -> Result<(&'static str, Vec<u8
             .as_ref()
             .is_some_and(|o| o.include_usage);
         (
-            "text/event-stream",
+            EVENT_STREAM,
             stream_body(&meta, &answer, usage, settings.split_words),
         )
     } else {
@@ -582,7 +630,39 @@ mod tests {
         Settings {
             latency: Duration::ZERO,
             split_words: true,
+            token_interval: Duration::ZERO,
             hasher: RandomState::new(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_paced_stream_sends_one_event_at_a_time_an_interval_apart() {
+        use actix_http::body::MessageBody as _;
+        let meta = Meta {
+            id: 7,
+            created: 0,
+            model: "m",
+            prompt_tokens: 3,
+        };
+        let body = stream_body(&meta, &Answer::Text(Arc::from("a b c")), true, true);
+        let interval = Duration::from_millis(20);
+        let mut stream = std::pin::pin!(paced(body.clone(), interval).into_body());
+        let mut pieces = Vec::new();
+        let mut arrivals = Vec::new();
+        while let Some(piece) = futures::future::poll_fn(|cx| stream.as_mut().poll_next(cx)).await {
+            pieces.push(piece.map_err(|e| e.to_string()).expect("a piece"));
+            arrivals.push(tokio::time::Instant::now());
+        }
+        // The role, "a", " b", " c", the finish, the usage and `[DONE]`, one at a time.
+        assert_eq!(pieces.len(), 7);
+        assert!(
+            pieces
+                .iter()
+                .all(|p| p.starts_with(b"data: ") && p.ends_with(b"\n\n"))
+        );
+        assert_eq!(pieces.concat(), body);
+        for pair in arrivals.windows(2) {
+            assert!(pair[1] - pair[0] >= interval, "sent before its time");
         }
     }
 

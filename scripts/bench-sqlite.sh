@@ -23,6 +23,9 @@
 #                                                    # other (its CPU figures are its own)
 #   MOCK_ARGS=--stream scripts/bench-sqlite.sh       # the mock streams one SSE event per word
 #                                                    # (by default a whole answer in one event)
+#   MOCK_ARGS="--stream --token-interval-ms 10" scripts/bench-sqlite.sh
+#                                                    # ... one event every 10 ms, as a model
+#                                                    # streams its tokens
 #
 # The database (and WAL_PAGES' copy of the WAL) is deleted at the end unless KEEP_DATA is set:
 # a 10,000-chat run leaves ~0.5 GB, and a disk filled by runs fails everything else. Logs,

@@ -107,19 +107,28 @@ fn client(base_url: String) -> OpenAiClient {
     .expect("valid config")
 }
 
+/// One SSE event of a stream: a chunk with `content` as its delta, or the finish when `None`.
+fn chunk_event(content: Option<&str>) -> String {
+    let (delta, finish) = match content {
+        Some(content) => (json!({"content": content}), json!(null)),
+        None => (json!({}), json!("stop")),
+    };
+    format!(
+        "data: {}\n\n",
+        json!({"id": "c1", "object": "chat.completion.chunk", "model": "m",
+               "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+    )
+}
+
 /// The SSE body of a streamed "Hello, world" in two deltas.
 fn event_stream() -> Vec<u8> {
-    let delta = |content: &str| {
-        json!({"id": "c1", "object": "chat.completion.chunk", "model": "m",
-               "choices": [{"index": 0, "delta": {"content": content}, "finish_reason": null}]})
-    };
-    let done = json!({"id": "c1", "object": "chat.completion.chunk", "model": "m",
-                      "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]});
-    format!(
-        "data: {}\n\ndata: {}\n\ndata: {done}\n\ndata: [DONE]\n\n",
-        delta("Hello"),
-        delta(", world")
-    )
+    [
+        chunk_event(Some("Hello")),
+        chunk_event(Some(", world")),
+        chunk_event(None),
+        "data: [DONE]\n\n".to_owned(),
+    ]
+    .concat()
     .into_bytes()
 }
 
@@ -318,22 +327,11 @@ async fn an_answer_before_the_request_was_read_whole_is_reported_not_the_write_e
 /// two together in a second write that waits for `release`; in one length-delimited body, or
 /// chunked with one chunk per event.
 async fn deltas_in_two_reads(chunked: bool) {
-    let event = |delta: serde_json::Value| {
-        format!(
-            "data: {}\n\n",
-            json!({"id": "c1", "object": "chat.completion.chunk", "model": "m",
-                   "choices": [{"index": 0, "delta": delta, "finish_reason": null}]})
-        )
-    };
-    let first = [event(json!({"content": "Hello"}))];
+    let first = [chunk_event(Some("Hello"))];
     let rest = [
-        event(json!({"content": ", "})),
-        event(json!({"content": "world"})),
-        format!(
-            "data: {}\n\n",
-            json!({"id": "c1", "object": "chat.completion.chunk", "model": "m",
-                   "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
-        ),
+        chunk_event(Some(", ")),
+        chunk_event(Some("world")),
+        chunk_event(None),
         "data: [DONE]\n\n".to_owned(),
     ];
     let (head, first, rest) = if chunked {

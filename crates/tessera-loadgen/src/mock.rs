@@ -635,16 +635,21 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn a_paced_stream_sends_one_event_at_a_time_an_interval_apart() {
-        use actix_http::body::MessageBody as _;
+    /// The streamed answer "a b c", word by word, with its usage.
+    fn streamed_words() -> Vec<u8> {
         let meta = Meta {
             id: 7,
             created: 0,
             model: "m",
             prompt_tokens: 3,
         };
-        let body = stream_body(&meta, &Answer::Text(Arc::from("a b c")), true, true);
+        stream_body(&meta, &Answer::Text(Arc::from("a b c")), true, true)
+    }
+
+    #[tokio::test]
+    async fn a_paced_stream_sends_one_event_at_a_time_an_interval_apart() {
+        use actix_http::body::MessageBody as _;
+        let body = streamed_words();
         let interval = Duration::from_millis(20);
         let mut stream = std::pin::pin!(paced(body.clone(), interval).into_body());
         let mut pieces = Vec::new();
@@ -713,13 +718,7 @@ mod tests {
 
     #[test]
     fn stream_body_is_sse_with_usage_and_done() {
-        let meta = Meta {
-            id: 7,
-            created: 0,
-            model: "m",
-            prompt_tokens: 3,
-        };
-        let body = stream_body(&meta, &Answer::Text(Arc::from("a b c")), true, true);
+        let body = streamed_words();
         let text = String::from_utf8_lossy(&body);
         assert_eq!(text.matches("data: ").count(), 7, "{text}");
         assert!(text.contains("\"usage\""));

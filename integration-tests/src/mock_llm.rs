@@ -26,16 +26,20 @@ impl MockLlm {
     /// Starts the mock answering every request after `latency_ms` (a timer in the mock), so
     /// that a test can catch chats in the middle of a model call.
     pub async fn start_with_latency(latency_ms: u64) -> MockLlm {
-        let latency = latency_ms.to_string();
+        Self::start_with(&["--latency-ms", &latency_ms.to_string()]).await
+    }
+
+    /// Starts the mock streaming its answers one word every `interval_ms`, as a model that
+    /// streams token by token does.
+    pub async fn start_paced(interval_ms: u64) -> MockLlm {
+        Self::start_with(&["--token-interval-ms", &interval_ms.to_string()]).await
+    }
+
+    /// Starts the streaming mock with these options of `mock-llm` added.
+    async fn start_with(options: &[&str]) -> MockLlm {
         let mut child = Command::new(loadgen_bin())
-            .args([
-                "mock-llm",
-                "--port",
-                "0",
-                "--latency-ms",
-                &latency,
-                "--stream",
-            ])
+            .args(["mock-llm", "--port", "0", "--stream"])
+            .args(options)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .kill_on_drop(true)

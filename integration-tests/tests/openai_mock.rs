@@ -63,6 +63,58 @@ async fn todo_assistant_calls_its_tool_then_answers_through_the_mock() {
     assert_eq!(snapshot["status"], "awaiting_user");
 }
 
+/// The deltas of the message `text` (a `chat.text`), in order.
+fn deltas_of(ws: &WsClient, text: &Value) -> Vec<String> {
+    ws.of("chat.text_delta")
+        .iter()
+        .filter(|d| d["data"]["message_id"] == text["data"]["message_id"])
+        .map(|d| d["data"]["delta"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+/// Runs TodoAssistant's first turn against a mock that streams a word every 50 ms; returns the
+/// answer's text and its deltas.
+async fn paced_answer(env: &[(&str, &str)]) -> (String, Vec<String>) {
+    let mock = MockLlm::start_paced(50).await;
+    let mut options = mock.options();
+    options
+        .env
+        .extend(env.iter().map(|&(k, v)| (k.to_owned(), v.to_owned())));
+    let server = TestServer::start(options).await;
+    let chat = server.create_chat("TodoAssistant", "alice").await;
+    let mut ws = WsClient::connect(&server.ws_url(&chat, 0), "alice").await;
+    ws.until("chat.resume_boundary").await;
+    ws.say("Buy milk").await;
+    let text = ws
+        .until_match("chat.text", |e| e["data"]["agent"] == "TodoAgent")
+        .await;
+    let content = text["data"]["content"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    (content, deltas_of(&ws, &text))
+}
+
+#[tokio::test]
+async fn a_delta_interval_joins_a_paced_stream_s_later_tokens_and_keeps_its_first() {
+    // Without the setting each read of the stream is a delta: the six words, 50 ms apart,
+    // make more than the two below (unless the server stalled for most of the stream).
+    let (content, deltas) = paced_answer(&[]).await;
+    assert_eq!(content, "Done: the tool returned its result.");
+    assert_eq!(deltas.concat(), content);
+    assert!(deltas.len() > 2, "{deltas:?}");
+
+    // With an interval longer than the whole stream: the first token at once, the rest as one
+    // delta before the message.
+    let (content, deltas) = paced_answer(&[("TESSERA_DELTA_INTERVAL_MS", "60000")]).await;
+    assert_eq!(deltas.concat(), content);
+    assert_eq!(
+        deltas,
+        ["Done:", " the tool returned its result."],
+        "{deltas:?}"
+    );
+}
+
 /// A copy of the shipped workflows in which the Generator starts at its first structured
 /// agent: the stateless mock never says the interview's hidden `NEXT` token.
 fn generator_from_context_agent() -> tempfile::TempDir {

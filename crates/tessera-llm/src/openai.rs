@@ -10,6 +10,7 @@
 //! has been read, so deltas are never delivered twice. The API key is sent as a bearer token
 //! and never appears in `Debug` output, logs or errors.
 
+mod delta_window;
 mod h1;
 mod sse;
 mod transport;
@@ -28,6 +29,7 @@ use futures::future::BoxFuture;
 use http::header::HeaderValue;
 use hyper_util::client::proxy::matcher::Matcher;
 
+use self::delta_window::DeltaWindow;
 use self::h1::{ExchangeError, ModelConnection, ModelResponse};
 pub use self::sse::{MAX_EVENT_BYTES, SseParser};
 use self::transport::{Connector, IDLE_TIMEOUT, RequestHead, Route, describe, transport_error};
@@ -69,6 +71,10 @@ pub struct OpenAiConfig {
     pub backoff_base: Duration,
     /// Upper bound of the backoff delay; `Retry-After` is honoured up to four times this.
     pub backoff_max: Duration,
+    /// A streamed answer's text goes on at most this often: its first text at once, later text
+    /// held and joined until this long after the last went on (also when the stream stalls).
+    /// Zero passes on what each read brought as soon as it is parsed. See `delta_window`.
+    pub delta_interval: Duration,
 }
 
 impl Default for OpenAiConfig {
@@ -82,6 +88,7 @@ impl Default for OpenAiConfig {
             max_attempts: 4,
             backoff_base: Duration::from_millis(250),
             backoff_max: Duration::from_secs(8),
+            delta_interval: Duration::ZERO,
         }
     }
 }
@@ -98,6 +105,7 @@ impl fmt::Debug for OpenAiConfig {
             .field("max_attempts", &self.max_attempts)
             .field("backoff_base", &self.backoff_base)
             .field("backoff_max", &self.backoff_max)
+            .field("delta_interval", &self.delta_interval)
             .finish()
     }
 }
@@ -506,6 +514,25 @@ impl Inner {
             return Ok(completion);
         }
 
+        let mut window = DeltaWindow::new(self.config.delta_interval);
+        let result = self
+            .read_event_stream(response, model, &mut window, on_delta)
+            .await;
+        // What the window holds goes on before the answer, or before the error that ends it:
+        // text that was read is passed on, as it is without a window.
+        window.flush(tokio::time::Instant::now(), on_delta);
+        result
+    }
+
+    /// Reads a streamed answer's events, passing its text on through `window`.
+    async fn read_event_stream(
+        self: &Arc<Self>,
+        mut response: ModelResponse,
+        model: &str,
+        window: &mut DeltaWindow,
+        on_delta: &mut (dyn FnMut(&str) + Send),
+    ) -> Result<ChatResponse, Failure> {
+        let timeout = self.config.request_timeout;
         let mut parser = SseParser::new();
         let mut assembler = StreamAssembler::default();
         // The text of one read's events, passed on as one delta (see below).
@@ -514,7 +541,22 @@ impl Inner {
         let mut done = false;
         let sent_at = Instant::now();
         while !done {
-            let chunk = match tokio::time::timeout(timeout, response.next_chunk()).await {
+            let read = {
+                let deadline = tokio::time::Instant::now() + timeout;
+                let mut next = std::pin::pin!(response.next_chunk());
+                match window.due().filter(|&due| due < deadline) {
+                    // Text is held: it goes on when it is due, while the read goes on waiting.
+                    Some(due) => match tokio::time::timeout_at(due, next.as_mut()).await {
+                        Ok(read) => Ok(read),
+                        Err(_) => {
+                            window.flush(due, on_delta);
+                            tokio::time::timeout_at(deadline, next).await
+                        }
+                    },
+                    None => tokio::time::timeout_at(deadline, next).await,
+                }
+            };
+            let chunk = match read {
                 Err(_) => {
                     let error = LlmError::Timeout(timeout);
                     return Err(if started {
@@ -575,7 +617,7 @@ impl Inner {
             }
             // What was read before a broken event still goes out, as it did event by event.
             if !read_text.is_empty() {
-                on_delta(&read_text);
+                window.push(&read_text, tokio::time::Instant::now(), on_delta);
                 read_text.clear();
             }
             if let Some(error) = too_large.or(invalid) {
@@ -592,7 +634,10 @@ impl Inner {
             if data.trim() == "[DONE]" {
                 done = true;
             } else {
-                assembler.apply(&data, on_delta).map_err(Failure::fatal)?;
+                assembler
+                    .apply(&data, &mut |text| read_text.push_str(text))
+                    .map_err(Failure::fatal)?;
+                window.push(&read_text, tokio::time::Instant::now(), on_delta);
             }
         }
         if !done && !assembler.has_finished() {

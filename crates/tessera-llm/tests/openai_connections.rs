@@ -21,8 +21,8 @@ use common::read_request;
 enum Answer {
     Writes(Vec<Vec<u8>>),
     WritesThenClose(Vec<Vec<u8>>),
-    /// These writes, then the last one once the test says `release`.
-    WritesThenHeld(Vec<Vec<u8>>, Vec<u8>),
+    /// The first step's writes at once, each later step's once the test says `release`.
+    Steps(Vec<Vec<Vec<u8>>>),
     Close,
 }
 
@@ -33,9 +33,9 @@ struct Seen {
     requests: AtomicUsize,
     /// Told each time the server closes a connection.
     closed: tokio::sync::Notify,
-    /// Lets a held last write go (`Answer::WritesThenHeld`).
+    /// Lets the next held step go (`Answer::Steps`).
     release: tokio::sync::Notify,
-    /// Told when a held last write has been written.
+    /// Told when a held step has been written.
     released: tokio::sync::Notify,
 }
 
@@ -61,28 +61,34 @@ async fn start_server(
                         break;
                     }
                     counts.requests.fetch_add(1, Ordering::SeqCst);
-                    let (writes, held, close) = match answer(connection, request) {
+                    let (steps, close) = match answer(connection, request) {
                         Answer::Close => break,
-                        Answer::Writes(writes) => (writes, None, false),
-                        Answer::WritesThenClose(writes) => (writes, None, true),
-                        Answer::WritesThenHeld(writes, last) => (writes, Some(last), false),
+                        Answer::Writes(writes) => (vec![writes], false),
+                        Answer::WritesThenClose(writes) => (vec![writes], true),
+                        Answer::Steps(steps) => (steps, false),
                     };
-                    for write in writes {
-                        if socket.write_all(&write).await.is_err() {
+                    let mut written = true;
+                    for (step, writes) in steps.into_iter().enumerate() {
+                        if step > 0 {
+                            counts.release.notified().await;
+                        }
+                        for write in writes {
+                            if socket.write_all(&write).await.is_err() {
+                                written = false;
+                                break;
+                            }
+                            let _ = socket.flush().await;
+                            // Let the client read each piece on its own.
+                            tokio::task::yield_now().await;
+                        }
+                        if step > 0 {
+                            counts.released.notify_one();
+                        }
+                        if !written {
                             break;
                         }
-                        let _ = socket.flush().await;
-                        // Let the client read each piece on its own.
-                        tokio::task::yield_now().await;
                     }
-                    if let Some(last) = held {
-                        counts.release.notified().await;
-                        if socket.write_all(&last).await.is_err() {
-                            break;
-                        }
-                        counts.released.notify_one();
-                    }
-                    if close {
+                    if close || !written {
                         break;
                     }
                 }
@@ -260,7 +266,7 @@ async fn a_stream_whose_body_ends_after_done_keeps_its_connection() {
         let end = wire.split_off(wire.len() - 5);
         assert_eq!(end, b"0\r\n\r\n");
         writes = vec![wire];
-        Answer::WritesThenHeld(writes, end)
+        Answer::Steps(vec![writes, vec![end]])
     })
     .await;
     let client = client(base_url);
@@ -354,10 +360,10 @@ async fn deltas_in_two_reads(chunked: bool) {
         )
     };
     let (base_url, seen) = start_server(move |_, _| {
-        Answer::WritesThenHeld(
+        Answer::Steps(vec![
             vec![format!("{head}{first}").into_bytes()],
-            rest.clone().into_bytes(),
-        )
+            vec![rest.clone().into_bytes()],
+        ])
     })
     .await;
     let client = client(base_url);
@@ -389,4 +395,79 @@ async fn deltas_read_together_reach_the_sink_as_one_and_a_later_read_on_its_own(
 #[tokio::test]
 async fn a_chunked_body_s_chunks_read_together_make_one_delta() {
     deltas_in_two_reads(true).await;
+}
+
+/// Streams "abcd", one delta per step of the server: "a" at once, then "b", "c" and "d" each
+/// when the test releases it (with the finish and `[DONE]` after "d"), as a length-delimited body.
+fn stream_in_steps() -> Answer {
+    let first = chunk_event(Some("a"));
+    let later = [
+        chunk_event(Some("b")),
+        chunk_event(Some("c")),
+        [chunk_event(Some("d")), chunk_event(None)].concat() + "data: [DONE]\n\n",
+    ];
+    let length = first.len() + later.iter().map(String::len).sum::<usize>();
+    let head = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {length}\r\n\r\n"
+    );
+    let mut steps = vec![vec![format!("{head}{first}").into_bytes()]];
+    steps.extend(later.into_iter().map(|event| vec![event.into_bytes()]));
+    Answer::Steps(steps)
+}
+
+async fn next_delta(
+    sink_seen: &mut tokio::sync::mpsc::UnboundedReceiver<String>,
+) -> Option<String> {
+    tokio::time::timeout(Duration::from_secs(10), sink_seen.recv())
+        .await
+        .expect("a delta within 10 s")
+}
+
+/// Lets the server's next step go and waits until it is written.
+async fn release_step(seen: &Seen) {
+    let released = seen.released.notified();
+    seen.release.notify_one();
+    released.await;
+}
+
+#[tokio::test]
+async fn with_a_delta_interval_later_text_is_held_and_joined_and_none_is_lost() {
+    const INTERVAL: Duration = Duration::from_secs(1);
+    let (base_url, seen) = start_server(|_, _| stream_in_steps()).await;
+    let client = OpenAiClient::new(OpenAiConfig {
+        delta_interval: INTERVAL,
+        ..client(base_url).config().clone()
+    })
+    .expect("valid config");
+    let (deltas, mut sink_seen) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let sink: DeltaSink = Box::new(move |text: &str| {
+        let _ = deltas.send(text.to_owned());
+    });
+    let mut request = ChatRequest::new("Writer", vec![Message::text(Role::User, "Hi")]);
+    request.stream = true;
+    let call = tokio::spawn({
+        let client = client.clone();
+        async move { client.complete(request, Some(sink)).await }
+    });
+    // The first text is never held.
+    assert_eq!(next_delta(&mut sink_seen).await.as_deref(), Some("a"));
+    let first_at = tokio::time::Instant::now();
+    release_step(&seen).await;
+    // Time for the client to read "b" on its own: without the window it would go on alone.
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    release_step(&seen).await;
+    // The server now holds "d" back: "b" and "c" go on together when their time comes, not
+    // with the stream's next read.
+    assert_eq!(next_delta(&mut sink_seen).await.as_deref(), Some("bc"));
+    assert!(
+        first_at.elapsed() >= INTERVAL - Duration::from_millis(50),
+        "held for the interval after \"a\", went on after {:?}",
+        first_at.elapsed()
+    );
+    release_step(&seen).await;
+    let reply = call.await.expect("task").expect("stream");
+    assert_eq!(reply.message.content_str(), "abcd");
+    // "d" came within the interval after "bc": held, and passed on before the answer.
+    assert_eq!(sink_seen.try_recv().ok().as_deref(), Some("d"));
+    assert_eq!(sink_seen.recv().await, None, "no other delta");
 }

@@ -23,6 +23,7 @@ fn config(server: &MockServer) -> OpenAiConfig {
         max_attempts: 3,
         backoff_base: Duration::from_millis(10),
         backoff_max: Duration::from_millis(50),
+        delta_interval: Duration::ZERO,
     }
 }
 

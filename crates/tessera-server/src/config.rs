@@ -278,6 +278,9 @@ pub struct LlmConfig {
     pub call_deadline_s: f64,
     /// `max_tokens` sent with every model call; an agent's `max_tokens` wins.
     pub max_tokens: u32,
+    /// A streamed message's text goes to clients at most this often, in milliseconds: its first
+    /// text at once, later text joined. 0: what each read of the model's stream brought.
+    pub delta_interval_ms: u64,
 }
 
 /// Protective limits.
@@ -358,6 +361,7 @@ impl Default for LlmConfig {
             timeout_s: 60.0,
             call_deadline_s: 300.0,
             max_tokens: 4096,
+            delta_interval_ms: 0,
         }
     }
 }
@@ -456,6 +460,9 @@ impl ServerConfig {
         }
         if let Some(v) = parsed_var(&env, "TESSERA_LLM_MAX_TOKENS")? {
             config.llm.max_tokens = v;
+        }
+        if let Some(v) = parsed_var(&env, "TESSERA_DELTA_INTERVAL_MS")? {
+            config.llm.delta_interval_ms = v;
         }
         if let Some(v) = env("TESSERA_UI_TIMEOUT_S") {
             config.limits.ui_timeout_s = v
@@ -681,6 +688,22 @@ mod tests {
             (k == "TESSERA_ENGINE_THREADS").then(|| "two".to_owned())
         });
         assert!(bad.is_err_and(|e| e.to_string().contains("TESSERA_ENGINE_THREADS")));
+        Ok(())
+    }
+
+    #[test]
+    fn the_delta_interval_comes_from_the_file_or_the_environment() -> anyhow::Result<()> {
+        assert_eq!(ServerConfig::load(None, |_| None)?.llm.delta_interval_ms, 0);
+        let parsed: ServerConfig = toml::from_str("[llm]\ndelta_interval_ms = 25")?;
+        assert_eq!(parsed.llm.delta_interval_ms, 25);
+        let config = ServerConfig::load(None, |k| {
+            (k == "TESSERA_DELTA_INTERVAL_MS").then(|| "40".to_owned())
+        })?;
+        assert_eq!(config.llm.delta_interval_ms, 40);
+        let bad = ServerConfig::load(None, |k| {
+            (k == "TESSERA_DELTA_INTERVAL_MS").then(|| "30ms".to_owned())
+        });
+        assert!(bad.is_err_and(|e| e.to_string().contains("TESSERA_DELTA_INTERVAL_MS")));
         Ok(())
     }
 

@@ -94,6 +94,7 @@ fn model_source(config: &ServerConfig) -> anyhow::Result<ModelSource> {
         openai.default_model = model.clone();
     }
     openai.request_timeout = Duration::from_secs_f64(config.llm.timeout_s.max(1.0));
+    openai.delta_interval = Duration::from_millis(config.llm.delta_interval_ms);
     if endpoint_configured && !config.llm.demo {
         let client: Arc<dyn ChatModel> =
             Arc::new(OpenAiClient::new(openai).context("cannot build the OpenAI client")?);

@@ -72,8 +72,9 @@ pub struct OpenAiConfig {
     /// Upper bound of the backoff delay; `Retry-After` is honoured up to four times this.
     pub backoff_max: Duration,
     /// A streamed answer's text goes on at most this often: its first text at once, later text
-    /// held and joined until this long after the last went on (also when the stream stalls).
-    /// Zero passes on what each read brought as soon as it is parsed. See `delta_window`.
+    /// joined and passed on with the first read this long after the last, and no text held
+    /// longer than this. Zero passes on what each read brought as soon as it is parsed. See
+    /// `delta_window`.
     pub delta_interval: Duration,
 }
 

@@ -46,6 +46,11 @@ pub struct MockArgs {
     /// of tokens (the first comes after `--latency-ms`); 0 sends the whole answer at once.
     #[arg(long, default_value_t = 0)]
     pub token_interval_ms: u64,
+    /// Words of the answer to a tool's result, as long as a model's answers are (streamed one
+    /// word per event): "Done: the tool returned its result." and then filler. At most the
+    /// default's six words give the default.
+    #[arg(long, default_value_t = 6)]
+    pub answer_words: usize,
     /// Worker threads (1 is plenty: the mock must never be the bottleneck, nor steal cores).
     #[arg(long, default_value_t = 1)]
     pub workers: usize,
@@ -59,6 +64,8 @@ struct Settings {
     latency: Duration,
     split_words: bool,
     token_interval: Duration,
+    /// The answer to a tool's result (`--answer-words`).
+    final_text: Arc<str>,
     hasher: RandomState,
 }
 
@@ -95,6 +102,7 @@ pub fn run(args: MockArgs) -> anyhow::Result<()> {
         latency: Duration::from_millis(args.latency_ms),
         split_words: args.stream,
         token_interval: Duration::from_millis(args.token_interval_ms),
+        final_text: final_text(args.answer_words),
         hasher: RandomState::new(),
     });
     let listener = listen(args.port)?;
@@ -298,6 +306,21 @@ const CACHE_LIMIT: usize = 4096;
 const FINAL_TEXT: &str = "Done: the tool returned its result.";
 const SHORT_TEXT: &str = "OK, noted.";
 
+/// [`FINAL_TEXT`] with filler words after it up to `words` words.
+fn final_text(words: usize) -> Arc<str> {
+    const FILLER: [&str; 6] = ["It", "says", "what", "was", "asked", "for."];
+    let mut text = FINAL_TEXT.to_owned();
+    for word in FILLER
+        .iter()
+        .cycle()
+        .take(words.saturating_sub(FINAL_TEXT.split(' ').count()))
+    {
+        text.push(' ');
+        text.push_str(word);
+    }
+    Arc::from(text)
+}
+
 fn cached(settings: &Settings, raw: &str, make: impl FnOnce() -> Answer) -> Answer {
     let key = settings.hasher.hash_one(raw);
     if let Some(found) = CACHE.with(|c| c.borrow().get(&key).cloned()) {
@@ -335,7 +358,7 @@ fn decide(settings: &Settings, request: &Request<'_>) -> Result<Answer, String> 
         }));
     }
     if last == Some("tool") {
-        return Ok(Answer::Text(Arc::from(FINAL_TEXT)));
+        return Ok(Answer::Text(Arc::clone(&settings.final_text)));
     }
     if let Some(format) = request.response_format {
         let raw = format.get();
@@ -631,6 +654,7 @@ mod tests {
             latency: Duration::ZERO,
             split_words: true,
             token_interval: Duration::ZERO,
+            final_text: final_text(6),
             hasher: RandomState::new(),
         }
     }
@@ -714,6 +738,20 @@ mod tests {
         assert!(matches!(answer_for(&body), Answer::Text(t) if &*t == FINAL_TEXT));
         let body = json!({"messages": [{"role": "system", "content": "s"}], "response_format": {"type": "json_schema", "json_schema": {"name": "X", "schema": {"type": "object", "properties": {"p": {"enum": ["a", "b"]}}, "required": ["p"]}}}});
         assert!(matches!(answer_for(&body), Answer::Text(t) if &*t == r#"{"p":"a"}"#));
+    }
+
+    #[test]
+    fn the_answer_to_a_tool_result_has_the_words_asked_for() {
+        assert_eq!(&*final_text(6), FINAL_TEXT);
+        assert_eq!(
+            &*final_text(0),
+            FINAL_TEXT,
+            "never shorter than the default"
+        );
+        let long = final_text(100);
+        assert!(long.starts_with(FINAL_TEXT));
+        assert_eq!(long.split(' ').count(), 100);
+        assert!(long.split(' ').all(|word| !word.is_empty()));
     }
 
     #[test]

@@ -26,6 +26,9 @@
 #   MOCK_ARGS="--stream --token-interval-ms 10" scripts/bench-sqlite.sh
 #                                                    # ... one event every 10 ms, as a model
 #                                                    # streams its tokens
+#   TESSERA_DELTA_INTERVAL_MS=30 MOCK_ARGS="--stream --token-interval-ms 20 --answer-words 100" \
+#     scripts/bench-sqlite.sh                        # 100-word answers, the deltas joined
+#                                                    # (the server takes TESSERA_* from here)
 #
 # The database (and WAL_PAGES' copy of the WAL) is deleted at the end unless KEEP_DATA is set:
 # a 10,000-chat run leaves ~0.5 GB, and a disk filled by runs fails everything else. Logs,

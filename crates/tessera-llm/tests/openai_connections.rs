@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::json;
 use tessera_llm::openai::{OpenAiClient, OpenAiConfig};
-use tessera_llm::{ChatModel, ChatRequest, DeltaSink, Message, Role};
+use tessera_llm::{ChatModel, ChatRequest, ChatResponse, DeltaSink, LlmError, Message, Role};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 
@@ -329,6 +329,24 @@ async fn an_answer_before_the_request_was_read_whole_is_reported_not_the_write_e
     }
 }
 
+/// Starts a streamed call on `client`; its deltas arrive on the returned channel.
+fn spawn_stream(
+    client: &OpenAiClient,
+) -> (
+    tokio::task::JoinHandle<Result<ChatResponse, LlmError>>,
+    tokio::sync::mpsc::UnboundedReceiver<String>,
+) {
+    let (deltas, sink_seen) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let sink: DeltaSink = Box::new(move |text: &str| {
+        let _ = deltas.send(text.to_owned());
+    });
+    let mut request = ChatRequest::new("Writer", vec![Message::text(Role::User, "Hi")]);
+    request.stream = true;
+    let client = client.clone();
+    let call = tokio::spawn(async move { client.complete(request, Some(sink)).await });
+    (call, sink_seen)
+}
+
 /// Streams "Hello, world" in three deltas: the first in the answer's first write, the other
 /// two together in a second write that waits for `release`; in one length-delimited body, or
 /// chunked with one chunk per event.
@@ -367,16 +385,7 @@ async fn deltas_in_two_reads(chunked: bool) {
     })
     .await;
     let client = client(base_url);
-    let (deltas, mut sink_seen) = tokio::sync::mpsc::unbounded_channel::<String>();
-    let sink: DeltaSink = Box::new(move |text: &str| {
-        let _ = deltas.send(text.to_owned());
-    });
-    let mut request = ChatRequest::new("Writer", vec![Message::text(Role::User, "Hi")]);
-    request.stream = true;
-    let call = tokio::spawn({
-        let client = client.clone();
-        async move { client.complete(request, Some(sink)).await }
-    });
+    let (call, mut sink_seen) = spawn_stream(&client);
     // The first event is passed on while the rest of the answer is still held back.
     assert_eq!(sink_seen.recv().await.as_deref(), Some("Hello"));
     seen.release.notify_one();
@@ -439,16 +448,7 @@ async fn with_a_delta_interval_later_text_is_held_and_joined_and_none_is_lost() 
         ..client(base_url).config().clone()
     })
     .expect("valid config");
-    let (deltas, mut sink_seen) = tokio::sync::mpsc::unbounded_channel::<String>();
-    let sink: DeltaSink = Box::new(move |text: &str| {
-        let _ = deltas.send(text.to_owned());
-    });
-    let mut request = ChatRequest::new("Writer", vec![Message::text(Role::User, "Hi")]);
-    request.stream = true;
-    let call = tokio::spawn({
-        let client = client.clone();
-        async move { client.complete(request, Some(sink)).await }
-    });
+    let (call, mut sink_seen) = spawn_stream(&client);
     // The first text is never held.
     assert_eq!(next_delta(&mut sink_seen).await.as_deref(), Some("a"));
     release_step(&seen).await;

@@ -279,7 +279,8 @@ pub struct LlmConfig {
     /// `max_tokens` sent with every model call; an agent's `max_tokens` wins.
     pub max_tokens: u32,
     /// A streamed message's text goes to clients at most this often, in milliseconds: its first
-    /// text at once, later text joined. 0: what each read of the model's stream brought.
+    /// text at once, later text joined, none held longer than this. 0: what each read of the
+    /// model's stream brought.
     pub delta_interval_ms: u64,
 }
 

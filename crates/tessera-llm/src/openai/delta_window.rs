@@ -52,12 +52,11 @@ impl DeltaWindow {
         }
         if self.held.is_empty() {
             sink(text);
+            self.last_sent = Some(now);
         } else {
             self.held.push_str(text);
-            sink(&self.held);
-            self.held.clear();
+            self.flush(now, sink);
         }
-        self.last_sent = Some(now);
     }
 
     /// When the held text must go on even if nothing more is read: an interval after its first

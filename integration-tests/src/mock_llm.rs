@@ -35,6 +35,14 @@ impl MockLlm {
         Self::start_with(&["--token-interval-ms", &interval_ms.to_string()]).await
     }
 
+    /// Starts the mock streaming an answer of `words` words (`--answer-words`) one word every
+    /// `interval_ms`: a stream long enough to catch in the middle.
+    pub async fn start_paced_answer(interval_ms: u64, words: u32) -> MockLlm {
+        let interval = interval_ms.to_string();
+        let words = words.to_string();
+        Self::start_with(&["--token-interval-ms", &interval, "--answer-words", &words]).await
+    }
+
     /// Starts the streaming mock with these options of `mock-llm` added.
     async fn start_with(options: &[&str]) -> MockLlm {
         let mut child = Command::new(loadgen_bin())

@@ -1,7 +1,8 @@
 //! A real WebSocket client for tests: sends frames, collects every event, and checks that the
 //! logged events arrive in `seq` order with no duplicates: consecutive when live; in a replay
-//! (between `chat.session` and `chat.resume_boundary`) the seqs of dropped deltas are skipped
-//! (docs/protocol.md).
+//! (between `chat.session` and `chat.resume_boundary`) the seqs of dropped deltas are skipped,
+//! and live events go on from the boundary's `last_seq` (above the last replayed event's when
+//! the log's last seqs carry no event, as after a restart in mid-stream; docs/protocol.md).
 
 use std::time::Duration;
 
@@ -103,7 +104,11 @@ impl WsClient {
                     let seq = event["seq"].as_u64().unwrap_or(0);
                     match event["type"].as_str() {
                         Some("chat.session") => self.replaying = true,
-                        Some("chat.resume_boundary") => self.replaying = false,
+                        Some("chat.resume_boundary") => {
+                            self.replaying = false;
+                            let boundary = event["data"]["last_seq"].as_u64().unwrap_or(0);
+                            self.last_seq = self.last_seq.max(boundary);
+                        }
                         _ => {}
                     }
                     if seq > 0 && self.replaying {

@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use integration_tests::mock_llm::MockLlm;
 use integration_tests::server::{ServerOptions, TestServer};
 use integration_tests::wsclient::WsClient;
 use serde_json::{Value, json};
@@ -154,6 +155,95 @@ async fn sigkill_during_a_ui_wait(postgres: bool) {
         (calls, responses),
         (2, 1),
         "one auto-tool announcement + one UI call, one response"
+    );
+    assert_no_sqlite_file(&data, &schema);
+}
+
+#[tokio::test]
+async fn sigkill_in_mid_stream_then_restart_reuses_no_seq_a_client_saw() {
+    sigkill_in_mid_stream(false).await;
+}
+
+#[tokio::test]
+async fn on_postgres_sigkill_in_mid_stream_then_restart_reuses_no_seq_a_client_saw() {
+    sigkill_in_mid_stream(true).await;
+}
+
+/// A single node stores no streamed delta, only a mark of the seqs they take: killed while
+/// the model streams, the chat comes back above every seq its client saw, and the re-run
+/// turn's events reach the resumed client with higher seqs (a client skips seqs it has seen,
+/// so a reused one would hide the answer).
+async fn sigkill_in_mid_stream(postgres: bool) {
+    let Some((options, data, schema)) = restartable("sigkill_in_mid_stream", postgres).await else {
+        return;
+    };
+    // 60 words, one every 50 ms: three seconds of stream to kill the server in.
+    let mock = MockLlm::start_paced_answer(50, 60).await;
+    let mut options = options;
+    options.env.extend(mock.options().env);
+    let server = TestServer::start(options.clone()).await;
+    let chat = server.create_chat("TodoAssistant", "alice").await;
+    let mut ws = WsClient::connect(&server.ws_url(&chat, 0), "alice").await;
+    ws.until("chat.resume_boundary").await;
+    ws.say("Buy milk").await;
+    let first = ws.until("chat.text_delta").await;
+    let first_seq = first["seq"].as_u64().unwrap_or(u64::MAX);
+    ws.until("chat.text_delta").await;
+    let seen = ws.last_seq;
+    // The mark that covers the stream's seqs left with the first flush after its first delta;
+    // the store holds it once it has caught up to that delta.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, snap) = server.get(&format!("/api/v1/chats/{chat}"), "alice").await;
+        if snap["persisted_seq"].as_u64().unwrap_or(0) >= first_seq {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the store never caught up with the stream: {snap}"
+        );
+        tokio::task::yield_now().await;
+    }
+    let _ = server.kill().await;
+    assert!(
+        ws.of("chat.text")
+            .iter()
+            .all(|t| t["data"]["agent"] != "TodoAgent"),
+        "the server must die in mid-stream: {:?}",
+        ws.types()
+    );
+
+    let server = TestServer::start(options).await;
+    let (status, snap) = server.get(&format!("/api/v1/chats/{chat}"), "alice").await;
+    assert_eq!(status, 200, "the chat survived the crash: {snap}");
+    assert!(
+        snap["last_seq"].as_u64().unwrap_or(0) >= seen,
+        "the rebuilt chat continues above seq {seen}: {snap}"
+    );
+    let mut again = WsClient::connect(&server.ws_url(&chat, seen), "alice").await;
+    again.last_seq = seen;
+    // The re-run turn from its start: under a reused seq its first events would never reach
+    // a client that asks for what came after `seen`.
+    again
+        .until_match("chat.run_start", |e| e["data"]["agent"] == "TodoAgent")
+        .await;
+    let text = again
+        .until_match("chat.text", |e| e["data"]["agent"] == "TodoAgent")
+        .await;
+    let words = text["data"]["content"]
+        .as_str()
+        .unwrap_or_default()
+        .split_whitespace()
+        .count();
+    assert_eq!(words, 60, "the re-run turn's whole answer: {text}");
+    assert!(
+        again
+            .events
+            .iter()
+            .filter_map(|e| e["seq"].as_u64())
+            .all(|seq| seq == 0 || seq > seen),
+        "every logged event after the restart is above seq {seen}: {:?}",
+        again.events
     );
     assert_no_sqlite_file(&data, &schema);
 }

@@ -234,6 +234,15 @@ impl EventLog {
         self.track_stream(text, true);
     }
 
+    /// Takes the seqs up to `seq` (taken in the store without an event: deltas never stored,
+    /// and the seqs marked taken ahead of them) as empty records, so the next event's seq is
+    /// above them.
+    pub(crate) fn take_seqs_through(&mut self, seq: u64) {
+        while self.last_seq() < seq {
+            self.records.push_back(Box::default());
+        }
+    }
+
     /// Drops the deltas of the message whose `chat.text` is `text`, an event logged after
     /// these (a replay's later part, which memory holds); any other text changes nothing.
     pub(crate) fn finalized_later(&mut self, text: &str) {
@@ -338,10 +347,6 @@ impl DeltasByMessage {
             .iter()
             .filter_map(|(_, seqs)| seqs.first().copied())
             .min()
-    }
-
-    pub(crate) fn clear(&mut self) {
-        self.0.clear();
     }
 }
 

@@ -24,7 +24,6 @@ use tessera_store::{
 
 use crate::EngineError;
 use crate::dedup::{ClaimDone, ClaimOutcome, DedupRecordStore, ToolKey};
-use crate::envelope::DeltasByMessage;
 use crate::status::{ChatIdentity, ChatStatus};
 
 /// A chat's write-behind queue.
@@ -53,12 +52,13 @@ pub struct WriteBehind {
     sent_context_changes: u64,
     /// A batch was refused for good: the store's log of the chat has a gap.
     dropped_batch: bool,
-    /// The seqs of the streamed deltas queued since the last flush started, by message (on a
-    /// single node). A message's deltas leave every replay once its `chat.text` is logged
-    /// (from memory and from the store alike, see `docs/protocol.md`), so when that text is
-    /// queued before they are sent, they are not stored at all. Its seq is above theirs, so
-    /// the batch's highest seq and the store's last seq stay what they were.
-    queued_deltas: DeltasByMessage,
+    /// On a single node: the chat's seqs up to here are marked taken in the store, or queued
+    /// to be (see [`WriteBehind::queue_event`]).
+    seqs_taken: u64,
+    /// The mark last handed to a flush (the store's, once that flush is written).
+    sent_mark: u64,
+    /// On a single node: the highest seq of a streamed delta passed over (never stored).
+    live_through: u64,
 }
 
 impl WriteBehind {
@@ -77,7 +77,9 @@ impl WriteBehind {
             sent_state: None,
             sent_context_changes: 0,
             dropped_batch: false,
-            queued_deltas: DeltasByMessage::default(),
+            seqs_taken: 0,
+            sent_mark: 0,
+            live_through: 0,
         }
     }
 
@@ -99,10 +101,14 @@ impl WriteBehind {
         (!self.dropped_batch).then_some(self.persisted_seq)
     }
 
-    /// Starts counting from `seq` (a chat restored from the store already holds its log).
+    /// Starts counting from `seq` (a chat restored from the store already holds its log, and
+    /// its seqs up to `seq` are taken).
     pub fn set_persisted_seq(&mut self, seq: u64) {
         self.persisted_seq = seq;
         self.in_flight_seq = seq;
+        self.seqs_taken = seq;
+        self.sent_mark = seq;
+        self.live_through = seq;
     }
 
     /// True when writes wait for a flush.
@@ -122,7 +128,18 @@ impl WriteBehind {
 
     /// Queues a published event and, for a UI call, its pending-call bookkeeping: a call that
     /// starts waiting is recorded under `turn_key` (asked only then), one that ended is
-    /// forgotten. A message's final text takes its deltas still queued out of the queue.
+    /// forgotten.
+    ///
+    /// On a single node a streamed delta is not stored: it is live only (memory replays it
+    /// while its message streams, see `EventLog`), and once its message's `chat.text` is out
+    /// no replay gives it again, so a stored delta was a row written and kept for nothing
+    /// (~31 KiB per 100-word answer from a model that streams at a pace, and a flush per
+    /// token). Its seq is marked taken in the store instead, [`SEQS_TAKEN_AHEAD`] at a time:
+    /// a chat rebuilt after a crash continues above the mark, so a client that saw the delta
+    /// never has its seq given to another event. The next stored event moves the mark back to
+    /// its own seq, so a restart after the stream shows no jump. In a cluster the store holds
+    /// every event a client saw (a node sends an event only once it is stored, and another
+    /// node replays the chat from the store).
     pub fn queue_event(
         &mut self,
         seq: u64,
@@ -130,6 +147,20 @@ impl WriteBehind {
         text: Arc<str>,
         turn_key: impl FnOnce() -> String,
     ) {
+        if self.epoch.is_none() && matches!(event, ServerEvent::TextDelta { .. }) {
+            self.live_through = seq;
+            if seq > self.seqs_taken {
+                self.seqs_taken = seq + SEQS_TAKEN_AHEAD;
+                self.queued.seqs_taken_through = Some(self.seqs_taken);
+            }
+            return;
+        }
+        if self.seqs_taken > seq {
+            // No seq above this one was published: the mark comes back to it, unless the
+            // store's mark is not above it (a stream within one flush moves no mark at all).
+            self.seqs_taken = seq;
+            self.queued.seqs_taken_through = (self.sent_mark > seq).then_some(seq);
+        }
         let queue = &mut self.queued;
         queue.events.push(StoredEvent {
             seq,
@@ -137,12 +168,6 @@ impl WriteBehind {
             json: text,
         });
         match event {
-            // In a cluster the store holds every event a client saw (a node sends an event
-            // only once it is stored, and another node replays the chat from the store).
-            ServerEvent::TextDelta { message_id, .. } if self.epoch.is_none() => {
-                self.queued_deltas.note(message_id, seq);
-            }
-            ServerEvent::Text { message_id, .. } => self.drop_queued_deltas(message_id),
             ServerEvent::ToolCall(ToolCallEvent::AwaitingUi(call)) => {
                 queue
                     .put_pending
@@ -155,18 +180,6 @@ impl WriteBehind {
             }
             _ => {}
         }
-    }
-
-    /// `message_id` is final: its deltas still queued are not stored.
-    fn drop_queued_deltas(&mut self, message_id: &str) {
-        let seqs = self.queued_deltas.take(message_id);
-        if seqs.is_empty() {
-            return;
-        }
-        // Seqs ascend in the queue and in `seqs` alike.
-        self.queued
-            .events
-            .retain(|event| seqs.binary_search(&event.seq).is_err());
     }
 
     /// Sends the chat's current state with the queued writes (nothing is sent when nothing
@@ -196,12 +209,18 @@ impl WriteBehind {
             return false;
         }
         self.flushing = true;
-        // Deltas on their way to the store stay there.
-        self.queued_deltas.clear();
         let mut batch = std::mem::take(&mut self.queued);
         batch.epoch = self.epoch;
+        if let Some(mark) = batch.seqs_taken_through {
+            self.sent_mark = mark;
+        }
         let batch = Arc::new(batch);
-        self.in_flight_seq = batch.events.last().map_or(self.persisted_seq, |e| e.seq);
+        // The deltas passed over count as settled: none of them is ever to be stored.
+        self.in_flight_seq = batch
+            .events
+            .last()
+            .map_or(self.persisted_seq, |e| e.seq)
+            .max(self.live_through);
         self.in_flight = Some(batch.clone());
         let chat_id = self.chat_id.clone();
         self.store.apply_batch_then(
@@ -273,6 +292,11 @@ pub enum NextFlush {
     After(Duration),
 }
 
+/// How far ahead of a streamed delta's seq a single node marks seqs taken: one small store
+/// update per this many deltas. A chat rebuilt after a restart continues above the mark, so
+/// its seqs may jump by up to this much there (clients take any higher seq; gaps are normal).
+const SEQS_TAKEN_AHEAD: u64 = 128;
+
 /// First retry delay after a failed flush.
 const FIRST_RETRY_DELAY: Duration = Duration::from_millis(50);
 /// Longest retry delay.
@@ -284,6 +308,7 @@ fn prepend(mut first: ChatWriteBatch, then: ChatWriteBatch) -> ChatWriteBatch {
     first.events.extend(then.events);
     first.put_pending.extend(then.put_pending);
     first.remove_pending.extend(then.remove_pending);
+    first.seqs_taken_through = then.seqs_taken_through.or(first.seqs_taken_through);
     if then.state.is_some() {
         first.state = then.state;
     }
@@ -507,9 +532,12 @@ pub struct RestoredChat {
     pub workflow_version: String,
     pub state: RestoredState,
     pub messages: Vec<RestoredMessage>,
-    /// Each stored event's seq and text, in seq order (seqs the store lacks are deltas of a
-    /// message that was final before they were stored).
+    /// Each stored event's seq and text, in seq order (seqs the store lacks are streamed
+    /// deltas, which a single node does not store).
     pub events: Vec<(u64, Arc<str>)>,
+    /// The chat's highest taken seq (at or above its last stored event's): it continues
+    /// above it (see [`WriteBehind::queue_event`]).
+    pub last_seq_taken: u64,
     /// The pending UI calls, oldest first.
     pub pending: Vec<ResumableUiCall>,
 }
@@ -590,6 +618,7 @@ impl ChatRows {
             .events_after(chat_id, 0, u32::MAX)
             .await
             .map_err(store_error)?;
+        let last_seq_taken = self.0.last_seq_taken(chat_id).await.map_err(store_error)?;
         let pending = self.0.pending_ui(chat_id).await.map_err(store_error)?;
         Ok(RestoredChat {
             identity: ChatIdentity {
@@ -602,6 +631,7 @@ impl ChatRows {
             state: chat.state.into(),
             messages: messages.into_iter().map(RestoredMessage::from).collect(),
             events: events.into_iter().map(|e| (e.seq, e.json)).collect(),
+            last_seq_taken,
             pending: pending
                 .into_iter()
                 .filter_map(|p| ResumableUiCall::try_from(p).ok())
@@ -725,11 +755,12 @@ mod tests {
         assert_eq!(flush_with(5, awaiting, &context, 1), None);
     }
 
-    /// A message's deltas are not stored when its final text is queued before they leave;
-    /// those already sent, and those of a message still streaming, are, and in a cluster all
-    /// are. The store's seqs then have gaps, which a log restored from it keeps.
+    /// On a single node a streamed delta is never stored: the first one marks seqs taken
+    /// [`SEQS_TAKEN_AHEAD`] beyond it, the deltas up to the mark queue nothing at all, the
+    /// next delta past it moves the mark on, and the next stored event brings it back. A chat
+    /// loaded back continues above the mark; in a cluster every delta is stored.
     #[actix_rt::test]
-    async fn a_final_text_takes_its_messages_queued_deltas_out_of_the_next_flush() {
+    async fn a_single_node_marks_a_streamed_delta_s_seq_taken_instead_of_storing_it() {
         let store = tessera_store::SqliteStore::in_memory().await;
         let store: Arc<dyn ChatStore> = Arc::new(store.expect("scratch store"));
         store
@@ -770,68 +801,94 @@ mod tests {
                 );
             }
         };
-        let flush = |queue: &mut WriteBehind| -> Vec<u64> {
+        // The seqs of the events a flush sends, and the seqs it marks taken.
+        let flush = |queue: &mut WriteBehind| -> (Vec<u64>, Option<u64>) {
             let (sent, written) = std::sync::mpsc::channel();
             assert!(queue.start_flush(move |outcome| {
                 let _ = sent.send(outcome);
             }));
-            let seqs = queue
-                .in_flight
-                .as_ref()
-                .map(|batch| batch.events.iter().map(|e| e.seq).collect())
-                .unwrap_or_default();
+            let sent = queue.in_flight.as_ref().map(|batch| {
+                let seqs = batch.events.iter().map(|e| e.seq).collect();
+                (seqs, batch.seqs_taken_through)
+            });
             let outcome = written
                 .recv_timeout(Duration::from_secs(10))
                 .expect("the flush ends");
             assert_eq!(outcome, FlushOutcome::Written);
             queue.flush_done(outcome);
-            seqs
+            sent.unwrap_or_default()
         };
-        // m1 streams two deltas that leave in a flush, then two more that its text follows
-        // before the next flush; m2 starts streaming in the same batch and is not final.
+        let ahead = SEQS_TAKEN_AHEAD;
         queue_all(
             &mut queue,
             &[(1, run_start.clone()), (2, delta("m1")), (3, delta("m1"))],
         );
-        assert_eq!(flush(&mut queue), [1, 2, 3]);
+        assert_eq!(flush(&mut queue), (vec![1], Some(2 + ahead)));
+        assert_eq!(
+            queue.persisted_seq(),
+            3,
+            "the deltas passed over are settled"
+        );
         queue_all(
             &mut queue,
-            &[
-                (4, delta("m1")),
-                (5, delta("m2")),
-                (6, delta("m1")),
-                (7, text("m1")),
-                (8, delta("m2")),
-            ],
+            &[(4, delta("m1")), (5, delta("m1")), (6, text("m1"))],
         );
-        assert_eq!(flush(&mut queue), [5, 7, 8], "m1's queued deltas stay out");
-        assert_eq!(queue.persisted_seq(), 8);
-        // m2's deltas left before its text: they stay stored.
-        queue_all(&mut queue, &[(9, text("m2")), (10, run_start.clone())]);
-        assert_eq!(flush(&mut queue), [9, 10]);
+        assert_eq!(
+            flush(&mut queue),
+            (vec![6], Some(6)),
+            "the stream is over: the mark comes back to the next stored event"
+        );
+        // m2's first delta marks seqs taken ahead; those up to the mark queue nothing, so no
+        // flush; the next one moves the mark on.
+        queue_all(&mut queue, &[(7, delta("m2"))]);
+        assert_eq!(flush(&mut queue), (vec![], Some(7 + ahead)));
+        let upto_mark: Vec<_> = (8..=7 + ahead).map(|seq| (seq, delta("m2"))).collect();
+        queue_all(&mut queue, &upto_mark);
+        assert!(!queue.start_flush(|_| {}), "nothing was queued");
+        queue_all(&mut queue, &[(8 + ahead, delta("m2"))]);
+        assert_eq!(flush(&mut queue), (vec![], Some(8 + 2 * ahead)));
+        assert_eq!(queue.persisted_seq(), 8 + ahead);
         let stored: Vec<u64> = store
-            .events_after("chat_1", 0, 100)
+            .events_after("chat_1", 0, 1000)
             .await
             .expect("events read")
             .iter()
             .map(|e| e.seq)
             .collect();
-        assert_eq!(stored, [1, 2, 3, 5, 7, 8, 9, 10]);
-        // Loaded back after a restart, the log keeps every seq: the next event is 11.
-        let restored = ChatRows(store)
+        assert_eq!(stored, [1, 6]);
+        // Loaded back after a crash, the chat's next event is above every seq a client may
+        // have seen.
+        let restored = ChatRows(Arc::clone(&store))
             .open_chats(|_, _| true)
             .await
             .expect("chat loaded");
+        assert_eq!(restored[0].last_seq_taken, 8 + 2 * ahead);
         let mut log = crate::envelope::EventLog::default();
         for (seq, text) in &restored[0].events {
             log.push_stored(*seq, text);
         }
-        assert_eq!(log.last_seq(), 10);
+        log.take_seqs_through(restored[0].last_seq_taken);
+        assert_eq!(log.last_seq(), 8 + 2 * ahead);
+
+        // m2's text brings the mark back; m3 streams and is final within one flush: no mark.
+        queue_all(&mut queue, &[(9 + ahead, text("m2"))]);
+        assert_eq!(flush(&mut queue), (vec![9 + ahead], Some(9 + ahead)));
+        queue_all(
+            &mut queue,
+            &[
+                (10 + ahead, delta("m3")),
+                (11 + ahead, delta("m3")),
+                (12 + ahead, text("m3")),
+            ],
+        );
+        assert_eq!(flush(&mut queue), (vec![12 + ahead], None));
+        assert_eq!(store.last_seq_taken("chat_1").await.ok(), Some(12 + ahead));
 
         // In a cluster (a lease epoch) the store keeps every event a client saw.
         queue.set_epoch(Some(1));
-        queue_all(&mut queue, &[(11, delta("m3")), (12, text("m3"))]);
-        assert_eq!(flush(&mut queue), [11, 12]);
+        let next = 13 + ahead;
+        queue_all(&mut queue, &[(next, delta("m4")), (next + 1, text("m4"))]);
+        assert_eq!(flush(&mut queue), (vec![next, next + 1], None));
     }
 
     #[test]

@@ -281,6 +281,9 @@ impl ChatStore for FlakyStore {
         }
         self.inner.events_after(chat_id, after, limit)
     }
+    fn last_seq_taken(&self, chat_id: &str) -> StoreFuture<u64> {
+        self.inner.last_seq_taken(chat_id)
+    }
     fn pending_ui(&self, chat_id: &str) -> StoreFuture<Vec<PendingUiRecord>> {
         self.inner.pending_ui(chat_id)
     }

@@ -20,6 +20,13 @@ pub struct ChatWriteBatch {
     pub put_pending: Vec<PendingUiRecord>,
     /// Correlation ids of UI calls that ended.
     pub remove_pending: Vec<String>,
+    /// Every seq of the chat up to this one is taken, whether or not its event is stored: the
+    /// store keeps the latest mark it was given ([`crate::ChatStore::last_seq_taken`]), so a
+    /// chat rebuilt after a crash continues above it and reuses no seq a client saw. A single
+    /// node sends streamed deltas live only and marks their seqs taken ahead, in steps,
+    /// instead of storing them, then moves the mark back to its next stored event. Events of
+    /// this or a later batch may have seqs at or below it.
+    pub seqs_taken_through: Option<u64>,
     /// The chat's latest state, if it changed. Shared: the engine keeps the state it sent to
     /// tell whether the next one changed, and copying a state copies its context.
     pub state: Option<Arc<ChatState>>,
@@ -36,6 +43,7 @@ impl ChatWriteBatch {
             && self.events.is_empty()
             && self.put_pending.is_empty()
             && self.remove_pending.is_empty()
+            && self.seqs_taken_through.is_none()
             && self.state.is_none()
     }
 }
@@ -76,6 +84,9 @@ pub(crate) fn apply(db: &Db<'_>, chat_id: &str, batch: &ChatWriteBatch) -> Resul
     }
     for corr in &batch.remove_pending {
         crate::pending::remove(db, chat_id, corr)?;
+    }
+    if let Some(seq) = batch.seqs_taken_through {
+        crate::log::take_seqs_through(db, chat_id, seq)?;
     }
     Ok(())
 }

@@ -173,6 +173,19 @@ pub(crate) fn append(
     Ok(())
 }
 
+/// Marks the chat's seqs up to `seq` taken (`chat_heads.seqs_taken`, migration 11), whether
+/// or not their events are stored, in place of the last mark. Unknown chat: nothing to mark
+/// (it adds no row, as removing a UI call adds none).
+pub(crate) fn take_seqs_through(db: &Db<'_>, chat_id: &str, seq: u64) -> Result<(), StoreError> {
+    let Some(head) = heads(db, chat_id)? else {
+        return Ok(());
+    };
+    let seq = u64_to_sql(seq, "event seq")?;
+    db.prepare_cached("UPDATE chat_heads SET seqs_taken = ? WHERE chat_no = ?")?
+        .execute(params![seq, head.chat_no])?;
+    Ok(())
+}
+
 /// Checks that `values` (sorted) start at `first_allowed` or above and never repeat; returns
 /// the last value (`none` when there are none), or the offending value.
 fn ascending_from(
@@ -479,6 +492,19 @@ pub(crate) async fn last_seq(pool: SqlitePool, chat_id: String) -> Result<u64, S
     let last: Option<i64> = sqlx::query_scalar(
         "SELECT h.last_seq FROM chat_numbers n JOIN chat_heads h ON h.chat_no = n.chat_no \
          WHERE n.chat_id = ?",
+    )
+    .bind(&chat_id)
+    .fetch_optional(&pool)
+    .await?;
+    sql_to_u64(last.unwrap_or(0), "event seq")
+}
+
+/// The chat's highest taken seq: its last stored event's, or a higher seq marked taken
+/// ([`take_seqs_through`]); 0 for an unknown chat.
+pub(crate) async fn last_seq_taken(pool: SqlitePool, chat_id: String) -> Result<u64, StoreError> {
+    let last: Option<i64> = sqlx::query_scalar(
+        "SELECT MAX(h.last_seq, h.seqs_taken) FROM chat_numbers n \
+         JOIN chat_heads h ON h.chat_no = n.chat_no WHERE n.chat_id = ?",
     )
     .bind(&chat_id)
     .fetch_optional(&pool)

@@ -54,10 +54,15 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "chain_filter",
         include_str!("../migrations/0010_chain_filter.sql"),
     ),
+    (
+        11,
+        "seqs_taken",
+        include_str!("../migrations/0011_seqs_taken.sql"),
+    ),
 ];
 
 /// Highest schema version this build knows.
-pub(crate) const LATEST_VERSION: i64 = 10;
+pub(crate) const LATEST_VERSION: i64 = 11;
 
 /// Bring the schema up to [`LATEST_VERSION`]; a no-op when it already is.
 pub(crate) async fn run(pool: &SqlitePool) -> Result<(), StoreError> {

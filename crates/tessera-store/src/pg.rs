@@ -260,6 +260,10 @@ impl ChatStore for PgStore {
         ))
     }
 
+    fn last_seq_taken(&self, chat_id: &str) -> StoreFuture<u64> {
+        self.on_runtime(reads::last_seq_taken(self.pool.clone(), chat_id.to_owned()))
+    }
+
     fn pending_ui(&self, chat_id: &str) -> StoreFuture<Vec<PendingUiRecord>> {
         self.on_runtime(reads::pending_ui(self.pool.clone(), chat_id.to_owned()))
     }

@@ -223,6 +223,10 @@ impl ChatStore for SqliteStore {
         ))
     }
 
+    fn last_seq_taken(&self, chat_id: &str) -> StoreFuture<u64> {
+        Box::pin(log::last_seq_taken(self.pool.clone(), chat_id.to_owned()))
+    }
+
     fn pending_ui(&self, chat_id: &str) -> StoreFuture<Vec<PendingUiRecord>> {
         Box::pin(pending::list(self.pool.clone(), chat_id.to_owned()))
     }

@@ -87,6 +87,11 @@ pub trait ChatStore: Send + Sync + 'static {
         limit: u32,
     ) -> StoreFuture<Vec<StoredEvent>>;
 
+    /// The chat's highest taken seq: its last stored event's, or a higher one a batch marked
+    /// taken ([`ChatWriteBatch::seqs_taken_through`]); 0 for an unknown chat. A chat rebuilt
+    /// after a restart continues above it.
+    fn last_seq_taken(&self, chat_id: &str) -> StoreFuture<u64>;
+
     /// The chat's pending UI calls, oldest first.
     fn pending_ui(&self, chat_id: &str) -> StoreFuture<Vec<PendingUiRecord>>;
 

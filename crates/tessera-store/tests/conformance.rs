@@ -1587,6 +1587,101 @@ async fn the_store_reconnects_after_its_connections_are_killed(db: TestDb) {
     assert_eq!(read, 4);
 }
 
+/// A batch can mark a chat's seqs taken without storing their events: the chat's last taken
+/// seq is the latest mark or its last event's seq, whichever is higher; events below the
+/// mark are still accepted; a mark travels alone, with events, or with a state; a later mark
+/// replaces an earlier one, also within one group commit; an unknown chat has nothing to
+/// mark.
+async fn seqs_marked_taken_count_without_their_events(db: TestDb) {
+    let store = open(&db).await;
+    store
+        .create_chat(record("c1", "acme", "u1", 1_000))
+        .await
+        .unwrap();
+    let mark = |events: Vec<u64>, seq: u64, with_state: bool| {
+        Arc::new(ChatWriteBatch {
+            events: events.into_iter().map(event).collect(),
+            seqs_taken_through: Some(seq),
+            state: with_state.then(|| Arc::new(state("running", 1))),
+            ..ChatWriteBatch::default()
+        })
+    };
+    assert_eq!(store.last_seq_taken("c1").await.unwrap(), 0);
+    store
+        .apply_batch("c1", mark(vec![1, 2], 130, false))
+        .await
+        .unwrap();
+    assert_eq!(store.last_seq_taken("c1").await.unwrap(), 130);
+    assert_eq!(
+        store.last_seq("c1").await.unwrap(),
+        2,
+        "no event stored for the mark"
+    );
+    store.append_events("c1", vec![event(3)]).await.unwrap();
+    assert_eq!(store.last_seq_taken("c1").await.unwrap(), 130);
+    store
+        .apply_batch("c1", mark(vec![4], 4, true))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.last_seq_taken("c1").await.unwrap(),
+        4,
+        "the mark came back"
+    );
+    store
+        .apply_batch("c1", mark(vec![], 300, false))
+        .await
+        .unwrap();
+    assert_eq!(store.last_seq_taken("c1").await.unwrap(), 300);
+    store
+        .apply_batch("c1", mark(vec![], 5, true))
+        .await
+        .unwrap();
+    assert_eq!(store.last_seq_taken("c1").await.unwrap(), 5);
+    store.append_events("c1", vec![event(9)]).await.unwrap();
+    assert_eq!(
+        store.last_seq_taken("c1").await.unwrap(),
+        9,
+        "an event above the mark"
+    );
+    let seqs: Vec<u64> = store
+        .events_after("c1", 0, 100)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.seq)
+        .collect();
+    assert_eq!(seqs, [1, 2, 3, 4, 9]);
+    store
+        .apply_batch("nope", mark(vec![], 7, false))
+        .await
+        .unwrap();
+    assert_eq!(store.last_seq_taken("nope").await.unwrap(), 0);
+
+    // Many chats at once (PostgreSQL merges them into one group commit): each chat's later
+    // mark wins.
+    let ids: Vec<String> = (0..16).map(|i| format!("g{i}")).collect();
+    for id in &ids {
+        store
+            .create_chat(record(id, "acme", "u1", 2_000))
+            .await
+            .unwrap();
+    }
+    let mut writes = Vec::new();
+    for id in &ids {
+        writes.push(store.apply_batch(id, mark(vec![1], 200, false)));
+        writes.push(store.apply_batch(id, mark(vec![], 150, false)));
+        writes.push(store.apply_batch(id, mark(vec![2], 2, true)));
+        writes.push(store.apply_batch(id, mark(vec![], 140, false)));
+    }
+    for written in join_all(writes).await {
+        written.unwrap();
+    }
+    for id in &ids {
+        assert_eq!(store.last_seq_taken(id).await.unwrap(), 140, "{id}");
+    }
+}
+
 conformance!(
     create_load_list_and_state_round_trip,
     usable_as_dyn_chat_store,
@@ -1605,6 +1700,7 @@ conformance!(
     concurrent_writes_of_many_chats_are_all_durable,
     a_failing_write_rolls_back_only_itself,
     a_group_of_turn_writes_ends_as_the_writes_one_by_one,
+    seqs_marked_taken_count_without_their_events,
     writes_after_close_fail_cleanly,
     claim_then_complete,
     a_completion_through_the_trait_records_the_result,

@@ -49,6 +49,7 @@ impl ChatSession {
         for (seq, text) in &stored.events {
             session.log.push_stored(*seq, text);
         }
+        session.log.take_seqs_through(stored.last_seq_taken);
         let restored_seq = session.last_seq();
         if let Some(persist) = &mut session.persist {
             persist.set_persisted_seq(restored_seq);

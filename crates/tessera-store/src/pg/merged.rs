@@ -1,5 +1,6 @@
 //! The fast path of a group commit: the whole group's chat writes as ONE call of the
-//! `tessera_commit_group` function (migrations/postgres/0009_commit_group.sql), which runs one
+//! `tessera_commit_group` function (migrations/postgres/0009_commit_group.sql, and its overload
+//! in 0011_seqs_taken.sql that also marks seqs taken), which runs one
 //! statement per table over arrays of every job's rows (`UNNEST`ed), as its own transaction.
 //!
 //! WHY: a turn sends the writer 4-5 jobs (flushes, a tool claim, its completion). Run one by
@@ -120,6 +121,8 @@ struct GroupRows<'a> {
     states: States<'a>,
     claims: Claims<'a>,
     completions: Completions<'a>,
+    /// Each chat's last mark of seqs taken in the group.
+    taken: Taken<'a>,
 }
 
 impl<'a> GroupRows<'a> {
@@ -128,6 +131,7 @@ impl<'a> GroupRows<'a> {
         // A chat's later batch overrides its earlier ones (state; a UI call put, then removed).
         let mut states: HashMap<&'a str, &'a ChatState> = HashMap::new();
         let mut pending: HashMap<(&'a str, &'a str), Option<&'a PendingUiRecord>> = HashMap::new();
+        let mut taken: HashMap<&'a str, i64> = HashMap::new();
         for write in group {
             match write {
                 Write::Batch { chat_id, batch } => {
@@ -152,6 +156,9 @@ impl<'a> GroupRows<'a> {
                     }
                     if let Some(state) = &batch.state {
                         states.insert(chat_id, state);
+                    }
+                    if let Some(seq) = batch.seqs_taken_through {
+                        taken.insert(chat_id, u64_to_sql(seq, "event seq")?);
                     }
                 }
                 Write::ClaimTool {
@@ -202,6 +209,9 @@ impl<'a> GroupRows<'a> {
             rows.chats.adds_rows.remove(chat_id);
             rows.states.add(chat_id, state)?;
         }
+        let mut taken: Vec<_> = taken.into_iter().collect();
+        taken.sort_unstable_by_key(|(chat_id, _)| *chat_id);
+        (rows.taken.chat_id, rows.taken.seq) = taken.into_iter().unzip();
         Ok(rows)
     }
 
@@ -222,7 +232,7 @@ impl<'a> GroupRows<'a> {
              $30::BIGINT[], $31, \
              $32::TEXT[], $33::TEXT[], \
              $34::TEXT[], $35::TEXT[], $36::TEXT[], \
-             $37)",
+             $37, $38::TEXT[], $39::BIGINT[])",
         )
         .bind(&self.fence.chat_id)
         .bind(&self.fence.epoch)
@@ -261,6 +271,8 @@ impl<'a> GroupRows<'a> {
         .bind(&self.completions.key)
         .bind(&self.completions.result)
         .bind(now_ms())
+        .bind(&self.taken.chat_id)
+        .bind(&self.taken.seq)
         .fetch_all(conn)
         .await
     }
@@ -404,4 +416,10 @@ struct Completions<'a> {
     chat_id: Vec<&'a str>,
     key: Vec<&'a str>,
     result: Vec<&'a str>,
+}
+
+#[derive(Default)]
+struct Taken<'a> {
+    chat_id: Vec<&'a str>,
+    seq: Vec<i64>,
 }

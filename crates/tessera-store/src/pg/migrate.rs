@@ -41,10 +41,15 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "commit_group",
         include_str!("../../migrations/postgres/0009_commit_group.sql"),
     ),
+    (
+        11,
+        "seqs_taken",
+        include_str!("../../migrations/postgres/0011_seqs_taken.sql"),
+    ),
 ];
 
 /// Highest schema version this build knows.
-pub(crate) const LATEST_VERSION: i64 = 9;
+pub(crate) const LATEST_VERSION: i64 = 11;
 
 /// Bring the schema up to [`LATEST_VERSION`]; a no-op when it already is.
 pub(crate) async fn run(pool: &PgPool) -> Result<(), StoreError> {

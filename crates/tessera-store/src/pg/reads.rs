@@ -141,6 +141,20 @@ pub(crate) async fn last_seq(pool: PgPool, chat_id: String) -> Result<u64, Store
     sql_to_u64(v, "event seq")
 }
 
+/// See [`crate::ChatStore::last_seq_taken`]: the last event's seq, or the chat's
+/// `seqs_taken` mark (migration 11) when higher.
+pub(crate) async fn last_seq_taken(pool: PgPool, chat_id: String) -> Result<u64, StoreError> {
+    let v: i64 = sqlx::query(
+        "SELECT GREATEST((SELECT COALESCE(MAX(seq), 0) FROM events WHERE chat_id = $1), \
+         (SELECT COALESCE(MAX(seqs_taken), 0) FROM chats WHERE chat_id = $1)) AS s",
+    )
+    .bind(&chat_id)
+    .fetch_one(&pool)
+    .await?
+    .try_get("s")?;
+    sql_to_u64(v, "event seq")
+}
+
 pub(crate) async fn pending_ui(
     pool: PgPool,
     chat_id: String,

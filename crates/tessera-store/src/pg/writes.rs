@@ -276,7 +276,8 @@ async fn apply_batch(
         .map(|s| serde_json::to_string(&s.context))
         .transpose()?;
     // Statement parameters: $1 chat, $2 epoch, $3-$9 messages, $10-$12 events, $13-$17 UI
-    // calls put, $18 removed, $19-$24 state, $25 the completed status.
+    // calls put, $18 removed, $19-$24 state, $25 the completed status, $26 the seqs taken
+    // (raised with the state when there is one: one statement may not update a row twice).
     const SQL: &str = concat!(
         with_fence_and_chat!(),
         "new_messages AS (INSERT INTO messages \
@@ -298,13 +299,18 @@ async fn apply_batch(
             AND (SELECT ok FROM allowed) RETURNING 1), \
          new_state AS (UPDATE chats SET status = $19, current_agent = $20, turn = $21, \
             consecutive = $22, context = $23, updated_at_ms = $24, \
-            is_open = is_open AND $19 <> $25 \
+            is_open = is_open AND $19 <> $25, \
+            seqs_taken = COALESCE($26::BIGINT, seqs_taken) \
             WHERE chat_id = $1 AND $19::TEXT IS NOT NULL AND (SELECT ok FROM go) \
+            RETURNING 1), \
+         taken AS (UPDATE chats SET seqs_taken = $26 WHERE chat_id = $1 \
+            AND $19::TEXT IS NULL AND seqs_taken <> $26::BIGINT AND (SELECT ok FROM allowed) \
             RETURNING 1) \
          SELECT (SELECT ok FROM allowed) AS allowed, EXISTS (SELECT 1 FROM chat) AS found, \
             (SELECT count(*) FROM new_state) AS state_rows, \
             (SELECT count(*) FROM new_messages) + (SELECT count(*) FROM new_events) \
-            + (SELECT count(*) FROM put_pending) + (SELECT count(*) FROM removed) AS rows"
+            + (SELECT count(*) FROM put_pending) + (SELECT count(*) FROM removed) \
+            + (SELECT count(*) FROM taken) AS rows"
     );
     let row = sqlx::query(SQL)
         .bind(chat_id)
@@ -332,6 +338,12 @@ async fn apply_batch(
         .bind(context)
         .bind(state.map(|s| s.updated_at_ms))
         .bind(STATUS_COMPLETED)
+        .bind(
+            batch
+                .seqs_taken_through
+                .map(|seq| u64_to_sql(seq, "event seq"))
+                .transpose()?,
+        )
         .fetch_one(conn)
         .await
         .map_err(|err| on_chat(err, chat_id, "message idx or event seq"))?;

@@ -1,0 +1,13 @@
+-- Tessera store schema, version 11: a chat's seqs can be taken without their events stored
+-- (`chat_heads.seqs_taken`, the highest seq marked taken; 0: none beyond `last_seq`).
+--
+-- WHY: a single node sends streamed deltas live only. It stored each as it came, and a
+-- message's deltas were never read again once its `chat.text` was stored (a replay skips
+-- them): with a model that streams at a pace, ~31 KiB of rows per 100-word answer kept for
+-- the chat's life, and a flush per token. Not storing them leaves their seqs unknown to the
+-- store, and a chat rebuilt after a crash would give them again to other events, which a
+-- client that saw the deltas would skip as seen. So the node marks seqs taken ahead of its
+-- deltas, in steps (one small update per many tokens), moves the mark back to its next
+-- stored event once the stream is over, and a rebuilt chat continues above the mark. An
+-- INTEGER on the dense heads row: 0 takes no space in a row's body.
+ALTER TABLE chat_heads ADD COLUMN seqs_taken INTEGER NOT NULL DEFAULT 0;

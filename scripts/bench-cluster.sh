@@ -17,6 +17,8 @@
 #   RUN_ARGS="--ui --think-ms 2000" SETUPS=pg1 scripts/bench-cluster.sh   # UI round trips
 #   BUILD=0 TESSERA=/path/to/tessera scripts/bench-cluster.sh             # another build
 #   LATENCY_MS=100 SETUPS=pg1 CHATS=3000 TURNS=20 scripts/bench-cluster.sh  # model latency
+#   MOCK_ARGS="--stream --token-interval-ms 20 --answer-words 100" SETUPS=pg1 TURNS=5 \
+#     scripts/bench-cluster.sh                            # a model that streams at a pace
 #
 # Needs: a release build (built here unless BUILD=0), PostgreSQL at $PG_URL (a scratch
 # database: it is dropped and re-created for each run), NATS with JetStream at $NATS_URL, `jq`
@@ -36,6 +38,7 @@ SETUPS=${SETUPS:-"sqlite pg1 pg2 pg3"}
 REPEAT=${REPEAT:-1}
 RUN_ARGS=${RUN_ARGS:-}
 LATENCY_MS=${LATENCY_MS:-0}
+MOCK_ARGS=${MOCK_ARGS:-}
 BUILD=${BUILD:-1}
 WORK=${WORK:-$(mktemp -d /tmp/tessera-bench.XXXXXX)}
 mkdir -p "$WORK"
@@ -52,7 +55,8 @@ TESSERA=${TESSERA:-target/release/tessera}
 # shellcheck source=scripts/bench-lib.sh
 source scripts/bench-lib.sh
 
-"$LOADGEN" mock-llm --port 0 --latency-ms "$LATENCY_MS" >"$WORK/mock.log" 2>&1 &
+# shellcheck disable=SC2086 # MOCK_ARGS is a list of options
+"$LOADGEN" mock-llm --port 0 --latency-ms "$LATENCY_MS" $MOCK_ARGS >"$WORK/mock.log" 2>&1 &
 pids+=($!)
 MOCK=$(wait_listening "$WORK/mock.log")
 

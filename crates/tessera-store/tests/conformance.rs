@@ -1659,8 +1659,9 @@ async fn seqs_marked_taken_count_without_their_events(db: TestDb) {
     assert_eq!(store.last_seq_taken("nope").await.unwrap(), 0);
 
     // Many chats at once (PostgreSQL merges them into one group commit): each chat's later
-    // mark wins.
-    let ids: Vec<String> = (0..16).map(|i| format!("g{i}")).collect();
+    // mark wins. Chat 8's second write repeats a seq and fails alone, which makes PostgreSQL
+    // write its group again job by job (the other statement path).
+    let ids: Vec<String> = (0..32).map(|i| format!("g{i}")).collect();
     for id in &ids {
         store
             .create_chat(record(id, "acme", "u1", 2_000))
@@ -1668,14 +1669,22 @@ async fn seqs_marked_taken_count_without_their_events(db: TestDb) {
             .unwrap();
     }
     let mut writes = Vec::new();
-    for id in &ids {
+    for (i, id) in ids.iter().enumerate() {
+        let second = if i == 8 { vec![1] } else { vec![] };
         writes.push(store.apply_batch(id, mark(vec![1], 200, false)));
-        writes.push(store.apply_batch(id, mark(vec![], 150, false)));
+        writes.push(store.apply_batch(id, mark(second, 150, false)));
         writes.push(store.apply_batch(id, mark(vec![2], 2, true)));
         writes.push(store.apply_batch(id, mark(vec![], 140, false)));
     }
-    for written in join_all(writes).await {
-        written.unwrap();
+    for (n, written) in join_all(writes).await.into_iter().enumerate() {
+        if n == 8 * 4 + 1 {
+            assert!(
+                matches!(written, Err(StoreError::Conflict(_))),
+                "{written:?}"
+            );
+        } else {
+            written.unwrap();
+        }
     }
     for id in &ids {
         assert_eq!(store.last_seq_taken(id).await.unwrap(), 140, "{id}");

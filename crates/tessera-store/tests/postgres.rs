@@ -321,8 +321,8 @@ async fn a_version_6_database_upgrades_keeping_its_chats_and_rows() {
     .unwrap();
 
     let store = PgStore::connect_with(schema.options()).await.unwrap();
-    assert_eq!(store.schema_version().await.unwrap(), 9);
-    assert_eq!(PgStore::latest_schema_version(), 9);
+    assert_eq!(store.schema_version().await.unwrap(), 11);
+    assert_eq!(PgStore::latest_schema_version(), 11);
     let open: Vec<String> = store
         .list_open_chats()
         .await
@@ -333,6 +333,11 @@ async fn a_version_6_database_upgrades_keeping_its_chats_and_rows() {
     assert_eq!(open, ["open"]);
     assert_eq!(store.count_open_chats("acme").await.unwrap(), 1);
     assert_eq!(store.last_seq("open").await.unwrap(), 2);
+    assert_eq!(
+        store.last_seq_taken("open").await.unwrap(),
+        2,
+        "no seq marked taken beyond the log"
+    );
     assert_eq!(
         &*store.all_messages("done").await.unwrap()[0].content,
         "bye"

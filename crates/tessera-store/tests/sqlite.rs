@@ -249,6 +249,14 @@ async fn a_schema_3_file_keeps_its_logs_transcripts_and_claims_in_the_write_orde
     store.append_events("a", vec![event(3)]).await.unwrap();
     assert_eq!(store.last_seq("a").await.unwrap(), 3);
     assert_eq!(store.last_seq("b").await.unwrap(), 1);
+    assert_eq!(
+        (
+            store.last_seq_taken("a").await.unwrap(),
+            store.last_seq_taken("b").await.unwrap()
+        ),
+        (3, 1),
+        "no seq marked taken beyond the logs"
+    );
 
     // A chat created after the migration gets its own number and rows.
     store

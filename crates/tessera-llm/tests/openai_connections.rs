@@ -471,3 +471,35 @@ async fn with_a_delta_interval_later_text_is_held_and_joined_and_none_is_lost() 
     assert_eq!(sink_seen.try_recv().ok().as_deref(), Some("d"));
     assert_eq!(sink_seen.recv().await, None, "no other delta");
 }
+
+/// The read timeout counts from each read: a stream whose reads come further apart in all
+/// than the timeout, each within it, goes on; one that stalls for longer fails with a
+/// timeout, after the text it streamed (not retried: the sink has seen part of the answer).
+#[tokio::test]
+async fn a_stream_times_out_only_when_one_wait_for_a_read_is_longer_than_the_timeout() {
+    const TIMEOUT: Duration = Duration::from_secs(1);
+    const GAP: Duration = Duration::from_millis(600);
+    let (base_url, seen) = start_server(|_, _| stream_in_steps()).await;
+    let client = OpenAiClient::new(OpenAiConfig {
+        request_timeout: TIMEOUT,
+        ..client(base_url).config().clone()
+    })
+    .expect("valid config");
+    let (call, mut sink_seen) = spawn_stream(&client);
+    assert_eq!(next_delta(&mut sink_seen).await.as_deref(), Some("a"));
+    for expected in ["b", "c"] {
+        tokio::time::sleep(GAP).await;
+        release_step(&seen).await;
+        assert_eq!(next_delta(&mut sink_seen).await.as_deref(), Some(expected));
+    }
+    // "d" is never released.
+    let stalled_at = tokio::time::Instant::now();
+    let failed = call.await.expect("task");
+    assert_eq!(failed.err(), Some(LlmError::Timeout(TIMEOUT)));
+    assert!(
+        stalled_at.elapsed() >= TIMEOUT - Duration::from_millis(100),
+        "timed out {:?} after the last read",
+        stalled_at.elapsed()
+    );
+    assert_eq!(seen.requests.load(Ordering::SeqCst), 1, "not retried");
+}

@@ -48,6 +48,29 @@ async fn generator_chat_told(
     (server, chat, ws)
 }
 
+/// Polls alice's chat `chat` (`GET /api/v1/chats/{chat}`) until `reached` holds for it; fails
+/// the test, naming `what`, after 10 s. Writes go to the store behind the session, so a test
+/// that kills the server waits here for what it needs stored.
+async fn until_snapshot(
+    server: &TestServer,
+    chat: &str,
+    what: &str,
+    reached: impl Fn(&Value) -> bool,
+) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, snap) = server.get(&format!("/api/v1/chats/{chat}"), "alice").await;
+        if reached(&snap) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "chat never reached: {what}: {snap}"
+        );
+        tokio::task::yield_now().await;
+    }
+}
+
 /// On PostgreSQL nothing may have gone to a SQLite file in the data dir.
 fn assert_no_sqlite_file(data: &tempfile::TempDir, schema: &Option<PgTestSchema>) {
     if schema.is_some() {
@@ -79,21 +102,17 @@ async fn sigkill_during_a_ui_wait(postgres: bool) {
     let seen = ws.last_seq;
     // Writes go to the store behind the session; wait until it holds the whole log
     // (the state is written in the same batch, after the events).
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let (_, snap) = server.get(&format!("/api/v1/chats/{chat}"), "alice").await;
-        if snap["status"] == "awaiting_tool"
-            && snap["persisted_seq"] == snap["last_seq"]
-            && snap["last_seq"] == seen
-        {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "chat never reached awaiting_tool: {snap}"
-        );
-        tokio::task::yield_now().await;
-    }
+    until_snapshot(
+        &server,
+        &chat,
+        "awaiting_tool with its whole log stored",
+        |snap| {
+            snap["status"] == "awaiting_tool"
+                && snap["persisted_seq"] == snap["last_seq"]
+                && snap["last_seq"] == seen
+        },
+    )
+    .await;
     let _ = server.kill().await;
 
     let server = TestServer::start(options).await;
@@ -192,18 +211,13 @@ async fn sigkill_in_mid_stream(postgres: bool) {
     let seen = ws.last_seq;
     // The mark that covers the stream's seqs left with the first flush after its first delta;
     // the store holds it once it has caught up to that delta.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let (_, snap) = server.get(&format!("/api/v1/chats/{chat}"), "alice").await;
-        if snap["persisted_seq"].as_u64().unwrap_or(0) >= first_seq {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the store never caught up with the stream: {snap}"
-        );
-        tokio::task::yield_now().await;
-    }
+    until_snapshot(
+        &server,
+        &chat,
+        "the store caught up with the stream",
+        |snap| snap["persisted_seq"].as_u64().unwrap_or(0) >= first_seq,
+    )
+    .await;
     let _ = server.kill().await;
     assert!(
         ws.of("chat.text")
@@ -273,18 +287,13 @@ async fn completed_chat_after_a_restart(postgres: bool) {
     }
     let complete = ws.until("chat.run_complete").await;
     assert_eq!(complete["data"]["reason"], "terminate");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let (_, snap) = server.get(&format!("/api/v1/chats/{chat}"), "alice").await;
-        if snap["status"] == "completed" && snap["persisted_seq"] == snap["last_seq"] {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the store never caught up: {snap}"
-        );
-        tokio::task::yield_now().await;
-    }
+    until_snapshot(
+        &server,
+        &chat,
+        "completed with its whole log stored",
+        |snap| snap["status"] == "completed" && snap["persisted_seq"] == snap["last_seq"],
+    )
+    .await;
     let _ = server.kill().await;
 
     // Completed chats are not rehydrated at start; they are rebuilt when their owner asks.

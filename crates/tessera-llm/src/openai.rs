@@ -699,8 +699,6 @@ impl Inner {
     }
 }
 
-/// A streamed body that broke off: before its first byte another attempt may help; after it,
-/// the caller has had part of the answer, so the call fails.
 /// `read`'s output, or `None` when `timer` goes off first.
 async fn before_timer<F: Future>(
     read: F,
@@ -716,6 +714,8 @@ async fn before_timer<F: Future>(
     .await
 }
 
+/// A streamed body that broke off: before its first byte another attempt may help; after it,
+/// the caller has had part of the answer, so the call fails.
 fn body_failure(error: &ExchangeError, started: bool, timeout: Duration) -> Failure {
     if started {
         Failure::fatal(LlmError::Stream(format!(

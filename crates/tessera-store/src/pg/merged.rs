@@ -1,7 +1,7 @@
 //! The fast path of a group commit: the whole group's chat writes as ONE call of the
 //! `tessera_commit_group` function (migrations/postgres/0009_commit_group.sql, and its overload
-//! in 0011_seqs_taken.sql that also marks seqs taken), which runs one
-//! statement per table over arrays of every job's rows (`UNNEST`ed), as its own transaction.
+//! in 0011_seqs_taken.sql that also marks seqs taken), which runs one statement per table over
+//! arrays of every job's rows (`UNNEST`ed), as its own transaction.
 //!
 //! WHY: a turn sends the writer 4-5 jobs (flushes, a tool claim, its completion). Run one by
 //! one, each job costs PostgreSQL a statement of its own (executor start-up, a round trip, a

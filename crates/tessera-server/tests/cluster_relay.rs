@@ -57,7 +57,10 @@ fn todo_engine(store: &Arc<SqliteStore>, durable: bool) -> Engine {
     .unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// A SQLite store in `dir`, an engine on it and one new TodoAssistant chat.
+/// A SQLite store in `dir`, an engine on it and one new TodoAssistant chat; a durable one is
+/// started as a cluster node starts the chats it owns, under a lease epoch (so it shows an
+/// event once it is stored, and stores its streamed deltas: readers on other nodes replay
+/// from the store).
 async fn todo_chat(
     dir: &std::path::Path,
     durable: bool,
@@ -68,14 +71,15 @@ async fn todo_chat(
             .unwrap_or_else(|e| panic!("{e}")),
     );
     let engine = todo_engine(&store, durable);
+    let new = NewChat {
+        tenant: "t".into(),
+        user: "u".into(),
+        workflow: "TodoAssistant".into(),
+        context: Map::new(),
+        chat_id: None,
+    };
     let chat = engine
-        .start_chat(NewChat {
-            tenant: "t".into(),
-            user: "u".into(),
-            workflow: "TodoAssistant".into(),
-            context: Map::new(),
-            chat_id: None,
-        })
+        .start_fenced_chat(new, durable.then_some(1))
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     (engine, chat, store)

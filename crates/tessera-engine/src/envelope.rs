@@ -227,9 +227,7 @@ impl EventLog {
         if seq <= self.last_seq() {
             return;
         }
-        while self.last_seq() + 1 < seq {
-            self.records.push_back(Box::default());
-        }
+        self.take_seqs_through(seq - 1);
         self.records.push_back(verbatim(text));
         self.track_stream(text, true);
     }

@@ -277,7 +277,7 @@ async fn apply_batch(
         .transpose()?;
     // Statement parameters: $1 chat, $2 epoch, $3-$9 messages, $10-$12 events, $13-$17 UI
     // calls put, $18 removed, $19-$24 state, $25 the completed status, $26 the seqs taken
-    // (raised with the state when there is one: one statement may not update a row twice).
+    // (set with the state when there is one: one statement may not update a row twice).
     const SQL: &str = concat!(
         with_fence_and_chat!(),
         "new_messages AS (INSERT INTO messages \

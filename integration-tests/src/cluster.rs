@@ -142,23 +142,65 @@ pub async fn wait_until(what: &str, limit: Duration, mut done: impl AsyncFnMut()
     }
 }
 
-/// Every stored event of `chat`, once the store holds at least `count` of them (`what`
-/// names the wait in its timeout message).
+/// Every stored event of `chat`, once the store holds the event with seq `through` or a later
+/// one (`what` names the wait in its timeout message).
 pub async fn stored_events(
     store: &PgStore,
     chat: &str,
-    count: u64,
+    through: u64,
     what: &str,
 ) -> Vec<tessera_store::StoredEvent> {
     wait_until(what, Duration::from_secs(10), async || {
         store
             .events_after(chat, 0, u32::MAX)
             .await
-            .is_ok_and(|e| e.len() as u64 >= count)
+            .is_ok_and(|e| e.last().is_some_and(|e| e.seq >= through))
     })
     .await;
     store
         .events_after(chat, 0, u32::MAX)
         .await
         .unwrap_or_default()
+}
+
+/// Asserts a client's view of a chat (its logged events after seq `after`, `(seq, event)` in
+/// the order it got them, over all its sockets) against the store: seqs ascending (no
+/// duplicate), every stored event after `after` up to the last seq seen was seen and is the
+/// same, and what was seen but is not stored is a streamed delta (live only: no store holds
+/// one, see docs/protocol.md).
+pub fn assert_view_matches_store(
+    chat: &str,
+    after: u64,
+    seen: &[(u64, &serde_json::Value)],
+    stored: &[tessera_store::StoredEvent],
+) {
+    let seqs: Vec<u64> = seen.iter().map(|(seq, _)| *seq).collect();
+    assert!(
+        seqs.windows(2).all(|w| w[0] < w[1]),
+        "chat {chat}: seqs out of order or repeated in the client's view: {seqs:?}"
+    );
+    let last = seqs.last().copied().unwrap_or(0);
+    for event in stored
+        .iter()
+        .filter(|e| e.seq > after)
+        .take_while(|e| e.seq <= last)
+    {
+        let in_store: serde_json::Value =
+            serde_json::from_str(&event.json).unwrap_or(serde_json::Value::Null);
+        let view = seen.iter().find(|(seq, _)| *seq == event.seq);
+        assert_eq!(
+            view.map(|(_, event)| *event),
+            Some(&in_store),
+            "chat {chat}: the client saw something else under seq {} than the store holds (seen: {seqs:?})",
+            event.seq
+        );
+    }
+    for (seq, event) in seen {
+        if stored.binary_search_by_key(seq, |e| e.seq).is_err() {
+            assert_eq!(
+                event["type"], "chat.text_delta",
+                "chat {chat}: seq {seq} was seen but is not in the store"
+            );
+        }
+    }
 }

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use integration_tests::cluster::{
-    Cluster, LEASE_TTL_S, ONE_CLUSTER_AT_A_TIME, stored_events, wait_until,
+    Cluster, LEASE_TTL_S, ONE_CLUSTER_AT_A_TIME, assert_view_matches_store, stored_events,
+    wait_until,
 };
 use integration_tests::mock_llm::MockLlm;
 use integration_tests::wsclient::WsClient;
@@ -285,25 +286,12 @@ async fn drive_failover_chat(
     run
 }
 
-/// Asserts a client's view of a chat: seqs strictly one after the other from 1, across
-/// reconnects (no gap, no duplicate), and each event the same as the store's under its seq.
-fn assert_view_is_the_store(chat: &str, run: &ChatRun, stored: &[tessera_store::StoredEvent]) {
-    for (i, (seq, event)) in run.seen.iter().enumerate() {
-        assert_eq!(
-            *seq,
-            i as u64 + 1,
-            "chat {chat}: seq gap or duplicate in the client's view at position {i}: {:?}",
-            run.seen.iter().map(|(s, _)| s).collect::<Vec<_>>()
-        );
-        let in_store: Value = stored
-            .get(i)
-            .and_then(|e| serde_json::from_str(&e.json).ok())
-            .unwrap_or(Value::Null);
-        assert_eq!(
-            event, &in_store,
-            "chat {chat}: the client saw something else under seq {seq} than the store holds"
-        );
-    }
+/// A socket's logged events (seq > 0), as `(seq, event)`.
+fn logged(events: &[Value]) -> Vec<(u64, &Value)> {
+    events
+        .iter()
+        .filter_map(|e| Some((e["seq"].as_u64().filter(|s| *s > 0)?, e)))
+        .collect()
 }
 
 /// How a chat's tools ran, from the store's log and tool records and the side-effect log.
@@ -462,31 +450,21 @@ async fn a_chat_created_on_one_node_is_driven_through_another() {
     let key = ws.until_ui_call().await;
     assert_eq!(key["data"]["component_type"], "AgentAPIKeyInput");
 
-    // Node B's view is the owner's: the same events, seq contiguous (checked by the client
-    // on every event), and everything it saw is in the store in the same order.
+    // Node B's view is the owner's: every event once, in order, the stored ones as the store
+    // holds them (the deltas are live only). A client of the owner that joins now sees the
+    // same, but for the deltas of messages now final.
     let store = cluster.store().await;
     let seen = ws.last_seq;
     let stored = stored_events(&store, &chat, seen, "the store to hold what B relayed").await;
-    let relayed: Vec<u64> = ws
-        .events
-        .iter()
-        .filter_map(|e| e["seq"].as_u64())
-        .filter(|s| *s > 0)
-        .collect();
-    let expected: Vec<u64> = (1..=seen).collect();
-    assert_eq!(relayed, expected, "B relayed every event once, in order");
-    for event in ws
-        .events
-        .iter()
-        .filter(|e| e["seq"].as_u64().unwrap_or(0) > 0)
-    {
-        let seq = event["seq"].as_u64().unwrap_or(0) as usize;
-        let stored: Value = serde_json::from_str(&stored[seq - 1].json).unwrap_or(Value::Null);
-        assert_eq!(
-            stored["type"], event["type"],
-            "seq {seq} is the owner's event"
-        );
-    }
+    let relayed: Vec<(u64, &Value)> = logged(&ws.events);
+    assert_view_matches_store(&chat, 0, &relayed, &stored);
+    let mut on_a = WsClient::connect(&a.ws_url(&chat, 0), "alice").await;
+    on_a.until("chat.resume_boundary").await;
+    let owners = logged(&on_a.events);
+    assert!(
+        owners.iter().all(|event| relayed.contains(event)),
+        "B saw every event the owner replays, as the owner replays it"
+    );
 
     // Another user cannot reach the chat through either node.
     assert!(
@@ -494,6 +472,81 @@ async fn a_chat_created_on_one_node_is_driven_through_another() {
             .await
             .is_err()
     );
+}
+
+/// No store holds a streamed delta (each seq is marked taken instead): a client that joins
+/// through a node that does not own the chat while a message streams gets the deltas streamed
+/// so far from the owner's memory, then the rest live, as a client of the owner would.
+#[tokio::test]
+async fn a_client_joining_another_node_in_mid_stream_gets_the_deltas_so_far_from_the_owner() {
+    let _turn = ONE_CLUSTER_AT_A_TIME.lock().await;
+    // 60 words, one every 50 ms: three seconds of stream to join in.
+    let mock = MockLlm::start_paced_answer(50, 60).await;
+    let Some(cluster) =
+        Cluster::start_with("cluster_mid_stream_join", 2, LEASE_TTL_S, mock.options()).await
+    else {
+        return;
+    };
+    let (a, b) = (cluster.node(0), cluster.node(1));
+    let chat = a.create_chat("TodoAssistant", "alice").await;
+    let mut on_a = WsClient::connect(&a.ws_url(&chat, 0), "alice").await;
+    on_a.until("chat.resume_boundary").await;
+    on_a.say("Buy milk").await;
+    let first = on_a.until("chat.text_delta").await;
+    let message = first["data"]["message_id"].clone();
+    for _ in 0..3 {
+        on_a.until("chat.text_delta").await;
+    }
+
+    let mut on_b = WsClient::connect(&b.ws_url(&chat, 0), "alice").await;
+    on_b.until("chat.resume_boundary").await;
+    let replayed = on_b
+        .of("chat.text_delta")
+        .iter()
+        .filter(|d| d["data"]["message_id"] == message)
+        .count();
+    assert!(
+        replayed >= 4,
+        "B's replay has the deltas streamed before it joined ({replayed})"
+    );
+    let text = on_b
+        .until_match("chat.text", |e| e["data"]["message_id"] == message)
+        .await;
+    on_a.until_match("chat.text", |e| e["data"]["message_id"] == message)
+        .await;
+    let deltas: String = on_b
+        .of("chat.text_delta")
+        .iter()
+        .filter(|d| d["data"]["message_id"] == message)
+        .filter_map(|d| d["data"]["delta"].as_str())
+        .collect();
+    assert_eq!(
+        deltas.split_whitespace().collect::<Vec<_>>(),
+        text["data"]["content"]
+            .as_str()
+            .unwrap_or_default()
+            .split_whitespace()
+            .collect::<Vec<_>>(),
+        "B got every delta of the message"
+    );
+    // From the message's first delta on, B saw what the owner's client saw.
+    let from = first["seq"].as_u64().unwrap_or(0);
+    let since = |events: &[Value]| -> Vec<Value> {
+        events
+            .iter()
+            .filter(|e| e["seq"].as_u64().is_some_and(|s| s >= from))
+            .filter(|e| e["seq"].as_u64() <= text["seq"].as_u64())
+            .cloned()
+            .collect()
+    };
+    assert_eq!(since(&on_b.events), since(&on_a.events));
+    let store = cluster.store().await;
+    let stored = stored_events(&store, &chat, on_b.last_seq, "the message's text stored").await;
+    assert!(
+        stored.iter().all(|e| e.event_type != "chat.text_delta"),
+        "no delta is stored"
+    );
+    assert_view_matches_store(&chat, 0, &logged(&on_b.events), &stored);
 }
 
 #[tokio::test]
@@ -674,9 +727,12 @@ async fn chats_survive_a_node_killed_mid_turn() {
             .await
             .unwrap_or_else(|e| panic!("cannot read {chat}'s events: {e}"));
         let seqs: Vec<u64> = stored.iter().map(|e| e.seq).collect();
-        let expected: Vec<u64> = (1..=stored.len() as u64).collect();
-        assert_eq!(seqs, expected, "chat {chat}: the stored log has no gap");
-        assert_view_is_the_store(chat, run, &stored);
+        assert!(
+            seqs.windows(2).all(|w| w[0] < w[1]),
+            "chat {chat}: the stored log has a seq twice or out of order: {seqs:?}"
+        );
+        let seen: Vec<(u64, &Value)> = run.seen.iter().map(|(seq, e)| (*seq, e)).collect();
+        assert_view_matches_store(chat, 0, &seen, &stored);
         let tally = assert_each_tool_ran_once(chat, &stored, &records, &effects);
         total.completed += tally.completed;
         total.interrupted += tally.interrupted;
@@ -801,26 +857,7 @@ async fn a_node_paused_past_its_lease_cannot_write_and_drops_its_chats() {
     for (before, now) in log_before_wake.iter().zip(&after) {
         assert_eq!(before.json, now.json, "seq {} was rewritten", before.seq);
     }
-    let on_b_seqs: Vec<u64> = on_b
-        .events
-        .iter()
-        .filter_map(|e| e["seq"].as_u64())
-        .filter(|s| *s > 0)
-        .collect();
-    for seq in on_b_seqs {
-        let stored: Value =
-            serde_json::from_str(&after[seq as usize - 1].json).unwrap_or(Value::Null);
-        let live = on_b
-            .events
-            .iter()
-            .find(|e| e["seq"] == seq)
-            .cloned()
-            .unwrap_or(Value::Null);
-        assert_eq!(
-            stored["type"], live["type"],
-            "seq {seq} in the store is B's event"
-        );
-    }
+    assert_view_matches_store(&chat, seen, &logged(&on_b.events), &after);
     let plan_answers = after
         .iter()
         .filter(|e| e.event_type == "chat.tool_response" && e.json.contains("\"action_plan\""))

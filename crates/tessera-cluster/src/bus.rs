@@ -46,6 +46,18 @@ pub enum ChatCommand {
         /// Messages at most.
         limit: u64,
     },
+    /// The chat's events after `after_seq` that clients may see, for a client on the
+    /// forwarding node (the owner's memory holds streamed deltas, which no store does);
+    /// answered with `{"session": envelope text or null, "events": [envelope text, …],
+    /// "through": seq, "more": bool}`: a seq up to `through` with no event among them has
+    /// none for clients.
+    Replay {
+        /// The last seq the forwarder's client has.
+        after_seq: u64,
+        /// Also the `chat.session` event that opens a subscriber's replay.
+        #[serde(default)]
+        with_session: bool,
+    },
     /// The chat is being deleted: stop its session now (the deleting node then deletes the
     /// stored chat and its lease, which fences any write still under way).
     Stop,

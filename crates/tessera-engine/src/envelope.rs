@@ -117,6 +117,17 @@ fn write_envelope<R>(
     })
 }
 
+/// The seq of an event's envelope text (0 for a connection's own events, which have none, or
+/// for text that is no envelope).
+pub fn envelope_seq(text: &[u8]) -> u64 {
+    #[derive(serde::Deserialize)]
+    struct SeqOnly {
+        #[serde(default)]
+        seq: u64,
+    }
+    serde_json::from_slice::<SeqOnly>(text).map_or(0, |s| s.seq)
+}
+
 /// A chat's published events, for replay to late subscribers. An envelope's `seq` and
 /// `chat_id` follow from the event's position and the chat, and its type and timestamp fit in
 /// a few bytes, so a record keeps the `data` text and those bytes only: about 40% less memory

@@ -52,12 +52,16 @@ pub struct WriteBehind {
     sent_context_changes: u64,
     /// A batch was refused for good: the store's log of the chat has a gap.
     dropped_batch: bool,
-    /// On a single node: the chat's seqs up to here are marked taken in the store, or queued
-    /// to be (see [`WriteBehind::queue_event`]).
+    /// The chat's seqs up to here are marked taken in the store, or queued to be (see
+    /// [`WriteBehind::queue_event`]).
     seqs_taken: u64,
     /// The mark last handed to a flush (the store's, once that flush is written).
     sent_mark: u64,
-    /// On a single node: the highest seq of a streamed delta passed over (never stored).
+    /// The mark of the flush under way, if it carries one.
+    in_flight_mark: Option<u64>,
+    /// The mark the store is known to hold.
+    durable_mark: u64,
+    /// The highest seq of a streamed delta passed over (never stored).
     live_through: u64,
 }
 
@@ -79,6 +83,8 @@ impl WriteBehind {
             dropped_batch: false,
             seqs_taken: 0,
             sent_mark: 0,
+            in_flight_mark: None,
+            durable_mark: 0,
             live_through: 0,
         }
     }
@@ -108,7 +114,23 @@ impl WriteBehind {
         self.in_flight_seq = seq;
         self.seqs_taken = seq;
         self.sent_mark = seq;
+        self.durable_mark = seq;
         self.live_through = seq;
+    }
+
+    /// The seq up to which every logged event may be shown in a cluster, where an event a
+    /// client saw must keep its seq whoever owns the chat next: a stored event once it is
+    /// durable, a streamed delta (never stored) once the store's mark covers its seq and every
+    /// stored event before it is durable. A delta under a durable mark thus waits for no write.
+    pub fn settled_through(&self) -> u64 {
+        let unwritten = self
+            .in_flight
+            .as_ref()
+            .and_then(|batch| batch.events.first())
+            .or_else(|| self.queued.events.first())
+            .map_or(u64::MAX, |event| event.seq.saturating_sub(1));
+        self.persisted_seq
+            .max(self.live_through.min(self.durable_mark).min(unwritten))
     }
 
     /// True when writes wait for a flush.
@@ -130,16 +152,16 @@ impl WriteBehind {
     /// starts waiting is recorded under `turn_key` (asked only then), one that ended is
     /// forgotten.
     ///
-    /// On a single node a streamed delta is not stored: it is live only (memory replays it
-    /// while its message streams, see `EventLog`), and once its message's `chat.text` is out
-    /// no replay gives it again, so a stored delta was a row written and kept for nothing
-    /// (~31 KiB per 100-word answer from a model that streams at a pace, and a flush per
-    /// token). Its seq is marked taken in the store instead, [`SEQS_TAKEN_AHEAD`] at a time:
-    /// a chat rebuilt after a crash continues above the mark, so a client that saw the delta
-    /// never has its seq given to another event. The next stored event moves the mark back to
-    /// its own seq, so a restart after the stream shows no jump. In a cluster the store holds
-    /// every event a client saw (a node sends an event only once it is stored, and another
-    /// node replays the chat from the store).
+    /// A streamed delta is not stored: it is live only (memory replays it while its message
+    /// streams, see `EventLog`; in a cluster the owner's memory answers other nodes' replays),
+    /// and once its message's `chat.text` is out no replay gives it again, so a stored delta
+    /// was a row written and kept for nothing (~31 KiB per 100-word answer from a model that
+    /// streams at a pace, and a flush per token). Its seq is marked taken in the store
+    /// instead, [`SEQS_TAKEN_AHEAD`] at a time: a chat rebuilt after a crash (or taken over by
+    /// another node) continues above the mark, so a client that saw the delta never has its
+    /// seq given to another event. The next stored event moves the mark back to its own seq,
+    /// so a restart after the stream shows no jump. In a cluster a delta is shown only once
+    /// the mark covering it is durable ([`WriteBehind::settled_through`]).
     pub fn queue_event(
         &mut self,
         seq: u64,
@@ -147,7 +169,7 @@ impl WriteBehind {
         text: Arc<str>,
         turn_key: impl FnOnce() -> String,
     ) {
-        if self.epoch.is_none() && matches!(event, ServerEvent::TextDelta { .. }) {
+        if matches!(event, ServerEvent::TextDelta { .. }) {
             self.live_through = seq;
             if seq > self.seqs_taken {
                 self.seqs_taken = seq + SEQS_TAKEN_AHEAD;
@@ -214,6 +236,7 @@ impl WriteBehind {
         if let Some(mark) = batch.seqs_taken_through {
             self.sent_mark = mark;
         }
+        self.in_flight_mark = batch.seqs_taken_through;
         let batch = Arc::new(batch);
         // The deltas passed over count as settled: none of them is ever to be stored.
         self.in_flight_seq = batch
@@ -238,6 +261,9 @@ impl WriteBehind {
         match outcome {
             FlushOutcome::Written => {
                 self.persisted_seq = self.in_flight_seq;
+                if let Some(mark) = self.in_flight_mark {
+                    self.durable_mark = mark;
+                }
                 self.retry_delay = FIRST_RETRY_DELAY;
             }
             FlushOutcome::Retry => {
@@ -546,7 +572,7 @@ pub struct RestoredChat {
 #[derive(Clone)]
 pub struct ChatRows(pub Arc<dyn ChatStore>);
 
-fn store_error(e: StoreError) -> EngineError {
+pub(crate) fn store_error(e: StoreError) -> EngineError {
     EngineError::Store(e.to_string())
 }
 
@@ -755,12 +781,13 @@ mod tests {
         assert_eq!(flush_with(5, awaiting, &context, 1), None);
     }
 
-    /// On a single node a streamed delta is never stored: the first one marks seqs taken
-    /// [`SEQS_TAKEN_AHEAD`] beyond it, the deltas up to the mark queue nothing at all, the
-    /// next delta past it moves the mark on, and the next stored event brings it back. A chat
-    /// loaded back continues above the mark; in a cluster every delta is stored.
+    /// A streamed delta is never stored: the first one marks seqs taken [`SEQS_TAKEN_AHEAD`]
+    /// beyond it, the deltas up to the mark queue nothing at all, the next delta past it moves
+    /// the mark on, and the next stored event brings it back. A chat loaded back continues
+    /// above the mark. In a cluster a delta settles (may be shown) once the store's mark
+    /// covers it and every stored event before it is durable.
     #[actix_rt::test]
-    async fn a_single_node_marks_a_streamed_delta_s_seq_taken_instead_of_storing_it() {
+    async fn a_streamed_delta_s_seq_is_marked_taken_instead_of_stored() {
         let store = tessera_store::SqliteStore::in_memory().await;
         let store: Arc<dyn ChatStore> = Arc::new(store.expect("scratch store"));
         store
@@ -884,11 +911,68 @@ mod tests {
         assert_eq!(flush(&mut queue), (vec![12 + ahead], None));
         assert_eq!(store.last_seq_taken("chat_1").await.ok(), Some(12 + ahead));
 
-        // In a cluster (a lease epoch) the store keeps every event a client saw.
+        // In a cluster (a lease epoch): what may be shown waits for the store.
+        let mut queue = WriteBehind::new(Arc::clone(&store), Arc::from("chat_1"));
+        queue.set_persisted_seq(12 + ahead);
         queue.set_epoch(Some(1));
-        let next = 13 + ahead;
-        queue_all(&mut queue, &[(next, delta("m4")), (next + 1, text("m4"))]);
-        assert_eq!(flush(&mut queue), (vec![next, next + 1], None));
+        let s = 12 + ahead;
+        queue_all(
+            &mut queue,
+            &[(s + 1, run_start.clone()), (s + 2, delta("m5"))],
+        );
+        assert_eq!(queue.settled_through(), s, "nothing durable yet");
+        let (sent, written) = std::sync::mpsc::channel();
+        assert!(queue.start_flush(move |outcome| {
+            let _ = sent.send(outcome);
+        }));
+        queue_all(&mut queue, &[(s + 3, delta("m5"))]);
+        assert!(
+            !queue.has_queued(),
+            "under the mark in flight: nothing to write"
+        );
+        assert_eq!(queue.settled_through(), s, "the flush is under way");
+        let outcome = written.recv_timeout(Duration::from_secs(10));
+        queue.flush_done(outcome.expect("the flush ends"));
+        assert_eq!(queue.settled_through(), s + 3, "the mark is durable");
+        queue_all(&mut queue, &[(s + 4, delta("m5"))]);
+        assert_eq!(
+            queue.settled_through(),
+            s + 4,
+            "a delta under a durable mark settles at once"
+        );
+        assert!(!queue.start_flush(|_| {}), "without a write");
+        queue_all(&mut queue, &[(s + 5, text("m5")), (s + 6, delta("m6"))]);
+        assert_eq!(
+            queue.settled_through(),
+            s + 4,
+            "a delta waits for the stored event before it"
+        );
+        assert_eq!(flush(&mut queue), (vec![s + 5], Some(s + 6 + ahead)));
+        assert_eq!(queue.settled_through(), s + 6);
+        assert_eq!(
+            store.last_seq_taken("chat_1").await.ok(),
+            Some(s + 6 + ahead)
+        );
+        // A stored event brings the mark back while a flush is under way: a delta after it
+        // waits for its own mark.
+        queue_all(&mut queue, &[(s + 7, text("m6"))]);
+        let (sent, written) = std::sync::mpsc::channel();
+        assert!(queue.start_flush(move |outcome| {
+            let _ = sent.send(outcome);
+        }));
+        queue_all(&mut queue, &[(s + 8, delta("m7"))]);
+        let outcome = written.recv_timeout(Duration::from_secs(10));
+        assert_eq!(
+            queue.flush_done(outcome.expect("the flush ends")),
+            NextFlush::Now
+        );
+        assert_eq!(
+            queue.settled_through(),
+            s + 7,
+            "s + 8's mark is not written yet"
+        );
+        assert_eq!(flush(&mut queue), (vec![], Some(s + 8 + ahead)));
+        assert_eq!(queue.settled_through(), s + 8);
     }
 
     #[test]

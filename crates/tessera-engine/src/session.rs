@@ -24,10 +24,10 @@ use crate::correlator::{
     ResolveUiCall,
 };
 use crate::dedup::{CompleteKey, ToolKey};
-use crate::envelope::{ChatIdJson, EventLog, envelope_json};
+use crate::envelope::{ChatIdJson, EventLog, envelope_json, envelope_seq};
 pub use crate::events::Publish;
 use crate::ids;
-use crate::persist::{FlushOutcome, NextFlush, StateRow, TranscriptRow, WriteBehind};
+use crate::persist::{FlushOutcome, NextFlush, StateRow, TranscriptRow, WriteBehind, store_error};
 use crate::runner::{
     AgentRunner, CancelTurn, LoggedToolEvents, RunnerParts, TurnFinished, message_id,
 };
@@ -61,6 +61,34 @@ impl Deliver {
 pub struct Subscribe {
     pub recipient: Recipient<Deliver>,
     pub after_seq: u64,
+}
+
+/// The logged events after `after_seq` that clients may see, as a subscriber's replay gives
+/// them (memory, and the store for those that left it), at most `max_events` of them and about
+/// `max_bytes`: for a node that feeds a client of a chat another node owns (in a cluster the
+/// store holds no streamed delta; the owner's memory does while its message streams).
+#[derive(Message)]
+#[rtype(result = "Result<Replayed, EngineError>")]
+pub struct ReplayEvents {
+    pub after_seq: u64,
+    pub max_events: usize,
+    pub max_bytes: usize,
+    /// Also the `chat.session` event a subscriber gets before its replay.
+    pub with_session: bool,
+}
+
+/// What [`ReplayEvents`] answers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Replayed {
+    /// The `chat.session` envelope, when asked for.
+    pub session: Option<Arc<str>>,
+    /// The events' envelopes, by ascending seq.
+    pub events: Vec<Arc<str>>,
+    /// The replay is whole up to this seq: a seq up to here that is not among `events` has no
+    /// event for clients (a delta of a message now final, or a seq marked taken).
+    pub through: u64,
+    /// More events follow `through` than the limits let in: ask again after it.
+    pub more: bool,
 }
 
 /// A published event, typed, for in-process watchers (see [`Watch`]), with its seq in the
@@ -397,6 +425,10 @@ impl ChatSession {
                 },
                 ends_ui_call,
             );
+            if matches!(event, ServerEvent::TextDelta { .. }) {
+                // A delta under the store's mark waits for no write.
+                self.release_durable();
+            }
             return;
         }
         self.fan_out(seq, &text, Some(&event));
@@ -446,12 +478,13 @@ impl ChatSession {
         }
     }
 
-    /// Fans out the held events the store now holds (a cluster's chat, after a flush).
+    /// Fans out the held events that may be shown now (a cluster's chat, after a flush or
+    /// a delta the store's mark covers; see [`WriteBehind::settled_through`]).
     fn release_durable(&mut self) {
         let (Some(held), Some(persist)) = (&mut self.held, &self.persist) else {
             return;
         };
-        for event in held.take_durable(persist.persisted_seq()) {
+        for event in held.take_durable(persist.settled_through()) {
             self.fan_out(event.seq, &event.text, event.typed.as_ref());
         }
     }
@@ -1223,18 +1256,7 @@ impl Handler<Subscribe> for ChatSession {
                 })
                 .map(move |(pending, from, older), act, _ctx| {
                     let pending = act.visible_ui_calls(pending.unwrap_or_default());
-                    act.send_direct(
-                        &recipient,
-                        &ServerEvent::Session {
-                            workflow: act.wf.workflow.name.clone(),
-                            status: act.status.as_str().to_owned(),
-                            current_agent: act.current_agent.to_string(),
-                            last_seq: act.visible_seq(),
-                            pending_ui_calls: pending.clone(),
-                            model: act.wf.model.label().to_owned(),
-                            demo: act.wf.model.is_demo(),
-                        },
-                    );
+                    act.send_direct(&recipient, &act.session_event(pending.clone()));
                     // In a cluster, up to the last durable event: the held ones follow live.
                     let visible = act.visible_seq();
                     let (replay, from_seq) = act.resume_replay(from, visible, older, &recipient);
@@ -1279,13 +1301,7 @@ impl ChatSession {
         }
         match older {
             Some((upto, Ok(events))) => {
-                let later: Vec<Arc<str>> = self
-                    .log
-                    .replay_until(upto, visible, &self.chat_id_json)
-                    .collect();
-                let mut replay = stored_replay(&events, from, upto, &later, &self.chat_id_json);
-                replay.extend(later);
-                (replay, from)
+                (self.replay_with_stored(from, upto, visible, &events), from)
             }
             failed => {
                 if let Some((_, Err(error))) = failed {
@@ -1307,6 +1323,37 @@ impl ChatSession {
                 (replay, from)
             }
         }
+    }
+
+    /// The `chat.session` event that opens a subscriber's replay.
+    fn session_event(&self, pending_ui_calls: Vec<PendingUiCall>) -> ServerEvent {
+        ServerEvent::Session {
+            workflow: self.wf.workflow.name.clone(),
+            status: self.status.as_str().to_owned(),
+            current_agent: self.current_agent.to_string(),
+            last_seq: self.visible_seq(),
+            pending_ui_calls,
+            model: self.wf.model.label().to_owned(),
+            demo: self.wf.model.is_demo(),
+        }
+    }
+
+    /// The replay after seq `from` up to `visible`: `events`, read from the store up to `upto`,
+    /// then memory's.
+    fn replay_with_stored(
+        &self,
+        from: u64,
+        upto: u64,
+        visible: u64,
+        events: &[StoredEvent],
+    ) -> Vec<Arc<str>> {
+        let later: Vec<Arc<str>> = self
+            .log
+            .replay_until(upto, visible, &self.chat_id_json)
+            .collect();
+        let mut replay = stored_replay(events, from, upto, &later, &self.chat_id_json);
+        replay.extend(later);
+        replay
     }
 
     /// When a resume from seq `from` needs events that left memory: the seq the store's part
@@ -1354,6 +1401,80 @@ fn stored_replay(
         log.finalized_later(text);
     }
     log.replay_until(from, upto, chat_id).collect()
+}
+
+impl Handler<ReplayEvents> for ChatSession {
+    type Result = ResponseActFuture<Self, Result<Replayed, EngineError>>;
+
+    fn handle(&mut self, msg: ReplayEvents, _ctx: &mut Self::Context) -> Self::Result {
+        let pending = msg.with_session.then(|| {
+            self.shard.correlator.send(ListPendingUiCalls {
+                chat_id: self.id.chat_id.clone(),
+            })
+        });
+        let from = msg.after_seq.min(self.visible_seq());
+        let older = self.read_forgotten_events(from);
+        let read = async move {
+            let pending = match pending {
+                Some(pending) => Some(pending.await.unwrap_or_default()),
+                None => None,
+            };
+            let older = match older {
+                Some((upto, read)) => Some((upto, read.await)),
+                None => None,
+            };
+            (pending, older)
+        };
+        Box::pin(
+            read.into_actor(self)
+                .map(move |(pending, older), act, _ctx| {
+                    if older.is_some() {
+                        act.store_replays -= 1;
+                    }
+                    let session = pending.map(|pending| {
+                        let event = act.session_event(act.visible_ui_calls(pending));
+                        envelope_json(0, &act.chat_id_json, &event)
+                    });
+                    let visible = act.visible_seq();
+                    let mut events = match older {
+                        Some((upto, Ok(events))) => {
+                            act.replay_with_stored(from, upto, visible, &events)
+                        }
+                        Some((_, Err(e))) => return Err(store_error(e)),
+                        None => act
+                            .log
+                            .replay_until(from.max(act.log.forgotten()), visible, &act.chat_id_json)
+                            .collect(),
+                    };
+                    let mut bytes = 0;
+                    let fits = events
+                        .iter()
+                        .take(msg.max_events)
+                        .take_while(|text| {
+                            bytes += text.len();
+                            bytes <= msg.max_bytes
+                        })
+                        .count()
+                        // At least one, so a replay always moves on.
+                        .max(1);
+                    let more = events.len() > fits;
+                    let through = if more {
+                        events.truncate(fits);
+                        events
+                            .last()
+                            .map_or(from, |text| envelope_seq(text.as_bytes()))
+                    } else {
+                        visible
+                    };
+                    Ok(Replayed {
+                        session,
+                        events,
+                        through,
+                        more,
+                    })
+                }),
+        )
+    }
 }
 
 impl Handler<Watch> for ChatSession {

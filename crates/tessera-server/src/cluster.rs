@@ -17,7 +17,9 @@ use tessera_cluster::{
     LeaseManager, LiveEvent, NumberedFrame, ReleaseLease,
 };
 use tessera_engine::ChatHandle;
-use tessera_engine::session::{CancelRun, Deliver, Subscribe, ToolAnswer, Unsubscribe, UserInput};
+use tessera_engine::session::{
+    CancelRun, Deliver, ReplayEvents, Subscribe, ToolAnswer, Unsubscribe, UserInput,
+};
 use tessera_protocol::ErrorCode;
 use tokio::sync::{mpsc, oneshot};
 
@@ -41,13 +43,6 @@ impl ChatRelay {
             subscription: None,
         }
     }
-}
-
-/// The seq of a serialized event envelope (0 for per-connection events).
-#[derive(Deserialize)]
-struct SeqOnly {
-    #[serde(default)]
-    seq: u64,
 }
 
 impl Actor for ChatRelay {
@@ -104,7 +99,7 @@ impl Handler<Deliver> for ChatRelay {
             return;
         };
         for text in batch {
-            let seq = serde_json::from_str::<SeqOnly>(&text).map_or(0, |s| s.seq);
+            let seq = tessera_engine::envelope_seq(text.as_bytes());
             if seq == 0 {
                 continue;
             }
@@ -163,6 +158,29 @@ pub async fn carry_out(chat: &ChatHandle, bus: &ClusterBus, command: ChatCommand
             },
             Err(e) => e.to_refusal(),
         },
+        ChatCommand::Replay {
+            after_seq,
+            with_session,
+        } => match addr
+            .send(ReplayEvents {
+                after_seq,
+                max_events: REPLAY_PAGE_EVENTS,
+                max_bytes: REPLAY_PAGE_BYTES,
+                with_session,
+            })
+            .await
+        {
+            Ok(Ok(replayed)) => CommandReply::Answered {
+                body: serde_json::json!({
+                    "session": replayed.session.as_deref(),
+                    "events": replayed.events.iter().map(|e| &**e).collect::<Vec<&str>>(),
+                    "through": replayed.through,
+                    "more": replayed.more,
+                }),
+            },
+            Ok(Err(e)) => crate::rest::ApiError::from(e).to_refusal(),
+            Err(_) => crate::rest::unavailable().to_refusal(),
+        },
         ChatCommand::Stop => {
             // Stopped already is as good: nothing of it runs here any more.
             let _ = addr.send(tessera_engine::session::StopChat).await;
@@ -175,6 +193,13 @@ pub async fn carry_out(chat: &ChatHandle, bus: &ClusterBus, command: ChatCommand
         } => serve_agui_run(chat, bus, &workflow, input, stream_to).await,
     }
 }
+
+/// Events at most in one answer to [`ChatCommand::Replay`].
+const REPLAY_PAGE_EVENTS: usize = 500;
+
+/// Envelope bytes at most in one answer to [`ChatCommand::Replay`] (about; NATS refuses a
+/// message over its `max_payload`, 1 MiB by default, and the answer's JSON escapes the texts).
+const REPLAY_PAGE_BYTES: usize = 256 * 1024;
 
 /// How often an owner streaming a run to another node says it is still there.
 pub(crate) const STREAM_KEEPALIVE: std::time::Duration = std::time::Duration::from_secs(2);
@@ -254,35 +279,53 @@ impl StreamHandler<IncomingCommand> for ChatRelay {
     }
 }
 
-/// How long a reader waits before asking the store again for events it has seen live but the
-/// store does not hold yet (the owner writes behind its live events).
+/// How long a reader waits before asking the store (and the owner) again for events it has
+/// seen live but could not place yet.
 const STORE_CATCH_UP_RETRY: std::time::Duration = std::time::Duration::from_millis(50);
 
-/// How often a reader also asks the store for events past the last it delivered: events the
-/// owner published before the reader subscribed, but stored only after its first read, come
-/// with no later live event to reveal the gap (nor does a lost last live event).
+/// How often a reader also asks the store for events past the last it delivered: a lost last
+/// live event comes with no later one to reveal the gap.
 const STORE_POLL: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Events read from the store per catch-up query.
 const CATCH_UP_PAGE: u32 = 500;
 
 /// The reader's side of routing: feeds a subscriber on a node that does not own the chat with
-/// every event after `after_seq`, each exactly once and in seq order — first from the store
-/// (replay), then live from the owner over NATS. A live event past a gap (the ones published
-/// before the subscription, or lost in a failover) is held back until the store has filled the
-/// gap, so the subscriber never sees a gap or a duplicate.
+/// what a subscriber on the owner gets — `chat.session`, the events after `after_seq`, each
+/// once and in seq order, `chat.resume_boundary`, then live events from the owner over NATS.
+/// The replay comes from the owner ([`ChatCommand::Replay`]: its memory, and its store reads):
+/// the store holds no streamed delta, so only the owner has the deltas of a message still
+/// streaming, and only it can say which seqs have no event for clients. A live event past a
+/// gap (one published before the subscription, or lost) is held back until the store or the
+/// owner has filled the gap. While no node owns the chat (a takeover), the store alone
+/// replays what it holds.
 pub struct RemoteFeed {
     chat_id: String,
     store: std::sync::Arc<dyn tessera_store::ChatStore>,
     bus: ClusterBus,
     recipient: Recipient<Deliver>,
-    /// The next seq the subscriber gets.
+    /// The next seq the subscriber may get (lower ones it has, or have no event).
     next_seq: u64,
     /// Live events ahead of `next_seq`, by seq.
     held: std::collections::BTreeMap<u64, Bytes>,
     catching_up: bool,
     /// Where the replay started, until the `chat.resume_boundary` that ends it is sent.
     boundary_from: Option<u64>,
+    /// Events delivered before that boundary.
+    replayed: u64,
+    /// The owner was asked for the `chat.session` event that opens the replay.
+    session_asked: bool,
+}
+
+/// The owner's answer to [`ChatCommand::Replay`].
+#[derive(Deserialize)]
+struct ReplayPage {
+    #[serde(default)]
+    session: Option<String>,
+    events: Vec<String>,
+    through: u64,
+    #[serde(default)]
+    more: bool,
 }
 
 impl RemoteFeed {
@@ -303,6 +346,8 @@ impl RemoteFeed {
             held: std::collections::BTreeMap::new(),
             catching_up: false,
             boundary_from: Some(after_seq + 1),
+            replayed: 0,
+            session_asked: false,
         }
     }
 
@@ -313,6 +358,7 @@ impl RemoteFeed {
         let Some(from) = self.boundary_from.take() else {
             return;
         };
+        let replayed = self.replayed;
         let store = self.store.clone();
         let chat_id = self.chat_id.clone();
         let read = async move { store.pending_ui(&chat_id).await };
@@ -322,11 +368,10 @@ impl RemoteFeed {
                 .into_iter()
                 .filter_map(|p| serde_json::from_value(p.call).ok())
                 .collect();
-            let last_seq = act.next_seq - 1;
             let event = tessera_protocol::ServerEvent::ResumeBoundary {
                 from_seq: from,
-                last_seq,
-                replayed: last_seq.saturating_sub(from - 1),
+                last_seq: act.next_seq - 1,
+                replayed,
                 pending_ui_calls,
             };
             let timestamp = tessera_protocol::rfc3339_now();
@@ -342,17 +387,21 @@ impl RemoteFeed {
         }));
     }
 
-    fn deliver(&mut self, envelope: &[u8]) {
+    /// Delivers event `seq` (not below `next_seq`).
+    fn deliver(&mut self, seq: u64, envelope: &[u8]) {
         let text = String::from_utf8_lossy(envelope);
         self.recipient
             .do_send(Deliver::one(std::sync::Arc::from(text.as_ref())));
-        self.next_seq += 1;
+        self.next_seq = seq + 1;
+        if self.boundary_from.is_some() {
+            self.replayed += 1;
+        }
     }
 
     /// Delivers held live events that are next in line.
     fn drain_held(&mut self) {
         while let Some(envelope) = self.held.remove(&self.next_seq) {
-            self.deliver(&envelope);
+            self.deliver(self.next_seq, &envelope);
         }
         let stale: Vec<u64> = self.held.range(..self.next_seq).map(|(s, _)| *s).collect();
         for seq in stale {
@@ -360,8 +409,9 @@ impl RemoteFeed {
         }
     }
 
-    /// Reads the store from `next_seq` on; again after a pause while live events are still
-    /// held back (the store has not caught up with them yet).
+    /// Reads the store from `next_seq` on, then asks the owner for what the store could not
+    /// give (a gap before a stored event, or before a held live one); again after a pause
+    /// while live events are still held back.
     fn catch_up(&mut self, ctx: &mut Context<Self>) {
         if self.catching_up {
             return;
@@ -373,13 +423,16 @@ impl RemoteFeed {
         let read = async move { store.events_after(&chat_id, after, CATCH_UP_PAGE).await };
         ctx.spawn(read.into_actor(self).map(|events, act, ctx| {
             act.catching_up = false;
-            let mut full_page = false;
+            let (mut full_page, mut gap) = (false, false);
             match events {
                 Ok(events) => {
                     full_page = events.len() == CATCH_UP_PAGE as usize;
                     for event in events {
                         if event.seq == act.next_seq {
-                            act.deliver(event.json.as_bytes());
+                            act.deliver(event.seq, event.json.as_bytes());
+                        } else if event.seq > act.next_seq {
+                            gap = true;
+                            break;
                         }
                     }
                 }
@@ -388,8 +441,71 @@ impl RemoteFeed {
                 }
             }
             act.drain_held();
-            if full_page {
+            if gap || (!full_page && !act.held.is_empty()) {
+                act.ask_owner(true, ctx);
+            } else if full_page {
                 act.catch_up(ctx);
+            } else {
+                act.send_boundary(ctx);
+            }
+        }));
+    }
+
+    /// Asks the owner for the events from `next_seq` on (see [`ChatCommand::Replay`]), with
+    /// the `chat.session` event first when the replay starts. If it cannot answer (a takeover
+    /// is under way), reads the store: again after a pause when the feed is `stuck` (a gap
+    /// before an event it has), or at once for a replay that starts (without its
+    /// `chat.session`, which only the owner can give; a later live event shows any gap).
+    fn ask_owner(&mut self, stuck: bool, ctx: &mut Context<Self>) {
+        if self.catching_up {
+            return;
+        }
+        self.catching_up = true;
+        let bus = self.bus.clone();
+        let chat_id = self.chat_id.clone();
+        let with_session = self.boundary_from.is_some() && !self.session_asked;
+        self.session_asked = true;
+        let command = ChatCommand::Replay {
+            after_seq: self.next_seq - 1,
+            with_session,
+        };
+        let ask = async move { bus.send_command(&chat_id, &command).await };
+        ctx.spawn(ask.into_actor(self).map(move |reply, act, ctx| {
+            act.catching_up = false;
+            let page = match reply {
+                Ok(CommandReply::Answered { body }) => {
+                    serde_json::from_value::<ReplayPage>(body).map_err(|e| e.to_string())
+                }
+                Ok(other) => Err(format!("{other:?}")),
+                Err(e) => Err(e.to_string()),
+            };
+            let page = match page {
+                Ok(page) => page,
+                Err(error) => {
+                    tracing::debug!(chat_id = %act.chat_id, %error, "the owner did not replay");
+                    if stuck {
+                        ctx.run_later(STORE_CATCH_UP_RETRY, |act, ctx| act.catch_up(ctx));
+                    } else {
+                        act.catch_up(ctx);
+                    }
+                    return;
+                }
+            };
+            if let Some(session) = page.session.filter(|_| act.boundary_from.is_some()) {
+                act.recipient
+                    .do_send(Deliver::one(Arc::from(session.as_str())));
+            }
+            for text in &page.events {
+                let seq = tessera_engine::envelope_seq(text.as_bytes());
+                if seq >= act.next_seq {
+                    act.deliver(seq, text.as_bytes());
+                }
+            }
+            // The seqs up to `through` without an event have none for clients.
+            act.next_seq = act.next_seq.max(page.through + 1);
+            act.drain_held();
+            if page.more {
+                act.ask_owner(true, ctx);
             } else if !act.held.is_empty() {
                 ctx.run_later(STORE_CATCH_UP_RETRY, |act, ctx| act.catch_up(ctx));
             } else {
@@ -403,15 +519,15 @@ impl Actor for RemoteFeed {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
-        // Subscribe first, then read the store: an event published in between is then both
-        // live and stored, and the seq check delivers it once.
+        // Subscribe first, then replay: an event published in between is then both live and
+        // replayed, and the seq check delivers it once.
         let bus = self.bus.clone();
         let chat_id = self.chat_id.clone();
         let subscribe = async move { bus.subscribe_events(&chat_id).await };
         ctx.wait(subscribe.into_actor(self).map(|events, act, ctx| match events {
             Ok(events) => {
                 ctx.add_stream(events);
-                act.catch_up(ctx);
+                act.ask_owner(false, ctx);
                 ctx.run_interval(STORE_POLL, |act, ctx| {
                     if !act.recipient.connected() {
                         ctx.stop();
@@ -451,7 +567,7 @@ impl StreamHandler<LiveEvent> for RemoteFeed {
             return;
         }
         if event.seq == self.next_seq && !self.catching_up {
-            self.deliver(&event.envelope);
+            self.deliver(event.seq, &event.envelope);
             self.drain_held();
             return;
         }

@@ -2,7 +2,8 @@
 //! as it is logged (the store catches up behind it, and a restart reads the same store). In a
 //! cluster the next owner of a chat continues from the store alone, so an event a client saw
 //! but the store never got would have its seq reused by different content: there an event is
-//! held here until the flush that carries it is durable, and only then fanned out. For the
+//! held here until the flush that carries it is durable (a streamed delta, never stored, until
+//! the store's mark of seqs taken covers it), and only then fanned out. For the
 //! same reason a client's input and UI answers are acknowledged only once the events they
 //! caused are durable (an acknowledged answer the next owner never saw would be lost).
 
@@ -110,8 +111,9 @@ impl HeldEvents {
         }
     }
 
-    /// Takes the held events the store now holds (seq up to `persisted_seq`), in order, and
-    /// fires the acknowledgements waiting for them.
+    /// Takes the held events the store now settles (seq up to `persisted_seq`: stored, or
+    /// a delta whose seq the store marks taken), in order, and fires the acknowledgements
+    /// waiting for them.
     pub(super) fn take_durable(&mut self, persisted_seq: u64) -> Vec<HeldEvent> {
         self.durable_seq = self.durable_seq.max(persisted_seq);
         let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.seq_waiters)

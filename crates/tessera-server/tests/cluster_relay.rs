@@ -13,7 +13,7 @@ use tessera_engine::{Engine, EngineConfig, EngineHooks, NewChat};
 use tessera_llm::ChatModel;
 use tessera_llm::scripted::ScriptedModel;
 use tessera_server::cluster::ChatRelay;
-use tessera_store::SqliteStore;
+use tessera_store::{ChatStore, SqliteStore};
 use tessera_tools::{ArtifactStore, BuiltinRegistry, ToolServices};
 
 async fn bus(url: &str, node: &str, prefix: &str) -> ClusterBus {
@@ -214,7 +214,7 @@ fn logged_seqs(seen: &[Value]) -> Vec<u64> {
 }
 
 #[actix::test]
-async fn a_reader_on_another_node_gets_replay_then_live_events_without_gap_or_duplicate() {
+async fn a_reader_on_another_node_gets_the_owner_s_replay_then_live_events_without_duplicate() {
     let Some(url) = tessera_cluster::testing::test_nats_url("a_reader_on_another_node") else {
         return;
     };
@@ -293,10 +293,45 @@ async fn a_reader_on_another_node_gets_replay_then_live_events_without_gap_or_du
         .count();
     assert_eq!(boundaries, 1, "the replay ends with one resume boundary");
     assert_eq!(
-        seqs,
-        (1..=seqs.len() as u64).collect::<Vec<_>>(),
-        "every event once, in order, from the first"
+        seen.first().map(|e| &e["type"]),
+        Some(&Value::from("chat.session")),
+        "the owner's chat.session opens the replay"
     );
+    assert!(
+        seqs.windows(2).all(|w| w[0] < w[1]),
+        "every event once, in order: {seqs:?}"
+    );
+    // Every stored event, as stored; the others are streamed deltas (live only: the first
+    // turn's, final before the reader came, are in no replay).
+    let stored = store
+        .events_after(&chat_id, 0, u32::MAX)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let last = seqs.last().copied().unwrap_or(0);
+    let stored_seqs: Vec<u64> = stored
+        .iter()
+        .map(|e| e.seq)
+        .filter(|s| *s <= last)
+        .collect();
+    assert_eq!(
+        seqs.iter()
+            .copied()
+            .filter(|s| stored_seqs.contains(s))
+            .collect::<Vec<_>>(),
+        stored_seqs,
+        "the reader got every stored event"
+    );
+    for event in seen.iter().filter(|e| e["seq"].as_u64().unwrap_or(0) > 0) {
+        let seq = event["seq"].as_u64().unwrap_or(0);
+        match stored.iter().find(|e| e.seq == seq) {
+            Some(stored) => assert_eq!(
+                serde_json::from_str::<Value>(&stored.json).ok().as_ref(),
+                Some(event),
+                "seq {seq} as stored"
+            ),
+            None => assert_eq!(event["type"], "chat.text_delta", "seq {seq} is not stored"),
+        }
+    }
 }
 
 #[actix::test]

@@ -549,6 +549,75 @@ async fn a_client_joining_another_node_in_mid_stream_gets_the_deltas_so_far_from
     assert_view_matches_store(&chat, 0, &logged(&on_b.events), &stored);
 }
 
+/// A node shows a streamed delta only once the store marks its seq taken: killed while the
+/// model streams, the chat's next owner continues above every seq a client saw (through
+/// either node), and the re-run turn reaches a client that resumes after that seq.
+#[tokio::test]
+async fn a_node_killed_in_mid_stream_leaves_no_seq_a_client_saw_to_its_successor() {
+    let _turn = ONE_CLUSTER_AT_A_TIME.lock().await;
+    // 60 words, one every 50 ms: three seconds of stream to kill the owner in.
+    let mock = MockLlm::start_paced_answer(50, 60).await;
+    let Some(mut cluster) =
+        Cluster::start_with("cluster_kill_mid_stream", 2, LEASE_TTL_S, mock.options()).await
+    else {
+        return;
+    };
+    let chat = cluster.node(0).create_chat("TodoAssistant", "alice").await;
+    let mut on_a = WsClient::connect(&cluster.node(0).ws_url(&chat, 0), "alice").await;
+    on_a.until("chat.resume_boundary").await;
+    let mut on_b = WsClient::connect(&cluster.node(1).ws_url(&chat, 0), "alice").await;
+    on_b.until("chat.resume_boundary").await;
+    on_a.say("Buy milk").await;
+    for _ in 0..3 {
+        on_a.until("chat.text_delta").await;
+    }
+    on_b.until("chat.text_delta").await;
+    let victim = cluster.nodes[0]
+        .take()
+        .unwrap_or_else(|| panic!("node 0 missing"));
+    let _ = victim.kill().await;
+    let seen = on_a.last_seq.max(on_b.last_seq);
+    assert!(
+        on_a.of("chat.text")
+            .iter()
+            .all(|t| t["data"]["agent"] != "TodoAgent"),
+        "the owner must die in mid-stream: {:?}",
+        on_a.types()
+    );
+    drop((on_a, on_b));
+    wait_until(
+        "node 1 to take the chat over",
+        Duration::from_secs(20),
+        async || cluster.log(1).contains("serving a chat taken over"),
+    )
+    .await;
+    let mut again = WsClient::connect(&cluster.node(1).ws_url(&chat, seen), "alice").await;
+    again.last_seq = seen;
+    // The re-run turn from its start: under a reused seq its first events would never reach
+    // a client that asks for what came after `seen`.
+    again
+        .until_match("chat.run_start", |e| e["data"]["agent"] == "TodoAgent")
+        .await;
+    let text = again
+        .until_match("chat.text", |e| e["data"]["agent"] == "TodoAgent")
+        .await;
+    let words = text["data"]["content"]
+        .as_str()
+        .unwrap_or_default()
+        .split_whitespace()
+        .count();
+    assert_eq!(words, 60, "the re-run turn's whole answer: {text}");
+    assert!(
+        again
+            .events
+            .iter()
+            .filter_map(|e| e["seq"].as_u64())
+            .all(|seq| seq == 0 || seq > seen),
+        "every logged event after the takeover is above seq {seen}: {:?}",
+        again.events
+    );
+}
+
 #[tokio::test]
 async fn chats_survive_a_node_killed_mid_turn() {
     let _turn = ONE_CLUSTER_AT_A_TIME.lock().await;

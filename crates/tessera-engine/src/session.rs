@@ -87,7 +87,8 @@ pub struct Replayed {
     /// The replay is whole up to this seq: a seq up to here that is not among `events` has no
     /// event for clients (a delta of a message now final, or a seq marked taken).
     pub through: u64,
-    /// More events follow `through` than the limits let in: ask again after it.
+    /// More events follow `through` than the limits let in: ask again after it (or, when
+    /// `events` is empty, read the next from the store: it is too big for the limits).
     pub more: bool,
 }
 
@@ -1454,18 +1455,16 @@ impl Handler<ReplayEvents> for ChatSession {
                             bytes += text.len();
                             bytes <= msg.max_bytes
                         })
-                        .count()
-                        // At least one, so a replay always moves on.
-                        .max(1);
+                        .count();
                     let more = events.len() > fits;
-                    let through = if more {
-                        events.truncate(fits);
-                        events
-                            .last()
-                            .map_or(from, |text| envelope_seq(text.as_bytes()))
-                    } else {
-                        visible
+                    let through = match events.get(fits) {
+                        // An event too big for any answer ends the page before it (the
+                        // asker reads it from the store: only deltas are in none, and a
+                        // delta is small).
+                        Some(next) if more => envelope_seq(next.as_bytes()).saturating_sub(1),
+                        _ => visible,
                     };
+                    events.truncate(fits);
                     Ok(Replayed {
                         session,
                         events,

@@ -10,7 +10,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use common::*;
 use serde_json::{Map, json};
-use tessera_engine::session::{GetSnapshot, Relinquish, ToolAnswer, UserInput};
+use tessera_engine::session::{
+    GetSnapshot, Relinquish, ReplayEvents, Replayed, ToolAnswer, UserInput,
+};
 use tessera_engine::{EngineConfig, EngineHooks, NewChat};
 use tessera_store::{
     ChatRecord, ChatStore, ChatWriteBatch, PendingUiRecord, SqliteStore, StoreError, StoreFuture,
@@ -491,6 +493,74 @@ async fn a_resume_from_before_the_events_in_memory_replays_them_from_the_store()
         reads + 2,
         "a resume within memory reads nothing"
     );
+}
+
+/// What another node's feed asks the owner for: the replay a subscriber gets (the store's part
+/// and memory's), in pages that end where the limits say, each whole through its `through`.
+#[actix::test]
+async fn a_replay_for_another_node_is_a_subscriber_s_replay_in_pages() {
+    let (_dir, _store, _h, c) = chat_with_few_events_in_memory(4).await;
+    let expected = replayable(&c.seen);
+    let ask = |after_seq: u64, max_events: usize, max_bytes: usize, with_session: bool| {
+        let chat = c.chat.clone();
+        async move {
+            let asked = chat.addr.send(ReplayEvents {
+                after_seq,
+                max_events,
+                max_bytes,
+                with_session,
+            });
+            match asked.await {
+                Ok(Ok(page)) => page,
+                other => panic!("no replay: {:?}", other.map(|r| r.map(|p| p.through))),
+            }
+        }
+    };
+    let texts = |page: &Replayed| -> Vec<serde_json::Value> {
+        page.events
+            .iter()
+            .map(|t| serde_json::from_str(t).unwrap_or_default())
+            .collect()
+    };
+
+    let first = ask(0, 5, usize::MAX, true).await;
+    let session: serde_json::Value = first
+        .session
+        .as_deref()
+        .and_then(|s| serde_json::from_str(s).ok())
+        .unwrap_or_default();
+    assert_eq!(session["type"], "chat.session");
+    assert_eq!(session["seq"], 0);
+    assert!(first.more && first.events.len() == 5);
+    let mut replayed = texts(&first);
+    let mut through = first.through;
+    assert!(
+        through >= replayed[4]["seq"].as_u64().unwrap_or(u64::MAX),
+        "whole through the page's last event"
+    );
+    loop {
+        let page = ask(through, 5, usize::MAX, false).await;
+        assert!(page.session.is_none(), "asked for once");
+        assert!(page.events.len() <= 5);
+        replayed.extend(texts(&page));
+        through = page.through;
+        if !page.more {
+            break;
+        }
+    }
+    assert_eq!(replayed, expected, "the pages make the subscriber's replay");
+    let last_seq = c.chat.addr.send(GetSnapshot).await.map(|s| s.last_seq);
+    assert_eq!(
+        Ok(through),
+        last_seq,
+        "the last page is whole through the log's end"
+    );
+
+    // An event bigger than an answer may be ends the page before it, empty when it is first.
+    let big = ask(0, 500, 10, false).await;
+    let first_seq = expected[0]["seq"].as_u64().unwrap_or(0);
+    assert!(big.events.is_empty() && big.more);
+    assert_eq!(big.through, first_seq - 1);
 }
 
 #[actix::test]

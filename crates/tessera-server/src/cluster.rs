@@ -504,7 +504,10 @@ impl RemoteFeed {
             // The seqs up to `through` without an event have none for clients.
             act.next_seq = act.next_seq.max(page.through + 1);
             act.drain_held();
-            if page.more {
+            if page.more && page.events.is_empty() {
+                // The next event is too big for an answer; the store has it.
+                act.catch_up(ctx);
+            } else if page.more {
                 act.ask_owner(true, ctx);
             } else if !act.held.is_empty() {
                 ctx.run_later(STORE_CATCH_UP_RETRY, |act, ctx| act.catch_up(ctx));

@@ -19,6 +19,9 @@
 #   LATENCY_MS=100 SETUPS=pg1 CHATS=3000 TURNS=20 scripts/bench-cluster.sh  # model latency
 #   MOCK_ARGS="--stream --token-interval-ms 20 --answer-words 100" SETUPS=pg1 TURNS=5 \
 #     scripts/bench-cluster.sh                            # a model that streams at a pace
+#   CROSS=1 SETUPS=pg2 scripts/bench-cluster.sh             # every socket on a node that does
+#                                                         # not own its chat (followed, driven
+#                                                         # across nodes)
 #
 # Needs: a release build (built here unless BUILD=0), PostgreSQL at $PG_URL (a scratch
 # database: it is dropped and re-created for each run), NATS with JetStream at $NATS_URL, `jq`
@@ -111,7 +114,10 @@ run_setup() {
   if ((nodes > 1)); then peers+=(--peer-comm nats-server); fi
   for ((i = 0; i < nodes; i++)); do
     # shellcheck disable=SC2086 # RUN_ARGS is a list of options
-    "$LOADGEN" run --url "${urls[$i]}" --chats "$per_node" --turns "$TURNS" $RUN_ARGS \
+    # CROSS=1: each generator's sockets go to the next node (chats followed across nodes).
+    local ws=()
+    if [ "${CROSS:-0}" = 1 ] && ((nodes > 1)); then ws=(--ws-url "${urls[$(((i + 1) % nodes))]}"); fi
+    "$LOADGEN" run --url "${urls[$i]}" "${ws[@]}" --chats "$per_node" --turns "$TURNS" $RUN_ARGS \
       --server-pid "${node_pids[$i]}" "${peers[@]}" --json "$out/run$i.json" \
       >"$out/run$i.log" 2>&1 &
     gens+=($!)

@@ -36,6 +36,10 @@ pub struct Common {
     /// Server root, e.g. http://127.0.0.1:8080 (loopback only).
     #[arg(long)]
     pub url: String,
+    /// Open the chats' sockets on this server root instead of `--url`'s: another node of a
+    /// cluster, which then follows and drives chats its peer created (and owns).
+    #[arg(long)]
+    pub ws_url: Option<String>,
     /// Concurrent chats.
     #[arg(long, default_value_t = 100)]
     pub chats: usize,
@@ -113,7 +117,8 @@ pub struct IdleArgs {
 
 /// What every chat task shares.
 struct Shared {
-    server: SocketAddr,
+    /// Where the sockets go (`--url`'s server unless `--ws-url`).
+    ws_server: SocketAddr,
     base: String,
     ws_base: String,
     workflow: String,
@@ -224,11 +229,12 @@ fn parse_sources(spec: Option<&str>) -> anyhow::Result<Vec<Ipv4Addr>> {
     Ok(out)
 }
 
-async fn shared(common: &Common) -> anyhow::Result<Arc<Shared>> {
-    let base = common.url.trim_end_matches('/').to_owned();
-    let authority = base
+/// A server root's `host:port` and address: loopback only.
+async fn loopback_root(root: &str) -> anyhow::Result<(String, SocketAddr)> {
+    let authority = root
+        .trim_end_matches('/')
         .strip_prefix("http://")
-        .context("--url must start with http://")?;
+        .with_context(|| format!("{root} must start with http://"))?;
     let server = tokio::net::lookup_host(authority)
         .await
         .with_context(|| format!("cannot resolve {authority}"))?
@@ -237,6 +243,16 @@ async fn shared(common: &Common) -> anyhow::Result<Arc<Shared>> {
     if !server.ip().is_loopback() {
         bail!("the load generator only talks to 127.0.0.0/8; {server} is not loopback");
     }
+    Ok((authority.to_owned(), server))
+}
+
+async fn shared(common: &Common) -> anyhow::Result<Arc<Shared>> {
+    let base = common.url.trim_end_matches('/').to_owned();
+    let (authority, server) = loopback_root(&base).await?;
+    let (ws_authority, ws_server) = match &common.ws_url {
+        Some(root) => loopback_root(root).await?,
+        None => (authority.clone(), server),
+    };
     let context = match &common.context {
         Some(text) => serde_json::from_str::<Value>(text).context("--context is not JSON")?,
         None => json!({}),
@@ -250,8 +266,8 @@ async fn shared(common: &Common) -> anyhow::Result<Arc<Shared>> {
         .build()
         .context("cannot build the HTTP client")?;
     Ok(Arc::new(Shared {
-        server,
-        ws_base: format!("ws://{authority}"),
+        ws_server,
+        ws_base: format!("ws://{ws_authority}"),
         base,
         workflow: common.workflow.clone(),
         context,
@@ -315,20 +331,20 @@ async fn open_chat(shared: &Shared, i: usize) -> Result<Socket, &'static str> {
         .map_err(|e| shared.open_failed(i, "create_bad_body", started, &e))?;
     let path = body["ws_url"].as_str().ok_or("create_bad_body")?;
     let url = format!("{}{path}?last_seq=0", shared.ws_base);
-    let socket = if shared.server.is_ipv4() {
+    let socket = if shared.ws_server.is_ipv4() {
         TcpSocket::new_v4()
     } else {
         TcpSocket::new_v6()
     }
     .map_err(|e| shared.open_failed(i, "socket_failed", started, &e))?;
-    if !shared.sources.is_empty() && shared.server.is_ipv4() {
+    if !shared.sources.is_empty() && shared.ws_server.is_ipv4() {
         let ip = shared.sources[i % shared.sources.len()];
         socket
             .bind(SocketAddr::new(IpAddr::V4(ip), 0))
             .map_err(|e| shared.open_failed(i, "bind_failed", started, &e))?;
     }
     let stream = socket
-        .connect(shared.server)
+        .connect(shared.ws_server)
         .await
         .map_err(|e| shared.open_failed(i, "connect_failed", started, &e))?;
     let connected = Instant::now();

@@ -283,9 +283,19 @@ impl StreamHandler<IncomingCommand> for ChatRelay {
 /// seen live but could not place yet.
 const STORE_CATCH_UP_RETRY: std::time::Duration = std::time::Duration::from_millis(50);
 
-/// How often a reader also asks the store for events past the last it delivered: a lost last
-/// live event comes with no later one to reveal the gap.
+/// How soon after the chat's last activity a reader also asks the store for events past the
+/// last it delivered: a lost last live event comes with no later one to reveal the gap.
 const STORE_POLL: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The longest wait between two such reads: each read that finds the chat quiet since the
+/// one before doubles the wait up to this, and a live event brings it back to [`STORE_POLL`].
+/// (A reader per idle chat and socket reading the store every second was the store's main
+/// load in a cluster of idle chats.)
+const STORE_POLL_QUIET: std::time::Duration = std::time::Duration::from_secs(16);
+
+/// How long a gap the store cannot fill may last before the reader asks the owner (see
+/// `RemoteFeed::stalled`).
+const STALL_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// Events read from the store per catch-up query.
 const CATCH_UP_PAGE: u32 = 500;
@@ -315,6 +325,11 @@ pub struct RemoteFeed {
     replayed: u64,
     /// The owner was asked for the `chat.session` event that opens the replay.
     session_asked: bool,
+    /// The wait before the next read of the store (see [`STORE_POLL_QUIET`]), and that read.
+    poll_every: std::time::Duration,
+    poll: Option<SpawnHandle>,
+    /// The seq the feed has been stuck before, and since when.
+    stalled_since: Option<(u64, std::time::Instant)>,
 }
 
 /// The owner's answer to [`ChatCommand::Replay`].
@@ -348,6 +363,9 @@ impl RemoteFeed {
             boundary_from: Some(after_seq + 1),
             replayed: 0,
             session_asked: false,
+            poll_every: STORE_POLL,
+            poll: None,
+            stalled_since: None,
         }
     }
 
@@ -442,13 +460,32 @@ impl RemoteFeed {
             }
             act.drain_held();
             if gap || (!full_page && !act.held.is_empty()) {
-                act.ask_owner(true, ctx);
+                act.stalled(ctx);
             } else if full_page {
                 act.catch_up(ctx);
             } else {
                 act.send_boundary(ctx);
             }
         }));
+    }
+
+    /// The feed cannot go on from the store (a gap before a stored event, or before a held
+    /// live one): reads the store again after a pause and asks the owner once the same gap has
+    /// lasted [`STALL_GRACE`]. Not at once: a gap before a stored event is most often a delta
+    /// the owner showed with it and NATS is still bringing, and the owner's replay skips the
+    /// deltas of a message that is final by then, which would cut this one from the live view.
+    fn stalled(&mut self, ctx: &mut Context<Self>) {
+        match self.stalled_since {
+            Some((seq, since)) if seq == self.next_seq => {
+                if since.elapsed() >= STALL_GRACE {
+                    self.stalled_since = None;
+                    self.ask_owner(true, ctx);
+                    return;
+                }
+            }
+            _ => self.stalled_since = Some((self.next_seq, std::time::Instant::now())),
+        }
+        ctx.run_later(STORE_CATCH_UP_RETRY, |act, ctx| act.catch_up(ctx));
     }
 
     /// Asks the owner for the events from `next_seq` on (see [`ChatCommand::Replay`]), with
@@ -518,6 +555,35 @@ impl RemoteFeed {
     }
 }
 
+impl RemoteFeed {
+    /// Reads the store after `poll_every`, waiting longer each time the chat stayed quiet.
+    fn schedule_poll(&mut self, ctx: &mut Context<Self>) {
+        let seen = self.next_seq;
+        self.poll = Some(ctx.run_later(self.poll_every, move |act, ctx| {
+            if !act.recipient.connected() {
+                ctx.stop();
+                return;
+            }
+            if act.next_seq == seen {
+                act.poll_every = (act.poll_every * 2).min(STORE_POLL_QUIET);
+            }
+            act.catch_up(ctx);
+            act.schedule_poll(ctx);
+        }));
+    }
+
+    /// The chat is active: the next read of the store comes [`STORE_POLL`] from now at most.
+    fn poll_soon(&mut self, ctx: &mut Context<Self>) {
+        if self.poll_every > STORE_POLL {
+            self.poll_every = STORE_POLL;
+            if let Some(poll) = self.poll.take() {
+                ctx.cancel_future(poll);
+            }
+            self.schedule_poll(ctx);
+        }
+    }
+}
+
 impl Actor for RemoteFeed {
     type Context = Context<Self>;
 
@@ -531,13 +597,7 @@ impl Actor for RemoteFeed {
             Ok(events) => {
                 ctx.add_stream(events);
                 act.ask_owner(false, ctx);
-                ctx.run_interval(STORE_POLL, |act, ctx| {
-                    if !act.recipient.connected() {
-                        ctx.stop();
-                    } else {
-                        act.catch_up(ctx);
-                    }
-                });
+                act.schedule_poll(ctx);
             }
             Err(e) => {
                 tracing::warn!(chat_id = %act.chat_id, error = %e, "cannot follow the chat's live events");
@@ -566,6 +626,7 @@ impl StreamHandler<LiveEvent> for RemoteFeed {
             ctx.stop();
             return;
         }
+        self.poll_soon(ctx);
         if event.seq < self.next_seq {
             return;
         }

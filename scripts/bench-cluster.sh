@@ -113,10 +113,10 @@ run_setup() {
   if [ -n "$store_url" ]; then peers+=(--peer-comm postgres); fi
   if ((nodes > 1)); then peers+=(--peer-comm nats-server); fi
   for ((i = 0; i < nodes; i++)); do
-    # shellcheck disable=SC2086 # RUN_ARGS is a list of options
     # CROSS=1: each generator's sockets go to the next node (chats followed across nodes).
     local ws=()
     if [ "${CROSS:-0}" = 1 ] && ((nodes > 1)); then ws=(--ws-url "${urls[$(((i + 1) % nodes))]}"); fi
+    # shellcheck disable=SC2086 # RUN_ARGS is a list of options
     "$LOADGEN" run --url "${urls[$i]}" "${ws[@]}" --chats "$per_node" --turns "$TURNS" $RUN_ARGS \
       --server-pid "${node_pids[$i]}" "${peers[@]}" --json "$out/run$i.json" \
       >"$out/run$i.log" 2>&1 &

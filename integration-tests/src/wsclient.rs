@@ -149,6 +149,32 @@ impl WsClient {
         }
     }
 
+    /// For a client that resumed after seq `seen` once its chat was rebuilt in mid-stream (a
+    /// restart, a takeover): waits for `agent`'s turn run again, from its `chat.run_start` (under
+    /// a reused seq its first events would never reach a client that asks for what came after
+    /// `seen`) to its `chat.text`, asserts that every logged event got is above `seen`, and
+    /// returns the number of words in the text.
+    pub async fn until_turn_run_again_above(&mut self, seen: u64, agent: &str) -> usize {
+        self.until_match("chat.run_start", |e| e["data"]["agent"] == agent)
+            .await;
+        let text = self
+            .until_match("chat.text", |e| e["data"]["agent"] == agent)
+            .await;
+        assert!(
+            self.events
+                .iter()
+                .filter_map(|e| e["seq"].as_u64())
+                .all(|seq| seq == 0 || seq > seen),
+            "every logged event of the rebuilt chat is above seq {seen}: {:?}",
+            self.events
+        );
+        text["data"]["content"]
+            .as_str()
+            .unwrap_or_default()
+            .split_whitespace()
+            .count()
+    }
+
     /// Waits for the UI tool call that awaits the browser.
     pub async fn until_ui_call(&mut self) -> Value {
         self.until_match("chat.tool_call", |e| e["data"]["awaiting_response"] == true)

@@ -236,29 +236,8 @@ async fn sigkill_in_mid_stream(postgres: bool) {
     );
     let mut again = WsClient::connect(&server.ws_url(&chat, seen), "alice").await;
     again.last_seq = seen;
-    // The re-run turn from its start: under a reused seq its first events would never reach
-    // a client that asks for what came after `seen`.
-    again
-        .until_match("chat.run_start", |e| e["data"]["agent"] == "TodoAgent")
-        .await;
-    let text = again
-        .until_match("chat.text", |e| e["data"]["agent"] == "TodoAgent")
-        .await;
-    let words = text["data"]["content"]
-        .as_str()
-        .unwrap_or_default()
-        .split_whitespace()
-        .count();
-    assert_eq!(words, 60, "the re-run turn's whole answer: {text}");
-    assert!(
-        again
-            .events
-            .iter()
-            .filter_map(|e| e["seq"].as_u64())
-            .all(|seq| seq == 0 || seq > seen),
-        "every logged event after the restart is above seq {seen}: {:?}",
-        again.events
-    );
+    let words = again.until_turn_run_again_above(seen, "TodoAgent").await;
+    assert_eq!(words, 60, "the re-run turn's whole answer");
     assert_no_sqlite_file(&data, &schema);
 }
 

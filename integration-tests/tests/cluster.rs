@@ -597,6 +597,60 @@ async fn a_node_killed_in_mid_stream_leaves_no_seq_a_client_saw_to_its_successor
     assert_eq!(words, 60, "the re-run turn's whole answer");
 }
 
+/// Many chats created on one node and driven through the other at once, by the real load
+/// generator (it checks every event: seqs in order, tool calls answered, each turn ending
+/// with `chat.input_request`): every forwarded message is taken, and every event arrives once
+/// and in order, with the owner's store written behind them.
+#[tokio::test]
+async fn chats_created_on_one_node_and_driven_through_another_see_every_event_in_order() {
+    let _turn = ONE_CLUSTER_AT_A_TIME.lock().await;
+    let mock = MockLlm::start().await;
+    let mut options = mock.options();
+    // One tenant opens 200 chats at once: above the default open-chat quota and rate.
+    options.env.extend(
+        [
+            ("TESSERA_MAX_OPEN_CHATS_PER_TENANT", "0"),
+            ("TESSERA_MESSAGES_PER_MINUTE", "100000000"),
+        ]
+        .map(|(k, v)| (k.to_owned(), v.to_owned())),
+    );
+    let Some(cluster) = Cluster::start_with("cluster_cross_load", 2, LEASE_TTL_S, options).await
+    else {
+        return;
+    };
+    let summary = tempfile::NamedTempFile::new().unwrap_or_else(|e| panic!("{e}"));
+    let status = tokio::process::Command::new(integration_tests::loadgen_bin())
+        .args([
+            "run",
+            "--url",
+            &cluster.node(0).base,
+            "--ws-url",
+            &cluster.node(1).base,
+        ])
+        .args([
+            "--chats",
+            "200",
+            "--turns",
+            "3",
+            "--max-seconds",
+            "120",
+            "--json",
+        ])
+        .arg(summary.path())
+        .kill_on_drop(true)
+        .status()
+        .await
+        .unwrap_or_else(|e| panic!("cannot run the load generator: {e}"));
+    let report: Value = serde_json::from_slice(
+        &std::fs::read(summary.path()).unwrap_or_else(|e| panic!("no summary: {e}")),
+    )
+    .unwrap_or_else(|e| panic!("summary is not JSON: {e}"));
+    assert!(status.success(), "the load generator failed: {report}");
+    assert_eq!(report["turns_completed"], 600, "{report}");
+    assert_eq!(report["protocol_violations"], 0, "{report}");
+    assert_eq!(report["errors"], json!({}), "{report}");
+}
+
 #[tokio::test]
 async fn chats_survive_a_node_killed_mid_turn() {
     let _turn = ONE_CLUSTER_AT_A_TIME.lock().await;

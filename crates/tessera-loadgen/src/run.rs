@@ -456,6 +456,8 @@ async fn drive_chat(
     }
     let mut last_seq = 0;
     let mut ready = false;
+    // The chat's first `chat.input_request` (its invitation to type) has been seen.
+    let mut invited = false;
     let mut turn_started: Option<Instant> = None;
     let mut open_calls: HashSet<String> = HashSet::new();
     let mut ui_seen: HashSet<String> = HashSet::new();
@@ -498,8 +500,23 @@ async fn drive_chat(
             match &*event.kind {
                 "chat.resume_boundary" => {
                     ready = true;
-                    if out.turns_done == 0 && turn_started.is_none() {
+                    if invited && out.turns_done == 0 && turn_started.is_none() {
                         // Offered load: first messages are spread too, not one burst.
+                        if !think.is_zero() {
+                            tokio::time::sleep(think_time(think, i, 0)).await;
+                        }
+                        send = Some(user_message(i, 1));
+                    }
+                }
+                // The invitation after the replay: a cluster shows an event only once it is
+                // durable, so a socket on another node may connect before the chat's first
+                // `chat.input_request` is visible. Counting it as the end of a first turn
+                // sent while it was on its way had the second message refused.
+                "chat.input_request"
+                    if !ready || (out.turns_done == 0 && turn_started.is_none()) =>
+                {
+                    invited = true;
+                    if ready {
                         if !think.is_zero() {
                             tokio::time::sleep(think_time(think, i, 0)).await;
                         }

@@ -427,9 +427,8 @@ impl RemoteFeed {
         }
     }
 
-    /// Reads the store from `next_seq` on, then asks the owner for what the store could not
-    /// give (a gap before a stored event, or before a held live one); again after a pause
-    /// while live events are still held back.
+    /// Reads the store from `next_seq` on; when it cannot fill a gap (before a stored event,
+    /// or before a held live one), see [`RemoteFeed::stalled`].
     fn catch_up(&mut self, ctx: &mut Context<Self>) {
         if self.catching_up {
             return;

@@ -1245,7 +1245,7 @@ impl Handler<Subscribe> for ChatSession {
                 .into_actor(self)
                 .then(move |pending, act, _ctx| {
                     let from = msg.after_seq.min(act.visible_seq());
-                    let older = act.read_forgotten_events(from);
+                    let older = act.read_forgotten_events(from, u32::MAX);
                     async move {
                         let older = match older {
                             Some((upto, read)) => Some((upto, read.await)),
@@ -1361,9 +1361,11 @@ impl ChatSession {
     /// of the replay goes up to (what the store holds, at most what clients may see), and the
     /// read of those events. Memory keeps what it holds until the read is done, so the two
     /// parts meet.
+    /// At most `max` events are read.
     fn read_forgotten_events(
         &mut self,
         from: u64,
+        max: u32,
     ) -> Option<(u64, tessera_store::StoreFuture<Vec<StoredEvent>>)> {
         if from >= self.log.forgotten() {
             return None;
@@ -1378,7 +1380,9 @@ impl ChatSession {
             .unwrap_or(0)
             .max(self.log.forgotten());
         let upto = stored.min(self.visible_seq());
-        let limit = u32::try_from(upto.saturating_sub(from)).unwrap_or(u32::MAX);
+        let limit = u32::try_from(upto.saturating_sub(from))
+            .unwrap_or(u32::MAX)
+            .min(max);
         self.store_replays += 1;
         Some((upto, store.events_after(&self.id.chat_id, from, limit)))
     }
@@ -1414,7 +1418,10 @@ impl Handler<ReplayEvents> for ChatSession {
             })
         });
         let from = msg.after_seq.min(self.visible_seq());
-        let older = self.read_forgotten_events(from);
+        // No more of the store than a page holds: a long chat replayed page by page would
+        // otherwise read its whole rest for every page.
+        let max_read = u32::try_from(msg.max_events).unwrap_or(u32::MAX);
+        let older = self.read_forgotten_events(from, max_read);
         let read = async move {
             let pending = match pending {
                 Some(pending) => Some(pending.await.unwrap_or_default()),
@@ -1436,8 +1443,13 @@ impl Handler<ReplayEvents> for ChatSession {
                         let event = act.session_event(act.visible_ui_calls(pending));
                         envelope_json(0, &act.chat_id_json, &event)
                     });
-                    let visible = act.visible_seq();
+                    let mut visible = act.visible_seq();
                     let mut events = match older {
+                        // The read stopped at the page's size: the page ends with it.
+                        Some((_, Ok(events))) if events.len() >= msg.max_events => {
+                            visible = events.last().map_or(from, |e| e.seq);
+                            stored_replay(&events, from, visible, &[], &act.chat_id_json)
+                        }
                         Some((upto, Ok(events))) => {
                             act.replay_with_stored(from, upto, visible, &events)
                         }
@@ -1456,13 +1468,13 @@ impl Handler<ReplayEvents> for ChatSession {
                             bytes <= msg.max_bytes
                         })
                         .count();
-                    let more = events.len() > fits;
+                    let more = events.len() > fits || visible < act.visible_seq();
                     let through = match events.get(fits) {
                         // An event too big for any answer ends the page before it (the
                         // asker reads it from the store: only deltas are in none, and a
                         // delta is small).
-                        Some(next) if more => envelope_seq(next.as_bytes()).saturating_sub(1),
-                        _ => visible,
+                        Some(next) => envelope_seq(next.as_bytes()).saturating_sub(1),
+                        None => visible,
                     };
                     events.truncate(fits);
                     Ok(Replayed {

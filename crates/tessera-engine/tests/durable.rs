@@ -189,6 +189,8 @@ struct FlakyStore {
     refuse: std::sync::atomic::AtomicBool,
     /// Reads of a chat's events (`events_after`) so far.
     event_reads: AtomicUsize,
+    /// The largest `limit` a read of a chat's events asked for.
+    largest_event_read: AtomicUsize,
     /// Reads of a chat's events fail from now on.
     fail_event_reads: std::sync::atomic::AtomicBool,
 }
@@ -230,6 +232,7 @@ impl FlakyStore {
             claims: std::sync::atomic::AtomicU8::new(claims as u8),
             refuse: std::sync::atomic::AtomicBool::new(false),
             event_reads: AtomicUsize::new(0),
+            largest_event_read: AtomicUsize::new(0),
             fail_event_reads: std::sync::atomic::AtomicBool::new(false),
         }
     }
@@ -276,6 +279,8 @@ impl ChatStore for FlakyStore {
     }
     fn events_after(&self, chat_id: &str, after: u64, limit: u32) -> StoreFuture<Vec<StoredEvent>> {
         self.event_reads.fetch_add(1, Ordering::SeqCst);
+        self.largest_event_read
+            .fetch_max(limit as usize, Ordering::SeqCst);
         if self.fail_event_reads.load(Ordering::SeqCst) {
             return Box::pin(std::future::ready(Err(StoreError::Transient(
                 "injected read failure".into(),
@@ -499,7 +504,7 @@ async fn a_resume_from_before_the_events_in_memory_replays_them_from_the_store()
 /// and memory's), in pages that end where the limits say, each whole through its `through`.
 #[actix::test]
 async fn a_replay_for_another_node_is_a_subscriber_s_replay_in_pages() {
-    let (_dir, _store, _h, c) = chat_with_few_events_in_memory(4).await;
+    let (_dir, store, _h, c) = chat_with_few_events_in_memory(4).await;
     let expected = replayable(&c.seen);
     let ask = |after_seq: u64, max_events: usize, max_bytes: usize, with_session: bool| {
         let chat = c.chat.clone();
@@ -549,6 +554,11 @@ async fn a_replay_for_another_node_is_a_subscriber_s_replay_in_pages() {
         }
     }
     assert_eq!(replayed, expected, "the pages make the subscriber's replay");
+    assert_eq!(
+        store.largest_event_read.load(Ordering::SeqCst),
+        5,
+        "no page reads more of the store than it holds"
+    );
     let last_seq = c.chat.addr.send(GetSnapshot).await.map(|s| s.last_seq);
     assert_eq!(
         Ok(through),

@@ -498,30 +498,15 @@ async fn drive_chat(
             let data = event.data.unwrap_or_default();
             let mut send = None;
             match &*event.kind {
-                "chat.resume_boundary" => {
-                    ready = true;
-                    if invited && out.turns_done == 0 && turn_started.is_none() {
-                        // Offered load: first messages are spread too, not one burst.
-                        if !think.is_zero() {
-                            tokio::time::sleep(think_time(think, i, 0)).await;
-                        }
-                        send = Some(user_message(i, 1));
-                    }
-                }
-                // The invitation after the replay: a cluster shows an event only once it is
-                // durable, so a socket on another node may connect before the chat's first
-                // `chat.input_request` is visible. Counting it as the end of a first turn
-                // sent while it was on its way had the second message refused.
+                "chat.resume_boundary" => ready = true,
+                // The invitation, in the replay or after it: a cluster shows an event only
+                // once it is durable, so a socket on another node may connect before the
+                // chat's first `chat.input_request` is visible. Counting it as the end of a
+                // first turn sent while it was on its way had the second message refused.
                 "chat.input_request"
                     if !ready || (out.turns_done == 0 && turn_started.is_none()) =>
                 {
                     invited = true;
-                    if ready {
-                        if !think.is_zero() {
-                            tokio::time::sleep(think_time(think, i, 0)).await;
-                        }
-                        send = Some(user_message(i, 1));
-                    }
                 }
                 "chat.input_request" if ready && turn_started.is_some() => {
                     let now = Instant::now();
@@ -586,6 +571,15 @@ async fn drive_chat(
                     }
                 }
                 _ => {}
+            }
+            // The first message once the replay is over and the chat has invited it (only the
+            // boundary or the invitation can make this true, and the send below starts the turn).
+            if ready && invited && out.turns_done == 0 && turn_started.is_none() {
+                // Offered load: first messages are spread too, not one burst.
+                if !think.is_zero() {
+                    tokio::time::sleep(think_time(think, i, 0)).await;
+                }
+                send = Some(user_message(i, 1));
             }
             if let Some(message) = send {
                 if matches!(

@@ -552,9 +552,7 @@ impl RemoteFeed {
             }
         }));
     }
-}
 
-impl RemoteFeed {
     /// Reads the store after `poll_every`, waiting longer each time the chat stayed quiet.
     fn schedule_poll(&mut self, ctx: &mut Context<Self>) {
         let seen = self.next_seq;

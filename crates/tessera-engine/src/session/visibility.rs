@@ -111,14 +111,14 @@ impl HeldEvents {
         }
     }
 
-    /// Takes the held events the store now settles (seq up to `persisted_seq`: stored, or
-    /// a delta whose seq the store marks taken), in order, and fires the acknowledgements
+    /// Takes the held events the store now settles (seq up to `settled_seq`: stored, or a
+    /// delta whose seq the store marks taken), in order, and fires the acknowledgements
     /// waiting for them.
-    pub(super) fn take_durable(&mut self, persisted_seq: u64) -> Vec<HeldEvent> {
-        self.durable_seq = self.durable_seq.max(persisted_seq);
+    pub(super) fn take_durable(&mut self, settled_seq: u64) -> Vec<HeldEvent> {
+        self.durable_seq = self.durable_seq.max(settled_seq);
         let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.seq_waiters)
             .into_iter()
-            .partition(|(seq, _)| *seq <= persisted_seq);
+            .partition(|(seq, _)| *seq <= settled_seq);
         self.seq_waiters = later;
         for (_, tx) in due {
             let _ = tx.send(());
@@ -126,7 +126,7 @@ impl HeldEvents {
         let durable = self
             .events
             .iter()
-            .take_while(|e| e.seq <= persisted_seq)
+            .take_while(|e| e.seq <= settled_seq)
             .count();
         self.events.drain(..durable).collect()
     }

@@ -58,6 +58,11 @@ pub enum ChatCommand {
         #[serde(default)]
         with_session: bool,
     },
+    /// A reader on the forwarding node follows the chat's live events: the owner publishes
+    /// them for a while (a [`ChatCommand::Replay`] counts as one too). A reader renews it
+    /// while it lasts ([`ClusterBus::notify`], no answer needed); with nobody following, the
+    /// owner publishes nothing (most chats' clients are on their owner).
+    Follow,
     /// The chat is being deleted: stop its session now (the deleting node then deletes the
     /// stored chat and its lease, which fences any write still under way).
     Stop,
@@ -277,6 +282,9 @@ impl ClusterBus {
         chat_id: &str,
         event: &LiveEvent,
     ) -> Result<(), ClusterError> {
+        self.metrics
+            .live_events_published
+            .fetch_add(1, Ordering::Relaxed);
         self.client
             .publish(self.subjects.events(chat_id), event.encode())
             .await
@@ -366,6 +374,17 @@ impl ClusterBus {
                 _ => ClusterError::Nats(e.to_string()),
             })?;
         serde_json::from_slice(&answer.payload).map_err(|e| ClusterError::Decode(e.to_string()))
+    }
+
+    /// Sends `command` to the chat's owner without waiting for an answer (forwarder side):
+    /// for commands whose loss does no harm ([`ChatCommand::Follow`]). While no node serves
+    /// the chat, NATS drops it.
+    pub async fn notify(&self, chat_id: &str, command: &ChatCommand) -> Result<(), ClusterError> {
+        let body = serde_json::to_vec(command).map_err(|e| ClusterError::Decode(e.to_string()))?;
+        self.client
+            .publish(self.subjects.commands(chat_id), Bytes::from(body))
+            .await
+            .map_err(|e| ClusterError::Nats(e.to_string()))
     }
 
     /// Opens a stream an owner can send frames to (forwarder side): subscribes to a fresh

@@ -17,4 +17,7 @@ pub struct ClusterMetrics {
     pub nats_rtt_us: AtomicU64,
     /// Commands forwarded to another node's chat.
     pub commands_forwarded: AtomicU64,
+    /// Live events this node published for readers on other nodes (an owner publishes a
+    /// chat's events only while such a reader follows it).
+    pub live_events_published: AtomicU64,
 }

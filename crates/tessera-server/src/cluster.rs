@@ -1,5 +1,6 @@
 //! The owner's side of routing between nodes: a [`ChatRelay`] per owned chat publishes the
-//! chat's live events on its NATS subject (for sockets on other nodes) and carries out the
+//! chat's live events on its NATS subject while sockets on other nodes follow it
+//! ([`RemoteFeed`], the reader's side, below) and carries out the
 //! commands other nodes forward (input, tool answers, cancels), answering each the way the
 //! owner's own socket would have. See ARCHITECTURE.md, "Several nodes".
 //!
@@ -31,19 +32,54 @@ pub struct ChatRelay {
     /// tasks could reorder them).
     outbound: Option<mpsc::UnboundedSender<LiveEvent>>,
     subscription: Option<u64>,
+    /// Until when a reader on another node follows the chat ([`ChatCommand::Follow`]); live
+    /// events are published only until then. Publishing every event of every chat cost a
+    /// two-node run ~20% of its CPU per turn when every client was on its chat's owner.
+    followed_until: Option<std::time::Instant>,
+    follow_ttl: std::time::Duration,
 }
 
 impl ChatRelay {
-    /// A relay for `chat` over `bus`; start it on the chat's arbiter.
+    /// A relay for `chat` over `bus` that publishes nothing until a reader follows the chat;
+    /// start it on the chat's arbiter.
     pub fn new(chat: ChatHandle, bus: ClusterBus) -> Self {
         Self {
             chat,
             bus,
             outbound: None,
             subscription: None,
+            followed_until: None,
+            follow_ttl: FOLLOW_TTL,
         }
     }
+
+    /// For a chat taken over: readers on other nodes may be following it since its previous
+    /// owner, and they renew with this node within the follow TTL (their renewals while no
+    /// node served the chat were lost), so it publishes from the start for that long.
+    pub fn assuming_followers(mut self) -> Self {
+        self.followed_until = Some(std::time::Instant::now() + self.follow_ttl);
+        self
+    }
+
+    /// How long a reader's follow lasts ([`FOLLOW_TTL`] unless set).
+    pub fn follow_ttl(mut self, ttl: std::time::Duration) -> Self {
+        self.follow_ttl = ttl;
+        self
+    }
+
+    fn followed(&self) -> bool {
+        self.followed_until
+            .is_some_and(|until| std::time::Instant::now() < until)
+    }
 }
+
+/// How long an owner publishes a chat's live events after a reader on another node last
+/// followed it ([`ChatCommand::Follow`] or a replay).
+pub const FOLLOW_TTL: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// How often a reader renews its follow: a third of [`FOLLOW_TTL`], so one lost renewal
+/// (or two) costs no live event.
+pub const FOLLOW_RENEW: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl Actor for ChatRelay {
     type Context = Context<Self>;
@@ -95,7 +131,7 @@ impl Handler<Deliver> for ChatRelay {
     type Result = ();
 
     fn handle(&mut self, Deliver(batch): Deliver, _: &mut Self::Context) {
-        let Some(outbound) = &self.outbound else {
+        let Some(outbound) = self.outbound.as_ref().filter(|_| self.followed()) else {
             return;
         };
         for text in batch {
@@ -181,6 +217,8 @@ pub async fn carry_out(chat: &ChatHandle, bus: &ClusterBus, command: ChatCommand
             Ok(Err(e)) => crate::rest::ApiError::from(e).to_refusal(),
             Err(_) => crate::rest::unavailable().to_refusal(),
         },
+        // The relay has renewed the follow on receipt.
+        ChatCommand::Follow => CommandReply::Accepted,
         ChatCommand::Stop => {
             // Stopped already is as good: nothing of it runs here any more.
             let _ = addr.send(tessera_engine::session::StopChat).await;
@@ -259,6 +297,13 @@ async fn serve_agui_run(
 
 impl StreamHandler<IncomingCommand> for ChatRelay {
     fn handle(&mut self, incoming: IncomingCommand, ctx: &mut Self::Context) {
+        // Before the replay is read: an event after what the replay holds is then published.
+        if matches!(
+            incoming.command,
+            ChatCommand::Follow | ChatCommand::Replay { .. }
+        ) {
+            self.followed_until = Some(std::time::Instant::now() + self.follow_ttl);
+        }
         let chat = self.chat.clone();
         let bus = self.bus.clone();
         let chat_id = self.chat.identity.chat_id.clone();
@@ -308,7 +353,8 @@ const CATCH_UP_PAGE: u32 = 500;
 /// streaming, and only it can say which seqs have no event for clients. A live event past a
 /// gap (one published before the subscription, or lost) is held back until the store or the
 /// owner has filled the gap. While no node owns the chat (a takeover), the store alone
-/// replays what it holds.
+/// replays what it holds. The owner publishes live events only while a reader follows the
+/// chat: the replay request is the feed's first follow, renewed every [`FOLLOW_RENEW`].
 pub struct RemoteFeed {
     chat_id: String,
     store: std::sync::Arc<dyn tessera_store::ChatStore>,
@@ -330,6 +376,16 @@ pub struct RemoteFeed {
     poll: Option<SpawnHandle>,
     /// The seq the feed has been stuck before, and since when.
     stalled_since: Option<(u64, std::time::Instant)>,
+    /// How often it tells the owner it still follows the chat ([`FOLLOW_RENEW`] unless set).
+    follow_every: std::time::Duration,
+    /// The owner has taken the feed's follow (it answered a replay or a follow request).
+    /// Until then the feed asks again soon, not at the next renewal: a replay asked before a
+    /// new chat's relay served commands follows nothing, and the feed would get the chat's
+    /// events from the store and the owner's replays alone, which leave out the deltas of
+    /// messages already final.
+    followed: bool,
+    /// A follow request is under way, or waits to be sent again.
+    follow_asked: bool,
 }
 
 /// The owner's answer to [`ChatCommand::Replay`].
@@ -366,7 +422,61 @@ impl RemoteFeed {
             poll_every: STORE_POLL,
             poll: None,
             stalled_since: None,
+            follow_every: FOLLOW_RENEW,
+            followed: false,
+            follow_asked: false,
         }
+    }
+
+    /// Renews the follow every `every` instead of every [`FOLLOW_RENEW`] (it must stay
+    /// below the owner's follow TTL).
+    pub fn renew_follow_every(mut self, every: std::time::Duration) -> Self {
+        self.follow_every = every;
+        self
+    }
+
+    /// Tells the owner the chat is still followed here (the replay that started the feed was
+    /// the first time). Not answered: a renewal lost while no node serves the chat is made
+    /// up for by the next one, and a new owner publishes for a TTL after a takeover.
+    fn renew_follow(&mut self, ctx: &mut Context<Self>) {
+        if !self.recipient.connected() {
+            ctx.stop();
+            return;
+        }
+        if !self.followed {
+            self.ask_follow(STORE_CATCH_UP_RETRY, ctx);
+            return;
+        }
+        let bus = self.bus.clone();
+        let chat_id = self.chat_id.clone();
+        actix::spawn(async move {
+            if let Err(e) = bus.notify(&chat_id, &ChatCommand::Follow).await {
+                tracing::debug!(chat_id = %chat_id, error = %e, "follow not renewed");
+            }
+        });
+    }
+
+    /// Asks the owner to take the feed's follow until it has, waiting `retry` after a
+    /// refusal and twice as long after each next one, up to the renewal period.
+    fn ask_follow(&mut self, retry: std::time::Duration, ctx: &mut Context<Self>) {
+        if self.followed || self.follow_asked {
+            return;
+        }
+        self.follow_asked = true;
+        let bus = self.bus.clone();
+        let chat_id = self.chat_id.clone();
+        let ask = async move { bus.send_command(&chat_id, &ChatCommand::Follow).await };
+        ctx.spawn(ask.into_actor(self).map(move |reply, act, ctx| {
+            if let Ok(CommandReply::Accepted) = reply {
+                act.followed = true;
+                act.follow_asked = false;
+                return;
+            }
+            ctx.run_later(retry, move |act, ctx| {
+                act.follow_asked = false;
+                act.ask_follow((retry * 2).min(act.follow_every), ctx);
+            });
+        }));
     }
 
     /// Ends the replay as a local session does: a `chat.resume_boundary` (seq 0) with the
@@ -519,6 +629,7 @@ impl RemoteFeed {
                 Ok(page) => page,
                 Err(error) => {
                     tracing::debug!(chat_id = %act.chat_id, %error, "the owner did not replay");
+                    act.ask_follow(STORE_CATCH_UP_RETRY, ctx);
                     if stuck {
                         ctx.run_later(STORE_CATCH_UP_RETRY, |act, ctx| act.catch_up(ctx));
                     } else {
@@ -527,6 +638,7 @@ impl RemoteFeed {
                     return;
                 }
             };
+            act.followed = true;
             if let Some(session) = page.session.filter(|_| act.boundary_from.is_some()) {
                 act.recipient
                     .do_send(Deliver::one(Arc::from(session.as_str())));
@@ -595,6 +707,7 @@ impl Actor for RemoteFeed {
                 ctx.add_stream(events);
                 act.ask_owner(false, ctx);
                 act.schedule_poll(ctx);
+                ctx.run_interval(act.follow_every, |act, ctx| act.renew_follow(ctx));
             }
             Err(e) => {
                 tracing::warn!(chat_id = %act.chat_id, error = %e, "cannot follow the chat's live events");
@@ -694,11 +807,18 @@ impl ClusterNode {
         self
     }
 
-    fn serve(&mut self, chat: ChatHandle, epoch: i64) {
+    /// Serves `chat` under `epoch`; `taken_over` when another node served it before (its
+    /// readers may be following it).
+    fn serve(&mut self, chat: ChatHandle, epoch: i64, taken_over: bool) {
         let relayed = chat.clone();
         let bus = self.bus.clone();
         let relay = ChatRelay::start_in_arbiter(&chat.arbiter.clone(), move |_| {
-            ChatRelay::new(relayed, bus)
+            let relay = ChatRelay::new(relayed, bus);
+            if taken_over {
+                relay.assuming_followers()
+            } else {
+                relay
+            }
         });
         if let Some(registry) = &self.registry {
             registry.do_send(crate::registry::RegisterChat(chat.clone()));
@@ -739,7 +859,7 @@ impl ClusterNode {
             let served = match restored {
                 Ok(Some(chat)) => {
                     tracing::info!(chat_id = %chat_id, epoch, "serving a chat taken over");
-                    act.serve(chat.clone(), epoch);
+                    act.serve(chat.clone(), epoch, true);
                     Some(chat)
                 }
                 // Completed meanwhile, or of a workflow this node does not serve.
@@ -921,7 +1041,7 @@ impl Handler<ServeChat> for ClusterNode {
     type Result = ();
 
     fn handle(&mut self, msg: ServeChat, _: &mut Self::Context) {
-        self.serve(msg.chat, msg.epoch);
+        self.serve(msg.chat, msg.epoch, false);
     }
 }
 

@@ -234,6 +234,13 @@ pub fn render_cluster(out: &mut String, cluster: &tessera_cluster::ClusterMetric
         "counter",
         load(&cluster.commands_forwarded),
     );
+    write_metric(
+        out,
+        "tessera_cluster_live_events_published_total",
+        "Live events published for readers on other nodes (only while one follows the chat).",
+        "counter",
+        load(&cluster.live_events_published),
+    );
     let rtt_us = cluster.nats_rtt_us.load(Ordering::Relaxed);
     let _ = writeln!(
         out,
@@ -268,6 +275,7 @@ mod tests {
         cluster.takeovers.store(3, Ordering::Relaxed);
         cluster.leases_lost.store(1, Ordering::Relaxed);
         cluster.commands_forwarded.store(11, Ordering::Relaxed);
+        cluster.live_events_published.store(13, Ordering::Relaxed);
         cluster.nats_rtt_us.store(1500, Ordering::Relaxed);
         let mut out = String::new();
         render_cluster(&mut out, &cluster);
@@ -277,6 +285,7 @@ mod tests {
             "tessera_cluster_takeovers_total 3",
             "tessera_cluster_leases_lost_total 1",
             "tessera_cluster_commands_forwarded_total 11",
+            "tessera_cluster_live_events_published_total 13",
             "tessera_cluster_nats_rtt_seconds 0.0015",
         ] {
             assert!(out.lines().any(|l| l == line), "{line} missing in:\n{out}");

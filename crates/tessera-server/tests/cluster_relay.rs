@@ -17,15 +17,19 @@ use tessera_store::{ChatStore, SqliteStore};
 use tessera_tools::{ArtifactStore, BuiltinRegistry, ToolServices};
 
 async fn bus(url: &str, node: &str, prefix: &str) -> ClusterBus {
-    ClusterBus::connect(
-        url,
-        node,
-        prefix,
-        Duration::from_secs(5),
-        Arc::new(ClusterMetrics::default()),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("NATS: {e}"))
+    bus_counted(url, node, prefix, Arc::new(ClusterMetrics::default())).await
+}
+
+/// A bus that counts into `metrics`.
+async fn bus_counted(
+    url: &str,
+    node: &str,
+    prefix: &str,
+    metrics: Arc<ClusterMetrics>,
+) -> ClusterBus {
+    ClusterBus::connect(url, node, prefix, Duration::from_secs(5), metrics)
+        .await
+        .unwrap_or_else(|e| panic!("NATS: {e}"))
 }
 
 /// An engine serving the TodoAssistant demo, with `store` for its tools and (when `durable`)
@@ -59,8 +63,7 @@ fn todo_engine(store: &Arc<SqliteStore>, durable: bool) -> Engine {
 
 /// A SQLite store in `dir`, an engine on it and one new TodoAssistant chat; a durable one is
 /// started as a cluster node starts the chats it owns, under a lease epoch (so it shows an
-/// event once it is stored, and stores its streamed deltas: readers on other nodes replay
-/// from the store).
+/// event once it is stored).
 async fn todo_chat(
     dir: &std::path::Path,
     durable: bool,
@@ -106,22 +109,22 @@ async fn another_node_sees_live_events_in_order_and_drives_the_chat() {
     let _relay = ChatRelay::start_in_arbiter(&arbiter, move |_| ChatRelay::new(relayed, owner));
 
     // The relay serves commands once it is subscribed; until then the chat has no responder.
+    // It publishes live events only for a reader that follows the chat.
+    assert_eq!(
+        command_once_served(&other, &chat_id, &ChatCommand::Follow).await,
+        CommandReply::Accepted
+    );
     let input = ChatCommand::Input {
         content: "Buy milk".into(),
         client_msg_id: Some("m1".into()),
     };
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    let reply = loop {
-        match other.send_command(&chat_id, &input).await {
-            Err(tessera_cluster::ClusterError::NoOwner(_))
-                if tokio::time::Instant::now() < deadline =>
-            {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            other => break other.unwrap_or_else(|e| panic!("{e}")),
-        }
-    };
-    assert_eq!(reply, CommandReply::Accepted);
+    assert_eq!(
+        other
+            .send_command(&chat_id, &input)
+            .await
+            .unwrap_or_else(|e| panic!("{e}")),
+        CommandReply::Accepted
+    );
 
     let mut seqs = Vec::new();
     let mut types = Vec::new();
@@ -160,6 +163,290 @@ async fn another_node_sees_live_events_in_order_and_drives_the_chat() {
         Ok(CommandReply::Refused { code, .. }) => assert_eq!(code, "unknown_correlation"),
         other => panic!("expected a refusal, got {other:?}"),
     }
+}
+
+/// Sends `command` once a node serves the chat (a relay serves commands once it has
+/// subscribed; until then the chat has no responder), and its answer.
+async fn command_once_served(
+    bus: &ClusterBus,
+    chat_id: &str,
+    command: &ChatCommand,
+) -> CommandReply {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match bus.send_command(chat_id, command).await {
+            Err(tessera_cluster::ClusterError::NoOwner(_))
+                if tokio::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            other => return other.unwrap_or_else(|e| panic!("{e}")),
+        }
+    }
+}
+
+/// Runs one TodoAssistant turn through `bus` (forwarded input) and waits until `local`, a
+/// subscriber of the session on the owner, has seen it end: the chat's `turn`-th input
+/// request after the greeting's. Answers the turn's last seq.
+async fn run_turn(
+    bus: &ClusterBus,
+    chat_id: &str,
+    local: &actix::Addr<Collector>,
+    turn: usize,
+) -> u64 {
+    let say = ChatCommand::Input {
+        content: format!("Buy item {turn}"),
+        client_msg_id: None,
+    };
+    assert_eq!(
+        command_once_served(bus, chat_id, &say).await,
+        CommandReply::Accepted
+    );
+    let seen = collected_once(local, "the turn did not end", |seen| {
+        seen.iter()
+            .filter(|e| e["type"] == "chat.input_request")
+            .count()
+            > turn
+    })
+    .await;
+    logged_seqs(&seen).last().copied().unwrap_or(0)
+}
+
+/// The last seq `local` has seen.
+async fn last_seen(local: &actix::Addr<Collector>) -> u64 {
+    logged_seqs(&local.send(Collected).await.unwrap_or_default())
+        .last()
+        .copied()
+        .unwrap_or(0)
+}
+
+/// A subscriber of `chat`'s session on its own node, from its first event.
+async fn local_subscriber(chat: &tessera_engine::ChatHandle) -> actix::Addr<Collector> {
+    let collector = Collector::default().start();
+    chat.addr
+        .send(tessera_engine::session::Subscribe {
+            recipient: collector.clone().recipient(),
+            after_seq: 0,
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    collector
+}
+
+/// The seqs of the live events `events` brings through `last` (the test fails after 10 s).
+async fn live_seqs_through(
+    events: &mut (impl futures::Stream<Item = tessera_cluster::LiveEvent> + Unpin),
+    last: u64,
+) -> Vec<u64> {
+    let mut seqs = Vec::new();
+    while seqs.last().is_none_or(|s| *s < last) {
+        let event = tokio::time::timeout(Duration::from_secs(10), events.next())
+            .await
+            .unwrap_or_else(|_| panic!("no live event after {seqs:?}; waiting for {last}"))
+            .unwrap_or_else(|| panic!("stream ended"));
+        seqs.push(event.seq);
+    }
+    seqs
+}
+
+#[actix::test]
+async fn a_relay_publishes_live_events_only_while_a_reader_on_another_node_follows() {
+    let Some(url) = tessera_cluster::testing::test_nats_url("a_relay_publishes_only_followed")
+    else {
+        return;
+    };
+    let data = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let (_engine, chat, _store) = todo_chat(data.path(), false).await;
+    let chat_id = chat.identity.chat_id.to_string();
+    let prefix = format!("t{}", uuid::Uuid::new_v4().simple());
+    let owner = bus(&url, "owner", &prefix).await;
+    let other = bus(&url, "other", &prefix).await;
+    let mut live = other
+        .subscribe_events(&chat_id)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let local = local_subscriber(&chat).await;
+    let ttl = Duration::from_millis(500);
+    let relayed = chat.clone();
+    let _relay = ChatRelay::start_in_arbiter(&chat.arbiter.clone(), move |_| {
+        ChatRelay::new(relayed, owner).follow_ttl(ttl)
+    });
+
+    // Nobody follows: the first turn is not published.
+    let first = run_turn(&other, &chat_id, &local, 1).await;
+    assert_eq!(
+        command_once_served(&other, &chat_id, &ChatCommand::Follow).await,
+        CommandReply::Accepted
+    );
+    let second = run_turn(&other, &chat_id, &local, 2).await;
+    // One publisher's messages arrive in order, so the first turn's would come first.
+    let seqs = live_seqs_through(&mut live, second).await;
+    assert_eq!(
+        seqs,
+        (first + 1..=second).collect::<Vec<_>>(),
+        "followed: the second turn, whole; not the first"
+    );
+
+    // The follow lapses with no renewal: the third turn is not published.
+    tokio::time::sleep(ttl + Duration::from_millis(200)).await;
+    let third = run_turn(&other, &chat_id, &local, 3).await;
+    let replay = ChatCommand::Replay {
+        after_seq: third,
+        with_session: false,
+    };
+    assert!(matches!(
+        command_once_served(&other, &chat_id, &replay).await,
+        CommandReply::Answered { .. }
+    ));
+    let fourth = run_turn(&other, &chat_id, &local, 4).await;
+    let seqs = live_seqs_through(&mut live, fourth).await;
+    assert_eq!(
+        seqs,
+        (third + 1..=fourth).collect::<Vec<_>>(),
+        "a replay follows too: the fourth turn, whole; not the third"
+    );
+}
+
+#[actix::test]
+async fn a_reader_s_feed_keeps_the_chat_followed_until_it_stops() {
+    let Some(url) = tessera_cluster::testing::test_nats_url("a_reader_s_feed_keeps_following")
+    else {
+        return;
+    };
+    let data = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let (_engine, chat, store) = todo_chat(data.path(), true).await;
+    let chat_id = chat.identity.chat_id.to_string();
+    let prefix = format!("t{}", uuid::Uuid::new_v4().simple());
+    let owner = bus(&url, "owner", &prefix).await;
+    let reader = bus(&url, "reader", &prefix).await;
+    let mut live = reader
+        .subscribe_events(&chat_id)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let local = local_subscriber(&chat).await;
+    let ttl = Duration::from_millis(400);
+    let relayed = chat.clone();
+    let _relay = ChatRelay::start_in_arbiter(&chat.arbiter.clone(), move |_| {
+        ChatRelay::new(relayed, owner).follow_ttl(ttl)
+    });
+    // Serving (a Snapshot does not follow).
+    assert!(matches!(
+        command_once_served(&reader, &chat_id, &ChatCommand::Snapshot).await,
+        CommandReply::Answered { .. }
+    ));
+
+    let fed = Collector::default().start();
+    let store_for_feed: Arc<dyn tessera_store::ChatStore> = store.clone();
+    let feed = tessera_server::cluster::RemoteFeed::new(
+        chat_id.clone(),
+        0,
+        store_for_feed,
+        reader.clone(),
+        fed.clone().recipient(),
+    )
+    .renew_follow_every(ttl / 4)
+    .start();
+    collected_once(&fed, "the feed's replay did not end", |seen| {
+        seen.iter().any(|e| e["type"] == "chat.resume_boundary")
+    })
+    .await;
+    // Long past the follow its replay started: only its renewals keep the chat followed.
+    tokio::time::sleep(ttl * 3).await;
+    let before = last_seen(&local).await;
+    let first = run_turn(&reader, &chat_id, &local, 1).await;
+    let seqs = live_seqs_through(&mut live, first).await;
+    assert_eq!(
+        seqs,
+        (before + 1..=first).collect::<Vec<_>>(),
+        "the turn is published whole"
+    );
+
+    // The feed stops (its socket closed): the follow lapses.
+    feed.send(tessera_server::cluster::StopFeed)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    tokio::time::sleep(ttl * 2).await;
+    let first = last_seen(&local).await;
+    let second = run_turn(&reader, &chat_id, &local, 2).await;
+    assert_eq!(
+        command_once_served(&reader, &chat_id, &ChatCommand::Follow).await,
+        CommandReply::Accepted
+    );
+    let third = run_turn(&reader, &chat_id, &local, 3).await;
+    let seqs = live_seqs_through(&mut live, third).await;
+    assert!(
+        seqs.iter().all(|s| *s <= first || *s > second),
+        "nothing of the turn run after the feed stopped: {seqs:?} (it ran {first}..={second})"
+    );
+    assert!(seqs.contains(&third), "{seqs:?}");
+}
+
+#[actix::test]
+async fn a_feed_that_starts_before_the_owner_serves_the_chat_follows_it_once_it_does() {
+    use std::sync::atomic::Ordering;
+    let Some(url) = tessera_cluster::testing::test_nats_url("a_feed_that_starts_before") else {
+        return;
+    };
+    let data = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let (_engine, chat, store) = todo_chat(data.path(), true).await;
+    let chat_id = chat.identity.chat_id.to_string();
+    let prefix = format!("t{}", uuid::Uuid::new_v4().simple());
+    let owner = bus(&url, "owner", &prefix).await;
+    let forwarded = Arc::new(ClusterMetrics::default());
+    let reader = bus_counted(&url, "reader", &prefix, forwarded.clone()).await;
+    let mut live = reader
+        .subscribe_events(&chat_id)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let local = local_subscriber(&chat).await;
+
+    // No relay yet: the feed's replay comes from the store and follows nothing. Its renewals
+    // are far off, so only asking again soon can make the owner publish.
+    let fed = Collector::default().start();
+    let store_for_feed: Arc<dyn tessera_store::ChatStore> = store.clone();
+    let _feed = tessera_server::cluster::RemoteFeed::new(
+        chat_id.clone(),
+        0,
+        store_for_feed,
+        reader.clone(),
+        fed.clone().recipient(),
+    )
+    .renew_follow_every(Duration::from_secs(600))
+    .start();
+    collected_once(
+        &fed,
+        "the feed's replay from the store did not end",
+        |seen| seen.iter().any(|e| e["type"] == "chat.resume_boundary"),
+    )
+    .await;
+    let relayed = chat.clone();
+    let _relay = ChatRelay::start_in_arbiter(&chat.arbiter.clone(), move |_| {
+        ChatRelay::new(relayed, owner)
+    });
+    assert!(matches!(
+        command_once_served(&reader, &chat_id, &ChatCommand::Snapshot).await,
+        CommandReply::Answered { .. }
+    ));
+
+    // The feed's next request (it sends none but follows while the chat is quiet) reaches a
+    // relay that serves the chat, ahead of the input sent after it on the same connection.
+    let asked = forwarded.commands_forwarded.load(Ordering::Relaxed);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while forwarded.commands_forwarded.load(Ordering::Relaxed) == asked {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the feed did not ask to follow the chat again"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let before = last_seen(&local).await;
+    let first = run_turn(&reader, &chat_id, &local, 1).await;
+    let seqs = live_seqs_through(&mut live, first).await;
+    assert_eq!(
+        seqs,
+        (before + 1..=first).collect::<Vec<_>>(),
+        "the first turn is published whole"
+    );
 }
 
 /// Collects what a feed delivers.
@@ -363,6 +650,10 @@ async fn a_chat_taken_over_is_served_to_other_nodes_until_it_is_lost() {
     let prefix = format!("t{}", uuid::Uuid::new_v4().simple());
     let node = ClusterNode::new(engine, bus(&url, "survivor", &prefix).await).start();
     let client_node = bus(&url, "entry", &prefix).await;
+    let mut live = client_node
+        .subscribe_events(&chat_id)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     node.do_send(OwnershipChange::TakenOver {
         chat_id: chat_id.clone(),
         epoch: 2,
@@ -387,6 +678,15 @@ async fn a_chat_taken_over_is_served_to_other_nodes_until_it_is_lost() {
     }
     let owned = node.send(FindOwned(chat_id.clone())).await.unwrap_or(None);
     assert_eq!(owned.map(|(_, epoch)| epoch), Some(2));
+    // Readers may follow a chat since its previous owner: a chat taken over is published
+    // before any of them renews its follow with the new owner.
+    let event = tokio::time::timeout(Duration::from_secs(10), live.next())
+        .await
+        .unwrap_or_else(|_| panic!("the turn of a chat taken over was not published"))
+        .unwrap_or_else(|| panic!("stream ended"));
+    let body: Value = serde_json::from_slice(&event.envelope).unwrap_or_default();
+    assert_eq!(body["type"], "chat.text", "{body}");
+    assert_eq!(body["data"]["content"], "Buy milk", "{body}");
 
     node.do_send(OwnershipChange::Lost {
         chat_id: chat_id.clone(),

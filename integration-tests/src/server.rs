@@ -178,6 +178,16 @@ impl TestServer {
         .await
     }
 
+    /// The value of the counter or gauge `name` in `/metrics` (0 when absent).
+    pub async fn metric(&self, name: &str) -> u64 {
+        let (_, metrics) = self.get_bytes("/metrics", "metrics-reader").await;
+        String::from_utf8_lossy(&metrics)
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
     /// GET raw bytes as `user`.
     pub async fn get_bytes(&self, path: &str, user: &str) -> (u16, Vec<u8>) {
         match self

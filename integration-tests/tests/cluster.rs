@@ -649,6 +649,12 @@ async fn chats_created_on_one_node_and_driven_through_another_see_every_event_in
     assert_eq!(report["turns_completed"], 600, "{report}");
     assert_eq!(report["protocol_violations"], 0, "{report}");
     assert_eq!(report["errors"], json!({}), "{report}");
+    // Node 1's sockets follow every chat, so their owner published each turn's events.
+    let published = cluster
+        .node(0)
+        .metric("tessera_cluster_live_events_published_total")
+        .await;
+    assert!(published >= 600, "{published} live events published");
 }
 
 #[tokio::test]

@@ -197,6 +197,13 @@ pub struct IncomingCommand {
     reply_to: Option<Subject>,
 }
 
+impl IncomingCommand {
+    /// The sender waits for an answer (it sent a request, not a [`ClusterBus::notify`]).
+    pub fn wants_reply(&self) -> bool {
+        self.reply_to.is_some()
+    }
+}
+
 /// The NATS connection of one node.
 #[derive(Clone)]
 pub struct ClusterBus {

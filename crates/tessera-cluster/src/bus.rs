@@ -61,7 +61,7 @@ pub enum ChatCommand {
     /// A reader on the forwarding node follows the chat's live events: the owner publishes
     /// them for a while (a [`ChatCommand::Replay`] counts as one too). A reader renews it
     /// while it lasts ([`ClusterBus::notify`], no answer needed); with nobody following, the
-    /// owner publishes nothing (most chats' clients are on their owner).
+    /// owner publishes nothing (its own sockets need no NATS).
     Follow,
     /// The chat is being deleted: stop its session now (the deleting node then deletes the
     /// stored chat and its lease, which fences any write still under way).

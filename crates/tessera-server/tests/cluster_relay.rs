@@ -249,59 +249,138 @@ async fn live_seqs_through(
     seqs
 }
 
+/// A chat on its owner's node, and another node following its live subject: what the follow
+/// tests share. No relay serves the chat yet ([`Following::relay`]).
+struct Following {
+    _data: tempfile::TempDir,
+    _engine: Engine,
+    chat: tessera_engine::ChatHandle,
+    chat_id: String,
+    store: Arc<SqliteStore>,
+    owner: ClusterBus,
+    /// The other node's bus; it counts into `reader_metrics`.
+    reader: ClusterBus,
+    reader_metrics: Arc<ClusterMetrics>,
+    /// The chat's live subject, as the other node receives it.
+    live: futures::stream::BoxStream<'static, tessera_cluster::LiveEvent>,
+    /// A subscriber of the session on the owner, which sees every event at once.
+    local: actix::Addr<Collector>,
+}
+
+impl Following {
+    /// `None` when NATS is not configured (the test is skipped).
+    async fn start(test: &str, durable: bool) -> Option<Following> {
+        let url = tessera_cluster::testing::test_nats_url(test)?;
+        let data = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let (engine, chat, store) = todo_chat(data.path(), durable).await;
+        let chat_id = chat.identity.chat_id.to_string();
+        let prefix = format!("t{}", uuid::Uuid::new_v4().simple());
+        let owner = bus(&url, "owner", &prefix).await;
+        let reader_metrics = Arc::new(ClusterMetrics::default());
+        let reader = bus_counted(&url, "reader", &prefix, reader_metrics.clone()).await;
+        let live = reader
+            .subscribe_events(&chat_id)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .boxed();
+        let local = local_subscriber(&chat).await;
+        Some(Following {
+            _data: data,
+            _engine: engine,
+            chat,
+            chat_id,
+            store,
+            owner,
+            reader,
+            reader_metrics,
+            live,
+            local,
+        })
+    }
+
+    /// Starts the chat's relay, whose follows last `ttl`.
+    fn relay(&self, ttl: Duration) -> actix::Addr<ChatRelay> {
+        let (relayed, owner) = (self.chat.clone(), self.owner.clone());
+        ChatRelay::start_in_arbiter(&self.chat.arbiter.clone(), move |_| {
+            ChatRelay::new(relayed, owner).follow_ttl(ttl)
+        })
+    }
+
+    /// A feed of the chat on the reader's node from its first event, renewing every `every`,
+    /// and what it delivers.
+    fn feed(
+        &self,
+        every: Duration,
+    ) -> (
+        actix::Addr<tessera_server::cluster::RemoteFeed>,
+        actix::Addr<Collector>,
+    ) {
+        let fed = Collector::default().start();
+        let store: Arc<dyn tessera_store::ChatStore> = self.store.clone();
+        let feed = tessera_server::cluster::RemoteFeed::new(
+            self.chat_id.clone(),
+            0,
+            store,
+            self.reader.clone(),
+            fed.clone().recipient(),
+        )
+        .renew_follow_every(every)
+        .start();
+        (feed, fed)
+    }
+
+    /// Runs the chat's `turn`-th turn through the reader's node; its last seq.
+    async fn run_turn(&self, turn: usize) -> u64 {
+        run_turn(&self.reader, &self.chat_id, &self.local, turn).await
+    }
+
+    /// The seqs published on the live subject through `last`.
+    async fn live_through(&mut self, last: u64) -> Vec<u64> {
+        live_seqs_through(&mut self.live, last).await
+    }
+
+    /// Sends `command` through the reader's node once the chat is served; the answer.
+    async fn command(&self, command: &ChatCommand) -> CommandReply {
+        command_once_served(&self.reader, &self.chat_id, command).await
+    }
+}
+
 #[actix::test]
 async fn a_relay_publishes_live_events_only_while_a_reader_on_another_node_follows() {
-    let Some(url) = tessera_cluster::testing::test_nats_url("a_relay_publishes_only_followed")
-    else {
+    let Some(mut f) = Following::start("a_relay_publishes_only_followed", false).await else {
         return;
     };
-    let data = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let (_engine, chat, _store) = todo_chat(data.path(), false).await;
-    let chat_id = chat.identity.chat_id.to_string();
-    let prefix = format!("t{}", uuid::Uuid::new_v4().simple());
-    let owner = bus(&url, "owner", &prefix).await;
-    let other = bus(&url, "other", &prefix).await;
-    let mut live = other
-        .subscribe_events(&chat_id)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let local = local_subscriber(&chat).await;
     let ttl = Duration::from_millis(500);
-    let relayed = chat.clone();
-    let _relay = ChatRelay::start_in_arbiter(&chat.arbiter.clone(), move |_| {
-        ChatRelay::new(relayed, owner).follow_ttl(ttl)
-    });
+    let _relay = f.relay(ttl);
 
     // Nobody follows: the first turn is not published.
-    let first = run_turn(&other, &chat_id, &local, 1).await;
+    let first = f.run_turn(1).await;
     assert_eq!(
-        command_once_served(&other, &chat_id, &ChatCommand::Follow).await,
+        f.command(&ChatCommand::Follow).await,
         CommandReply::Accepted
     );
-    let second = run_turn(&other, &chat_id, &local, 2).await;
+    let second = f.run_turn(2).await;
     // One publisher's messages arrive in order, so the first turn's would come first.
-    let seqs = live_seqs_through(&mut live, second).await;
     assert_eq!(
-        seqs,
+        f.live_through(second).await,
         (first + 1..=second).collect::<Vec<_>>(),
         "followed: the second turn, whole; not the first"
     );
 
     // The follow lapses with no renewal: the third turn is not published.
     tokio::time::sleep(ttl + Duration::from_millis(200)).await;
-    let third = run_turn(&other, &chat_id, &local, 3).await;
+    let third = f.run_turn(3).await;
     let replay = ChatCommand::Replay {
         after_seq: third,
         with_session: false,
     };
     assert!(matches!(
-        command_once_served(&other, &chat_id, &replay).await,
+        f.command(&replay).await,
         CommandReply::Answered { .. }
     ));
-    let fourth = run_turn(&other, &chat_id, &local, 4).await;
-    let seqs = live_seqs_through(&mut live, fourth).await;
+    let fourth = f.run_turn(4).await;
     assert_eq!(
-        seqs,
+        f.live_through(fourth).await,
         (third + 1..=fourth).collect::<Vec<_>>(),
         "a replay follows too: the fourth turn, whole; not the third"
     );
@@ -309,54 +388,28 @@ async fn a_relay_publishes_live_events_only_while_a_reader_on_another_node_follo
 
 #[actix::test]
 async fn a_reader_s_feed_keeps_the_chat_followed_until_it_stops() {
-    let Some(url) = tessera_cluster::testing::test_nats_url("a_reader_s_feed_keeps_following")
-    else {
+    let Some(mut f) = Following::start("a_reader_s_feed_keeps_following", true).await else {
         return;
     };
-    let data = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let (_engine, chat, store) = todo_chat(data.path(), true).await;
-    let chat_id = chat.identity.chat_id.to_string();
-    let prefix = format!("t{}", uuid::Uuid::new_v4().simple());
-    let owner = bus(&url, "owner", &prefix).await;
-    let reader = bus(&url, "reader", &prefix).await;
-    let mut live = reader
-        .subscribe_events(&chat_id)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let local = local_subscriber(&chat).await;
     let ttl = Duration::from_millis(400);
-    let relayed = chat.clone();
-    let _relay = ChatRelay::start_in_arbiter(&chat.arbiter.clone(), move |_| {
-        ChatRelay::new(relayed, owner).follow_ttl(ttl)
-    });
+    let _relay = f.relay(ttl);
     // Serving (a Snapshot does not follow).
     assert!(matches!(
-        command_once_served(&reader, &chat_id, &ChatCommand::Snapshot).await,
+        f.command(&ChatCommand::Snapshot).await,
         CommandReply::Answered { .. }
     ));
 
-    let fed = Collector::default().start();
-    let store_for_feed: Arc<dyn tessera_store::ChatStore> = store.clone();
-    let feed = tessera_server::cluster::RemoteFeed::new(
-        chat_id.clone(),
-        0,
-        store_for_feed,
-        reader.clone(),
-        fed.clone().recipient(),
-    )
-    .renew_follow_every(ttl / 4)
-    .start();
+    let (feed, fed) = f.feed(ttl / 4);
     collected_once(&fed, "the feed's replay did not end", |seen| {
         seen.iter().any(|e| e["type"] == "chat.resume_boundary")
     })
     .await;
     // Long past the follow its replay started: only its renewals keep the chat followed.
     tokio::time::sleep(ttl * 3).await;
-    let before = last_seen(&local).await;
-    let first = run_turn(&reader, &chat_id, &local, 1).await;
-    let seqs = live_seqs_through(&mut live, first).await;
+    let before = last_seen(&f.local).await;
+    let first = f.run_turn(1).await;
     assert_eq!(
-        seqs,
+        f.live_through(first).await,
         (before + 1..=first).collect::<Vec<_>>(),
         "the turn is published whole"
     );
@@ -366,14 +419,14 @@ async fn a_reader_s_feed_keeps_the_chat_followed_until_it_stops() {
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     tokio::time::sleep(ttl * 2).await;
-    let first = last_seen(&local).await;
-    let second = run_turn(&reader, &chat_id, &local, 2).await;
+    let first = last_seen(&f.local).await;
+    let second = f.run_turn(2).await;
     assert_eq!(
-        command_once_served(&reader, &chat_id, &ChatCommand::Follow).await,
+        f.command(&ChatCommand::Follow).await,
         CommandReply::Accepted
     );
-    let third = run_turn(&reader, &chat_id, &local, 3).await;
-    let seqs = live_seqs_through(&mut live, third).await;
+    let third = f.run_turn(3).await;
+    let seqs = f.live_through(third).await;
     assert!(
         seqs.iter().all(|s| *s <= first || *s > second),
         "nothing of the turn run after the feed stopped: {seqs:?} (it ran {first}..={second})"
@@ -384,66 +437,40 @@ async fn a_reader_s_feed_keeps_the_chat_followed_until_it_stops() {
 #[actix::test]
 async fn a_feed_that_starts_before_the_owner_serves_the_chat_follows_it_once_it_does() {
     use std::sync::atomic::Ordering;
-    let Some(url) = tessera_cluster::testing::test_nats_url("a_feed_that_starts_before") else {
+    let Some(mut f) = Following::start("a_feed_that_starts_before", true).await else {
         return;
     };
-    let data = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let (_engine, chat, store) = todo_chat(data.path(), true).await;
-    let chat_id = chat.identity.chat_id.to_string();
-    let prefix = format!("t{}", uuid::Uuid::new_v4().simple());
-    let owner = bus(&url, "owner", &prefix).await;
-    let forwarded = Arc::new(ClusterMetrics::default());
-    let reader = bus_counted(&url, "reader", &prefix, forwarded.clone()).await;
-    let mut live = reader
-        .subscribe_events(&chat_id)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let local = local_subscriber(&chat).await;
-
     // No relay yet: the feed's replay comes from the store and follows nothing. Its renewals
     // are far off, so only asking again soon can make the owner publish.
-    let fed = Collector::default().start();
-    let store_for_feed: Arc<dyn tessera_store::ChatStore> = store.clone();
-    let _feed = tessera_server::cluster::RemoteFeed::new(
-        chat_id.clone(),
-        0,
-        store_for_feed,
-        reader.clone(),
-        fed.clone().recipient(),
-    )
-    .renew_follow_every(Duration::from_secs(600))
-    .start();
+    let (_feed, fed) = f.feed(Duration::from_secs(600));
     collected_once(
         &fed,
         "the feed's replay from the store did not end",
         |seen| seen.iter().any(|e| e["type"] == "chat.resume_boundary"),
     )
     .await;
-    let relayed = chat.clone();
-    let _relay = ChatRelay::start_in_arbiter(&chat.arbiter.clone(), move |_| {
-        ChatRelay::new(relayed, owner)
-    });
+    let _relay = f.relay(tessera_server::cluster::FOLLOW_TTL);
     assert!(matches!(
-        command_once_served(&reader, &chat_id, &ChatCommand::Snapshot).await,
+        f.command(&ChatCommand::Snapshot).await,
         CommandReply::Answered { .. }
     ));
 
     // The feed's next request (it sends none but follows while the chat is quiet) reaches a
     // relay that serves the chat, ahead of the input sent after it on the same connection.
-    let asked = forwarded.commands_forwarded.load(Ordering::Relaxed);
+    let forwarded = || f.reader_metrics.commands_forwarded.load(Ordering::Relaxed);
+    let asked = forwarded();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while forwarded.commands_forwarded.load(Ordering::Relaxed) == asked {
+    while forwarded() == asked {
         assert!(
             tokio::time::Instant::now() < deadline,
             "the feed did not ask to follow the chat again"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let before = last_seen(&local).await;
-    let first = run_turn(&reader, &chat_id, &local, 1).await;
-    let seqs = live_seqs_through(&mut live, first).await;
+    let before = last_seen(&f.local).await;
+    let first = f.run_turn(1).await;
     assert_eq!(
-        seqs,
+        f.live_through(first).await,
         (before + 1..=first).collect::<Vec<_>>(),
         "the first turn is published whole"
     );

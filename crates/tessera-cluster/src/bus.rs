@@ -169,7 +169,12 @@ pub struct LiveEvent {
     pub envelope: Bytes,
 }
 
+/// Envelope bytes at most in one NATS message of several live events (NATS refuses a message
+/// over its `max_payload`, 1 MiB by default); a larger event goes alone.
+const LIVE_BATCH_BYTES: usize = 256 * 1024;
+
 impl LiveEvent {
+    /// One event alone: its seq (never 0), then its envelope.
     fn encode(&self) -> Bytes {
         let mut out = Vec::with_capacity(8 + self.envelope.len());
         out.extend_from_slice(&self.seq.to_be_bytes());
@@ -177,15 +182,58 @@ impl LiveEvent {
         Bytes::from(out)
     }
 
-    fn decode(payload: &Bytes) -> Result<Self, ClusterError> {
-        let head: [u8; 8] = payload
-            .get(..8)
-            .and_then(|h| h.try_into().ok())
-            .ok_or_else(|| ClusterError::Decode("live event shorter than its seq".into()))?;
-        Ok(Self {
-            seq: u64::from_be_bytes(head),
-            envelope: payload.slice(8..),
-        })
+    /// Several events in one message: a seq of 0 (no event has it), then each event's seq,
+    /// its envelope's length (u32) and its envelope.
+    fn encode_batch(events: &[LiveEvent]) -> Bytes {
+        let size: usize = events.iter().map(|e| 12 + e.envelope.len()).sum();
+        let mut out = Vec::with_capacity(8 + size);
+        out.extend_from_slice(&0u64.to_be_bytes());
+        for event in events {
+            out.extend_from_slice(&event.seq.to_be_bytes());
+            // Below LIVE_BATCH_BYTES: a larger event is sent alone.
+            out.extend_from_slice(&(event.envelope.len() as u32).to_be_bytes());
+            out.extend_from_slice(&event.envelope);
+        }
+        Bytes::from(out)
+    }
+
+    /// The events of one message, either form.
+    fn decode(payload: &Bytes) -> Result<Vec<Self>, ClusterError> {
+        let short = || ClusterError::Decode("live event message cut short".into());
+        let seq_at = |at: usize| -> Result<u64, ClusterError> {
+            let head: [u8; 8] = payload
+                .get(at..at + 8)
+                .and_then(|h| h.try_into().ok())
+                .ok_or_else(short)?;
+            Ok(u64::from_be_bytes(head))
+        };
+        let seq = seq_at(0)?;
+        if seq != 0 {
+            return Ok(vec![Self {
+                seq,
+                envelope: payload.slice(8..),
+            }]);
+        }
+        let mut events = Vec::new();
+        let mut at = 8;
+        while at < payload.len() {
+            let seq = seq_at(at)?;
+            let len: [u8; 4] = payload
+                .get(at + 8..at + 12)
+                .and_then(|l| l.try_into().ok())
+                .ok_or_else(short)?;
+            let start = at + 12;
+            let end = start + u32::from_be_bytes(len) as usize;
+            if end > payload.len() {
+                return Err(short());
+            }
+            events.push(Self {
+                seq,
+                envelope: payload.slice(start..end),
+            });
+            at = end;
+        }
+        Ok(events)
     }
 }
 
@@ -283,27 +331,50 @@ impl ClusterBus {
         Ok(rtt)
     }
 
-    /// Publishes one of the chat's live events (owner side).
-    pub async fn publish_event(
+    /// Publishes a burst of the chat's live events, in seq order (owner side): as few
+    /// messages as [`LIVE_BATCH_BYTES`] allows, since each message costs the owner, NATS and
+    /// every reader the same whatever it holds.
+    pub async fn publish_events(
         &self,
         chat_id: &str,
-        event: &LiveEvent,
+        events: &[LiveEvent],
     ) -> Result<(), ClusterError> {
         self.metrics
             .live_events_published
-            .fetch_add(1, Ordering::Relaxed);
-        self.client
-            .publish(self.subjects.events(chat_id), event.encode())
-            .await
-            .map_err(|e| ClusterError::Nats(e.to_string()))
+            .fetch_add(events.len() as u64, Ordering::Relaxed);
+        let subject = self.subjects.events(chat_id);
+        let mut rest = events;
+        while !rest.is_empty() {
+            let mut bytes = 0;
+            let take = rest
+                .iter()
+                .take_while(|e| {
+                    bytes += e.envelope.len();
+                    bytes <= LIVE_BATCH_BYTES
+                })
+                .count()
+                .max(1);
+            let (burst, after) = rest.split_at(take);
+            let payload = match burst {
+                [one] => one.encode(),
+                several => LiveEvent::encode_batch(several),
+            };
+            self.client
+                .publish(subject.clone(), payload)
+                .await
+                .map_err(|e| ClusterError::Nats(e.to_string()))?;
+            rest = after;
+        }
+        Ok(())
     }
 
-    /// The chat's live events from now on (relay side). Undecodable messages are logged and
-    /// skipped; the subscriber resumes from the store if it sees a seq gap.
+    /// The chat's live events from now on, in the bursts the owner published them (relay
+    /// side). Undecodable messages are logged and skipped; the subscriber resumes from the
+    /// store if it sees a seq gap.
     pub async fn subscribe_events(
         &self,
         chat_id: &str,
-    ) -> Result<impl Stream<Item = LiveEvent> + Send + Unpin + use<>, ClusterError> {
+    ) -> Result<impl Stream<Item = Vec<LiveEvent>> + Send + Unpin + use<>, ClusterError> {
         let subscriber = self.subscribe(self.subjects.events(chat_id)).await?;
         let chat = chat_id.to_owned();
         Ok(subscriber.filter_map(move |msg| {
@@ -466,6 +537,28 @@ mod tests {
         }
         assert!(NumberedFrame::decode(&Bytes::from_static(b"d123")).is_err());
         assert!(NumberedFrame::decode(&Bytes::from_static(b"x\0\0\0\0\0\0\0\0")).is_err());
+        Ok(())
+    }
+
+    #[test]
+    fn live_events_round_trip_alone_and_in_bursts() -> Result<(), ClusterError> {
+        let event = |seq: u64, text: &'static str| LiveEvent {
+            seq,
+            envelope: Bytes::from_static(text.as_bytes()),
+        };
+        let one = event(7, r#"{"seq":7}"#);
+        assert_eq!(LiveEvent::decode(&one.encode())?, vec![one.clone()]);
+        let burst = vec![one, event(8, ""), event(9, r#"{"seq":9}"#)];
+        let encoded = LiveEvent::encode_batch(&burst);
+        assert_eq!(LiveEvent::decode(&encoded)?, burst);
+        // Cut anywhere inside the last event, or its length: refused, not misread.
+        for cut in [encoded.len() - 1, encoded.len() - 10, 8 + 12 + 9 + 5] {
+            assert!(
+                LiveEvent::decode(&encoded.slice(..cut)).is_err(),
+                "cut at {cut}"
+            );
+        }
+        assert!(LiveEvent::decode(&Bytes::from_static(b"1234")).is_err());
         Ok(())
     }
 

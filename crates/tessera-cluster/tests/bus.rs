@@ -86,7 +86,7 @@ async fn no_owner_and_a_silent_owner_are_told_apart() {
 }
 
 #[actix_rt::test]
-async fn live_events_reach_another_node_in_order() {
+async fn live_events_reach_another_node_in_order_one_message_per_burst() {
     let Some(url) = common::nats_url("live_events_reach_another_node") else {
         return;
     };
@@ -95,42 +95,51 @@ async fn live_events_reach_another_node_in_order() {
     let relay = common::node_bus(&url, "relay", &prefix, Duration::from_secs(5)).await;
     let mut events = relay.subscribe_events("chat-9").await.expect("subscribe");
     let mut other_chat = relay.subscribe_events("chat-10").await.expect("subscribe");
-    for seq in 1..=50u64 {
-        let event = LiveEvent {
-            seq,
-            envelope: format!(r#"{{"seq":{seq}}}"#).into(),
-        };
+    let event = |seq: u64| LiveEvent {
+        seq,
+        envelope: format!(r#"{{"seq":{seq}}}"#).into(),
+    };
+    // Bursts of 1 to 9 events, 45 in all; then one with an event over the batch limit in
+    // the middle, which goes alone: three messages.
+    let bursts: Vec<Vec<LiveEvent>> = (1..=9u64)
+        .map(|n| (n * (n - 1) / 2 + 1..=n * (n + 1) / 2).map(event).collect())
+        .collect();
+    for burst in &bursts {
         owner
-            .publish_event("chat-9", &event)
+            .publish_events("chat-9", burst)
             .await
             .expect("publish");
     }
+    let big = LiveEvent {
+        seq: 47,
+        envelope: vec![b'x'; 300 * 1024].into(),
+    };
+    let last = [event(46), big.clone(), event(48)];
     owner
-        .publish_event(
-            "chat-10",
-            &LiveEvent {
-                seq: 1,
-                envelope: "{}".into(),
-            },
-        )
+        .publish_events("chat-9", &last)
         .await
         .expect("publish");
-    for seq in 1..=50u64 {
-        let event = tokio::time::timeout(Duration::from_secs(5), events.next())
+    owner
+        .publish_events("chat-10", &[event(1)])
+        .await
+        .expect("publish");
+    let mut next = async || {
+        tokio::time::timeout(Duration::from_secs(5), events.next())
             .await
             .expect("in time")
-            .expect("an event");
-        assert_eq!(event.seq, seq);
-        assert_eq!(
-            &event.envelope[..],
-            format!(r#"{{"seq":{seq}}}"#).as_bytes()
-        );
+            .expect("a burst")
+    };
+    for burst in &bursts {
+        assert_eq!(&next().await, burst, "one message per burst, as published");
     }
+    assert_eq!(next().await, vec![event(46)]);
+    assert_eq!(next().await, vec![big], "alone: over the batch limit");
+    assert_eq!(next().await, vec![event(48)]);
     let other = tokio::time::timeout(Duration::from_secs(5), other_chat.next())
         .await
         .expect("in time")
         .expect("an event");
-    assert_eq!(other.seq, 1, "each chat has its own subject");
+    assert_eq!(other, vec![event(1)], "each chat has its own subject");
     assert!(owner.round_trip().await.expect("rtt") < Duration::from_secs(5));
 }
 

@@ -28,9 +28,9 @@ use tokio::sync::{mpsc, oneshot};
 pub struct ChatRelay {
     chat: ChatHandle,
     bus: ClusterBus,
-    /// Events in seq order to the one task that publishes them (publishing from separate
-    /// tasks could reorder them).
-    outbound: Option<mpsc::UnboundedSender<LiveEvent>>,
+    /// Bursts of events in seq order to the one task that publishes them (publishing from
+    /// separate tasks could reorder them).
+    outbound: Option<mpsc::UnboundedSender<Vec<LiveEvent>>>,
     subscription: Option<u64>,
     /// Until when a reader on another node follows the chat ([`ChatCommand::Follow`]); live
     /// events are published only until then. Publishing every event of every chat cost a
@@ -88,15 +88,16 @@ impl Actor for ChatRelay {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         let chat_id = self.chat.identity.chat_id.to_string();
-        let (tx, mut rx) = mpsc::unbounded_channel::<LiveEvent>();
+        let (tx, mut rx) = mpsc::unbounded_channel::<Vec<LiveEvent>>();
         self.outbound = Some(tx);
         let bus = self.bus.clone();
         let publishing = chat_id.clone();
         actix::spawn(async move {
-            while let Some(event) = rx.recv().await {
-                if let Err(e) = bus.publish_event(&publishing, &event).await {
+            while let Some(burst) = rx.recv().await {
+                if let Err(e) = bus.publish_events(&publishing, &burst).await {
                     // Remote subscribers see the seq gap and read the store.
-                    tracing::warn!(chat_id = %publishing, seq = event.seq, error = %e, "live event not relayed");
+                    let seq = burst.first().map_or(0, |e| e.seq);
+                    tracing::warn!(chat_id = %publishing, seq, error = %e, "live events not relayed");
                 }
             }
         });
@@ -136,16 +137,29 @@ impl Handler<Deliver> for ChatRelay {
         let Some(outbound) = self.outbound.as_ref().filter(|_| self.followed()) else {
             return;
         };
-        for text in batch {
-            let seq = tessera_engine::envelope_seq(text.as_bytes());
-            if seq == 0 {
-                continue;
-            }
-            let _ = outbound.send(LiveEvent {
-                seq,
-                envelope: Bytes::copy_from_slice(text.as_bytes()),
-            });
+        // One NATS message per burst, as one socket write per burst on this node.
+        let burst: Vec<LiveEvent> = batch
+            .iter()
+            .filter_map(|text| {
+                let seq = tessera_engine::envelope_seq(text.as_bytes());
+                (seq != 0).then(|| LiveEvent {
+                    seq,
+                    envelope: Bytes::from_owner(SharedEnvelope(text.clone())),
+                })
+            })
+            .collect();
+        if !burst.is_empty() {
+            let _ = outbound.send(burst);
         }
+    }
+}
+
+/// An envelope the session shares with its other subscribers, as [`Bytes`] without a copy.
+struct SharedEnvelope(Arc<str>);
+
+impl AsRef<[u8]> for SharedEnvelope {
+    fn as_ref(&self) -> &[u8] {
+        self.0.as_bytes()
     }
 }
 
@@ -392,6 +406,8 @@ pub struct RemoteFeed {
     followed: bool,
     /// A follow request is under way, or waits to be sent again.
     follow_asked: bool,
+    /// Events delivered and not yet sent (see [`RemoteFeed::send_delivered`]).
+    delivered: Vec<Arc<str>>,
 }
 
 /// The owner's answer to [`ChatCommand::Replay`].
@@ -431,6 +447,7 @@ impl RemoteFeed {
             follow_every: FOLLOW_RENEW,
             followed: false,
             follow_asked: false,
+            delivered: Vec::new(),
         }
     }
 
@@ -521,14 +538,22 @@ impl RemoteFeed {
         }));
     }
 
-    /// Delivers event `seq` (not below `next_seq`).
+    /// Delivers event `seq` (not below `next_seq`) with the next [`RemoteFeed::send_delivered`].
     fn deliver(&mut self, seq: u64, envelope: &[u8]) {
         let text = String::from_utf8_lossy(envelope);
-        self.recipient
-            .do_send(Deliver::one(std::sync::Arc::from(text.as_ref())));
+        self.delivered.push(Arc::from(text.as_ref()));
         self.next_seq = seq + 1;
         if self.boundary_from.is_some() {
             self.replayed += 1;
+        }
+    }
+
+    /// Sends the subscriber what was delivered since the last send, as one batch (one socket
+    /// write). Every handler that delivers calls it before it returns.
+    fn send_delivered(&mut self) {
+        if !self.delivered.is_empty() {
+            self.recipient
+                .do_send(Deliver(std::mem::take(&mut self.delivered)));
         }
     }
 
@@ -574,6 +599,7 @@ impl RemoteFeed {
                 }
             }
             act.drain_held();
+            act.send_delivered();
             if gap || (!full_page && !act.held.is_empty()) {
                 act.stalled(ctx);
             } else if full_page {
@@ -646,8 +672,7 @@ impl RemoteFeed {
             };
             act.followed = true;
             if let Some(session) = page.session.filter(|_| act.boundary_from.is_some()) {
-                act.recipient
-                    .do_send(Deliver::one(Arc::from(session.as_str())));
+                act.delivered.push(Arc::from(session.as_str()));
             }
             for text in &page.events {
                 let seq = tessera_engine::envelope_seq(text.as_bytes());
@@ -658,6 +683,7 @@ impl RemoteFeed {
             // The seqs up to `through` without an event have none for clients.
             act.next_seq = act.next_seq.max(page.through + 1);
             act.drain_held();
+            act.send_delivered();
             if page.more && page.events.is_empty() {
                 // The next event is too big for an answer; the store has it.
                 act.catch_up(ctx);
@@ -736,23 +762,32 @@ impl Handler<StopFeed> for RemoteFeed {
     }
 }
 
-impl StreamHandler<LiveEvent> for RemoteFeed {
-    fn handle(&mut self, event: LiveEvent, ctx: &mut Self::Context) {
+impl StreamHandler<Vec<LiveEvent>> for RemoteFeed {
+    fn handle(&mut self, burst: Vec<LiveEvent>, ctx: &mut Self::Context) {
         if !self.recipient.connected() {
             ctx.stop();
             return;
         }
         self.poll_soon(ctx);
-        if event.seq < self.next_seq {
-            return;
+        let mut holding = false;
+        for event in burst {
+            if event.seq < self.next_seq {
+                continue;
+            }
+            if !holding && event.seq == self.next_seq && !self.catching_up {
+                self.deliver(event.seq, &event.envelope);
+            } else {
+                self.held.insert(event.seq, event.envelope);
+                holding = true;
+            }
         }
-        if event.seq == self.next_seq && !self.catching_up {
-            self.deliver(event.seq, &event.envelope);
+        if holding {
+            self.send_delivered();
+            self.catch_up(ctx);
+        } else {
             self.drain_held();
-            return;
+            self.send_delivered();
         }
-        self.held.insert(event.seq, event.envelope);
-        self.catch_up(ctx);
     }
 
     fn finished(&mut self, ctx: &mut Self::Context) {

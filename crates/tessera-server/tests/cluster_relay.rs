@@ -103,7 +103,8 @@ async fn another_node_sees_live_events_in_order_and_drives_the_chat() {
     let mut events = other
         .subscribe_events(&chat_id)
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap_or_else(|e| panic!("{e}"))
+        .flat_map(futures::stream::iter);
     let arbiter = chat.arbiter.clone();
     let relayed = chat.clone();
     let _relay = ChatRelay::start_in_arbiter(&arbiter, move |_| ChatRelay::new(relayed, owner));
@@ -282,6 +283,7 @@ impl Following {
             .subscribe_events(&chat_id)
             .await
             .unwrap_or_else(|e| panic!("{e}"))
+            .flat_map(futures::stream::iter)
             .boxed();
         let local = local_subscriber(&chat).await;
         Some(Following {
@@ -680,7 +682,8 @@ async fn a_chat_taken_over_is_served_to_other_nodes_until_it_is_lost() {
     let mut live = client_node
         .subscribe_events(&chat_id)
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap_or_else(|e| panic!("{e}"))
+        .flat_map(futures::stream::iter);
     node.do_send(OwnershipChange::TakenOver {
         chat_id: chat_id.clone(),
         epoch: 2,

@@ -59,9 +59,10 @@ pub enum ChatCommand {
         with_session: bool,
     },
     /// A reader on the forwarding node follows the chat's live events: the owner publishes
-    /// them for a while (a [`ChatCommand::Replay`] counts as one too). A reader renews it
-    /// while it lasts ([`ClusterBus::notify`], no answer needed); with nobody following, the
-    /// owner publishes nothing (its own sockets need no NATS).
+    /// them for a while (a [`ChatCommand::Replay`] counts as one too), and answers with
+    /// `{"last_seq": the last seq it has shown, or null}` so the reader can tell whether it
+    /// missed the last one. Readers renew it while they last; with nobody following, the owner
+    /// publishes nothing (its own sockets need no NATS).
     Follow,
     /// The chat is being deleted: stop its session now (the deleting node then deletes the
     /// stored chat and its lease, which fences any write still under way).
@@ -246,7 +247,7 @@ pub struct IncomingCommand {
 }
 
 impl IncomingCommand {
-    /// The sender waits for an answer (it sent a request, not a [`ClusterBus::notify`]).
+    /// The sender waits for an answer (it sent a request, not a plain publish).
     pub fn wants_reply(&self) -> bool {
         self.reply_to.is_some()
     }
@@ -452,17 +453,6 @@ impl ClusterBus {
                 _ => ClusterError::Nats(e.to_string()),
             })?;
         serde_json::from_slice(&answer.payload).map_err(|e| ClusterError::Decode(e.to_string()))
-    }
-
-    /// Sends `command` to the chat's owner without waiting for an answer (forwarder side):
-    /// for commands whose loss does no harm ([`ChatCommand::Follow`]). While no node serves
-    /// the chat, NATS drops it.
-    pub async fn notify(&self, chat_id: &str, command: &ChatCommand) -> Result<(), ClusterError> {
-        let body = serde_json::to_vec(command).map_err(|e| ClusterError::Decode(e.to_string()))?;
-        self.client
-            .publish(self.subjects.commands(chat_id), Bytes::from(body))
-            .await
-            .map_err(|e| ClusterError::Nats(e.to_string()))
     }
 
     /// Opens a stream an owner can send frames to (forwarder side): subscribes to a fresh

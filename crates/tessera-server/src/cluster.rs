@@ -37,6 +37,8 @@ pub struct ChatRelay {
     /// two-node run ~20% of its CPU per turn when every client was on its chat's owner.
     followed_until: Option<std::time::Instant>,
     follow_ttl: std::time::Duration,
+    /// The last seq the session has shown since the relay started (readers check it).
+    last_seq: Option<u64>,
 }
 
 impl ChatRelay {
@@ -50,6 +52,7 @@ impl ChatRelay {
             subscription: None,
             followed_until: None,
             follow_ttl: FOLLOW_TTL,
+            last_seq: None,
         }
     }
 
@@ -74,14 +77,9 @@ impl ChatRelay {
 }
 
 /// How long an owner publishes a chat's live events after a reader on another node last
-/// followed it ([`ChatCommand::Follow`] or a replay). Long, because renewals are what an idle
-/// reader costs (at 10 s, +8% CPU per turn for 2,000 chats followed across nodes and a 20 s
-/// think time), and a reader gone is published to for at most this long.
+/// followed it ([`ChatCommand::Follow`] or a replay). A reader renews it with each check (at
+/// most [`CHECK_QUIET`] apart); a reader gone is published to for at most this long.
 pub const FOLLOW_TTL: std::time::Duration = std::time::Duration::from_secs(60);
-
-/// How often a reader renews its follow: a third of [`FOLLOW_TTL`], so one lost renewal
-/// (or two) costs no live event.
-pub const FOLLOW_RENEW: std::time::Duration = std::time::Duration::from_secs(20);
 
 impl Actor for ChatRelay {
     type Context = Context<Self>;
@@ -134,6 +132,14 @@ impl Handler<Deliver> for ChatRelay {
     type Result = ();
 
     fn handle(&mut self, Deliver(batch): Deliver, _: &mut Self::Context) {
+        if let Some(seq) = batch
+            .iter()
+            .rev()
+            .map(|text| tessera_engine::envelope_seq(text.as_bytes()))
+            .find(|seq| *seq != 0)
+        {
+            self.last_seq = Some(seq);
+        }
         let Some(outbound) = self.outbound.as_ref().filter(|_| self.followed()) else {
             return;
         };
@@ -233,7 +239,7 @@ pub async fn carry_out(chat: &ChatHandle, bus: &ClusterBus, command: ChatCommand
             Ok(Err(e)) => crate::rest::ApiError::from(e).to_refusal(),
             Err(_) => crate::rest::unavailable().to_refusal(),
         },
-        // The relay has renewed the follow on receipt.
+        // The relay answers a follow itself, with the last seq it has seen.
         ChatCommand::Follow => CommandReply::Accepted,
         ChatCommand::Stop => {
             // Stopped already is as good: nothing of it runs here any more.
@@ -313,16 +319,30 @@ async fn serve_agui_run(
 
 impl StreamHandler<IncomingCommand> for ChatRelay {
     fn handle(&mut self, incoming: IncomingCommand, ctx: &mut Self::Context) {
-        // Before the replay is read: an event after what the replay holds is then published.
-        if matches!(
-            incoming.command,
-            ChatCommand::Follow | ChatCommand::Replay { .. }
-        ) {
-            self.followed_until = Some(std::time::Instant::now() + self.follow_ttl);
-            // A renewal needs nothing more (one per reader every few seconds).
-            if !incoming.wants_reply() {
+        match incoming.command {
+            // Answered here, at once, whatever command is under way: a reader checks with
+            // each follow that it has the last event shown.
+            ChatCommand::Follow => {
+                self.followed_until = Some(std::time::Instant::now() + self.follow_ttl);
+                if incoming.wants_reply() {
+                    let bus = self.bus.clone();
+                    let chat_id = self.chat.identity.chat_id.clone();
+                    let reply = CommandReply::Answered {
+                        body: serde_json::json!({ "last_seq": self.last_seq }),
+                    };
+                    actix::spawn(async move {
+                        if let Err(e) = bus.reply(incoming, &reply).await {
+                            tracing::debug!(chat_id = %chat_id, error = %e, "follow not answered");
+                        }
+                    });
+                }
                 return;
             }
+            // Before the replay is read: an event after what the replay holds is then published.
+            ChatCommand::Replay { .. } => {
+                self.followed_until = Some(std::time::Instant::now() + self.follow_ttl);
+            }
+            _ => {}
         }
         let chat = self.chat.clone();
         let bus = self.bus.clone();
@@ -348,15 +368,17 @@ impl StreamHandler<IncomingCommand> for ChatRelay {
 /// seen live but could not place yet.
 const STORE_CATCH_UP_RETRY: std::time::Duration = std::time::Duration::from_millis(50);
 
-/// How soon after the chat's last activity a reader also asks the store for events past the
-/// last it delivered: a lost last live event comes with no later one to reveal the gap.
-const STORE_POLL: std::time::Duration = std::time::Duration::from_secs(1);
+/// How soon after the chat's last activity a reader checks with the owner that it has every
+/// event (a lost last live event comes with no later one to reveal the gap); the check also
+/// renews its follow.
+const CHECK_SOON: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// The longest wait between two such reads: each read that finds the chat quiet since the
-/// one before doubles the wait up to this, and a live event brings it back to [`STORE_POLL`].
+/// The longest wait between two checks: each check that finds the chat quiet since the one
+/// before doubles the wait up to this, and a live event brings it back to [`CHECK_SOON`].
 /// (A reader per idle chat and socket reading the store every second was the store's main
-/// load in a cluster of idle chats.)
-const STORE_POLL_QUIET: std::time::Duration = std::time::Duration::from_secs(16);
+/// load in a cluster of idle chats; a check is a NATS request, and reads the store only when
+/// the owner has shown an event the reader lacks.)
+pub const CHECK_QUIET: std::time::Duration = std::time::Duration::from_secs(16);
 
 /// How long a gap the store cannot fill may last before the reader asks the owner (see
 /// `RemoteFeed::stalled`).
@@ -374,7 +396,8 @@ const CATCH_UP_PAGE: u32 = 500;
 /// gap (one published before the subscription, or lost) is held back until the store or the
 /// owner has filled the gap. While no node owns the chat (a takeover), the store alone
 /// replays what it holds. The owner publishes live events only while a reader follows the
-/// chat: the replay request is the feed's first follow, renewed every [`FOLLOW_RENEW`].
+/// chat: the replay request is the feed's first follow, renewed by each check (see
+/// [`CHECK_SOON`]).
 pub struct RemoteFeed {
     chat_id: String,
     store: std::sync::Arc<dyn tessera_store::ChatStore>,
@@ -391,13 +414,14 @@ pub struct RemoteFeed {
     replayed: u64,
     /// The owner was asked for the `chat.session` event that opens the replay.
     session_asked: bool,
-    /// The wait before the next read of the store (see [`STORE_POLL_QUIET`]), and that read.
-    poll_every: std::time::Duration,
-    poll: Option<SpawnHandle>,
+    /// The wait before the next check (see [`CHECK_QUIET`]), and that check.
+    check_every: std::time::Duration,
+    check: Option<SpawnHandle>,
+    /// The shortest and the longest wait between checks ([`CHECK_SOON`], [`CHECK_QUIET`]).
+    check_soon: std::time::Duration,
+    check_quiet: std::time::Duration,
     /// The seq the feed has been stuck before, and since when.
     stalled_since: Option<(u64, std::time::Instant)>,
-    /// How often it tells the owner it still follows the chat ([`FOLLOW_RENEW`] unless set).
-    follow_every: std::time::Duration,
     /// The owner has taken the feed's follow (it answered a replay or a follow request).
     /// Until then the feed asks again soon, not at the next renewal: a replay asked before a
     /// new chat's relay served commands follows nothing, and the feed would get the chat's
@@ -441,48 +465,32 @@ impl RemoteFeed {
             boundary_from: Some(after_seq + 1),
             replayed: 0,
             session_asked: false,
-            poll_every: STORE_POLL,
-            poll: None,
+            check_every: CHECK_SOON,
+            check: None,
+            check_soon: CHECK_SOON,
+            check_quiet: CHECK_QUIET,
             stalled_since: None,
-            follow_every: FOLLOW_RENEW,
             followed: false,
             follow_asked: false,
             delivered: Vec::new(),
         }
     }
 
-    /// Renews the follow every `every` instead of every [`FOLLOW_RENEW`] (it must stay
-    /// below the owner's follow TTL).
-    pub fn renew_follow_every(mut self, every: std::time::Duration) -> Self {
-        self.follow_every = every;
+    /// Checks between `soon` and `quiet` apart instead of between [`CHECK_SOON`] and
+    /// [`CHECK_QUIET`] (`quiet` must stay below the owner's follow TTL).
+    pub fn checks_between(mut self, soon: std::time::Duration, quiet: std::time::Duration) -> Self {
+        self.check_soon = soon;
+        self.check_every = soon;
+        self.check_quiet = quiet;
         self
     }
 
-    /// Tells the owner the chat is still followed here (the replay that started the feed was
-    /// the first time). Not answered: a renewal lost while no node serves the chat is made
-    /// up for by the next one, and a new owner publishes for a TTL after a takeover.
-    fn renew_follow(&mut self, ctx: &mut Context<Self>) {
-        if !self.recipient.connected() {
-            ctx.stop();
-            return;
-        }
-        if !self.followed {
-            self.ask_follow(STORE_CATCH_UP_RETRY, ctx);
-            return;
-        }
-        let bus = self.bus.clone();
-        let chat_id = self.chat_id.clone();
-        actix::spawn(async move {
-            if let Err(e) = bus.notify(&chat_id, &ChatCommand::Follow).await {
-                tracing::debug!(chat_id = %chat_id, error = %e, "follow not renewed");
-            }
-        });
-    }
-
-    /// Asks the owner to take the feed's follow until it has, waiting `retry` after a
-    /// refusal and twice as long after each next one, up to the renewal period.
-    fn ask_follow(&mut self, retry: std::time::Duration, ctx: &mut Context<Self>) {
-        if self.followed || self.follow_asked {
+    /// Asks the owner to follow the chat (again) and for the last seq it has shown, and reads
+    /// the store when that is past what the feed delivered. Without an answer (no node serves
+    /// the chat, or it is slow) it reads the store, and with `retry` asks again after that
+    /// long, twice as long each next time.
+    fn follow(&mut self, retry: Option<std::time::Duration>, ctx: &mut Context<Self>) {
+        if self.follow_asked {
             return;
         }
         self.follow_asked = true;
@@ -490,15 +498,35 @@ impl RemoteFeed {
         let chat_id = self.chat_id.clone();
         let ask = async move { bus.send_command(&chat_id, &ChatCommand::Follow).await };
         ctx.spawn(ask.into_actor(self).map(move |reply, act, ctx| {
-            if let Ok(CommandReply::Accepted) = reply {
-                act.followed = true;
-                act.follow_asked = false;
-                return;
+            let last_seq = match reply {
+                Ok(CommandReply::Answered { body }) => Ok(body["last_seq"].as_u64()),
+                Ok(other) => Err(format!("{other:?}")),
+                Err(e) => Err(e.to_string()),
+            };
+            match last_seq {
+                Ok(last_seq) => {
+                    act.followed = true;
+                    act.follow_asked = false;
+                    // Unknown (the owner has shown nothing since it took the chat): the store.
+                    if last_seq.is_none_or(|last| last >= act.next_seq) {
+                        act.catch_up(ctx);
+                    }
+                }
+                Err(error) => {
+                    tracing::debug!(chat_id = %act.chat_id, %error, "the owner did not take the follow");
+                    act.followed = false;
+                    act.catch_up(ctx);
+                    match retry {
+                        Some(retry) => {
+                            ctx.run_later(retry, move |act, ctx| {
+                                act.follow_asked = false;
+                                act.follow(Some((retry * 2).min(act.check_quiet)), ctx);
+                            });
+                        }
+                        None => act.follow_asked = false,
+                    }
+                }
             }
-            ctx.run_later(retry, move |act, ctx| {
-                act.follow_asked = false;
-                act.ask_follow((retry * 2).min(act.follow_every), ctx);
-            });
         }));
     }
 
@@ -661,7 +689,9 @@ impl RemoteFeed {
                 Ok(page) => page,
                 Err(error) => {
                     tracing::debug!(chat_id = %act.chat_id, %error, "the owner did not replay");
-                    act.ask_follow(STORE_CATCH_UP_RETRY, ctx);
+                    if !act.followed {
+                        act.follow(Some(STORE_CATCH_UP_RETRY), ctx);
+                    }
                     if stuck {
                         ctx.run_later(STORE_CATCH_UP_RETRY, |act, ctx| act.catch_up(ctx));
                     } else {
@@ -697,30 +727,31 @@ impl RemoteFeed {
         }));
     }
 
-    /// Reads the store after `poll_every`, waiting longer each time the chat stayed quiet.
-    fn schedule_poll(&mut self, ctx: &mut Context<Self>) {
+    /// Checks after `check_every` (see [`RemoteFeed::follow`]), waiting longer each time the
+    /// chat stayed quiet.
+    fn schedule_check(&mut self, ctx: &mut Context<Self>) {
         let seen = self.next_seq;
-        self.poll = Some(ctx.run_later(self.poll_every, move |act, ctx| {
+        self.check = Some(ctx.run_later(self.check_every, move |act, ctx| {
             if !act.recipient.connected() {
                 ctx.stop();
                 return;
             }
             if act.next_seq == seen {
-                act.poll_every = (act.poll_every * 2).min(STORE_POLL_QUIET);
+                act.check_every = (act.check_every * 2).min(act.check_quiet);
             }
-            act.catch_up(ctx);
-            act.schedule_poll(ctx);
+            act.follow(None, ctx);
+            act.schedule_check(ctx);
         }));
     }
 
-    /// The chat is active: the next read of the store comes [`STORE_POLL`] from now at most.
-    fn poll_soon(&mut self, ctx: &mut Context<Self>) {
-        if self.poll_every > STORE_POLL {
-            self.poll_every = STORE_POLL;
-            if let Some(poll) = self.poll.take() {
-                ctx.cancel_future(poll);
+    /// The chat is active: the next check comes `check_soon` from now at most.
+    fn on_activity(&mut self, ctx: &mut Context<Self>) {
+        if self.check_every > self.check_soon {
+            self.check_every = self.check_soon;
+            if let Some(check) = self.check.take() {
+                ctx.cancel_future(check);
             }
-            self.schedule_poll(ctx);
+            self.schedule_check(ctx);
         }
     }
 }
@@ -738,8 +769,7 @@ impl Actor for RemoteFeed {
             Ok(events) => {
                 ctx.add_stream(events);
                 act.ask_owner(false, ctx);
-                act.schedule_poll(ctx);
-                ctx.run_interval(act.follow_every, |act, ctx| act.renew_follow(ctx));
+                act.schedule_check(ctx);
             }
             Err(e) => {
                 tracing::warn!(chat_id = %act.chat_id, error = %e, "cannot follow the chat's live events");
@@ -768,7 +798,7 @@ impl StreamHandler<Vec<LiveEvent>> for RemoteFeed {
             ctx.stop();
             return;
         }
-        self.poll_soon(ctx);
+        self.on_activity(ctx);
         let mut holding = false;
         for event in burst {
             if event.seq < self.next_seq {

@@ -111,9 +111,12 @@ async fn another_node_sees_live_events_in_order_and_drives_the_chat() {
 
     // The relay serves commands once it is subscribed; until then the chat has no responder.
     // It publishes live events only for a reader that follows the chat.
+    // The relay has shown nothing since it started.
     assert_eq!(
         command_once_served(&other, &chat_id, &ChatCommand::Follow).await,
-        CommandReply::Accepted
+        CommandReply::Answered {
+            body: json!({"last_seq": null})
+        }
     );
     let input = ChatCommand::Input {
         content: "Buy milk".into(),
@@ -308,8 +311,8 @@ impl Following {
         })
     }
 
-    /// A feed of the chat on the reader's node from its first event, renewing every `every`,
-    /// and what it delivers.
+    /// A feed of the chat on the reader's node from its first event, checking with the owner
+    /// (and renewing its follow) every `every`, and what it delivers.
     fn feed(
         &self,
         every: Duration,
@@ -326,7 +329,7 @@ impl Following {
             self.reader.clone(),
             fed.clone().recipient(),
         )
-        .renew_follow_every(every)
+        .checks_between(every, every)
         .start();
         (feed, fed)
     }
@@ -357,9 +360,12 @@ async fn a_relay_publishes_live_events_only_while_a_reader_on_another_node_follo
 
     // Nobody follows: the first turn is not published.
     let first = f.run_turn(1).await;
+    // A follow is answered with the last seq shown (a reader's check that it has it).
     assert_eq!(
         f.command(&ChatCommand::Follow).await,
-        CommandReply::Accepted
+        CommandReply::Answered {
+            body: json!({"last_seq": first})
+        }
     );
     let second = f.run_turn(2).await;
     // One publisher's messages arrive in order, so the first turn's would come first.
@@ -406,7 +412,7 @@ async fn a_reader_s_feed_keeps_the_chat_followed_until_it_stops() {
         seen.iter().any(|e| e["type"] == "chat.resume_boundary")
     })
     .await;
-    // Long past the follow its replay started: only its renewals keep the chat followed.
+    // Long past the follow its replay started: only its checks keep the chat followed.
     tokio::time::sleep(ttl * 3).await;
     let before = last_seen(&f.local).await;
     let first = f.run_turn(1).await;
@@ -423,10 +429,10 @@ async fn a_reader_s_feed_keeps_the_chat_followed_until_it_stops() {
     tokio::time::sleep(ttl * 2).await;
     let first = last_seen(&f.local).await;
     let second = f.run_turn(2).await;
-    assert_eq!(
+    assert!(matches!(
         f.command(&ChatCommand::Follow).await,
-        CommandReply::Accepted
-    );
+        CommandReply::Answered { .. }
+    ));
     let third = f.run_turn(3).await;
     let seqs = f.live_through(third).await;
     assert!(
@@ -442,7 +448,7 @@ async fn a_feed_that_starts_before_the_owner_serves_the_chat_follows_it_once_it_
     let Some(mut f) = Following::start("a_feed_that_starts_before", true).await else {
         return;
     };
-    // No relay yet: the feed's replay comes from the store and follows nothing. Its renewals
+    // No relay yet: the feed's replay comes from the store and follows nothing. Its checks
     // are far off, so only asking again soon can make the owner publish.
     let (_feed, fed) = f.feed(Duration::from_secs(600));
     collected_once(
@@ -475,6 +481,37 @@ async fn a_feed_that_starts_before_the_owner_serves_the_chat_follows_it_once_it_
         f.live_through(first).await,
         (before + 1..=first).collect::<Vec<_>>(),
         "the first turn is published whole"
+    );
+}
+
+#[actix::test]
+async fn a_feed_that_missed_the_last_live_event_reads_it_when_the_owner_shows_it() {
+    let Some(f) = Following::start("a_feed_that_missed_the_last", true).await else {
+        return;
+    };
+    // Follows lapse long before the feed checks again: the turn below is not published.
+    let ttl = Duration::from_millis(300);
+    let _relay = f.relay(ttl);
+    assert!(matches!(
+        f.command(&ChatCommand::Snapshot).await,
+        CommandReply::Answered { .. }
+    ));
+    let (_feed, fed) = f.feed(Duration::from_secs(2));
+    collected_once(&fed, "the feed's replay did not end", |seen| {
+        seen.iter().any(|e| e["type"] == "chat.resume_boundary")
+    })
+    .await;
+    tokio::time::sleep(ttl * 2).await;
+    let last = f.run_turn(1).await;
+    // Its next check finds the owner past what it has, and the store has the turn.
+    let seen = collected_once(&fed, "the feed never caught up", |seen| {
+        logged_seqs(seen).last().is_some_and(|s| *s >= last)
+    })
+    .await;
+    assert!(
+        seen.iter()
+            .any(|e| e["type"] == "chat.text" && e["data"]["content"] == "Buy item 1"),
+        "{seen:?}"
     );
 }
 

@@ -422,11 +422,11 @@ pub struct RemoteFeed {
     check_quiet: std::time::Duration,
     /// The seq the feed has been stuck before, and since when.
     stalled_since: Option<(u64, std::time::Instant)>,
-    /// The owner has taken the feed's follow (it answered a replay or a follow request).
-    /// Until then the feed asks again soon, not at the next renewal: a replay asked before a
-    /// new chat's relay served commands follows nothing, and the feed would get the chat's
-    /// events from the store and the owner's replays alone, which leave out the deltas of
-    /// messages already final.
+    /// The owner answered the feed's last replay or follow request. When the first replay
+    /// goes unanswered the feed asks to follow again soon, not at its next check: a replay
+    /// asked before a new chat's relay served commands follows nothing, and the feed would get
+    /// the chat's events from the store and the owner's replays alone, which leave out the
+    /// deltas of messages already final.
     followed: bool,
     /// A follow request is under way, or waits to be sent again.
     follow_asked: bool,

@@ -344,6 +344,17 @@ impl Following {
         live_seqs_through(&mut self.live, last).await
     }
 
+    /// Asserts that the next events published are exactly those after `after` through
+    /// `last` (one publisher's messages arrive in order, so anything published before them
+    /// and not yet read would come first).
+    async fn assert_published_next(&mut self, after: u64, last: u64, what: &str) {
+        assert_eq!(
+            self.live_through(last).await,
+            (after + 1..=last).collect::<Vec<_>>(),
+            "{what}"
+        );
+    }
+
     /// Sends `command` through the reader's node once the chat is served; the answer.
     async fn command(&self, command: &ChatCommand) -> CommandReply {
         command_once_served(&self.reader, &self.chat_id, command).await
@@ -369,11 +380,12 @@ async fn a_relay_publishes_live_events_only_while_a_reader_on_another_node_follo
     );
     let second = f.run_turn(2).await;
     // One publisher's messages arrive in order, so the first turn's would come first.
-    assert_eq!(
-        f.live_through(second).await,
-        (first + 1..=second).collect::<Vec<_>>(),
-        "followed: the second turn, whole; not the first"
-    );
+    f.assert_published_next(
+        first,
+        second,
+        "followed: the second turn, whole; not the first",
+    )
+    .await;
 
     // The follow lapses with no renewal: the third turn is not published.
     tokio::time::sleep(ttl + Duration::from_millis(200)).await;
@@ -387,11 +399,12 @@ async fn a_relay_publishes_live_events_only_while_a_reader_on_another_node_follo
         CommandReply::Answered { .. }
     ));
     let fourth = f.run_turn(4).await;
-    assert_eq!(
-        f.live_through(fourth).await,
-        (third + 1..=fourth).collect::<Vec<_>>(),
-        "a replay follows too: the fourth turn, whole; not the third"
-    );
+    f.assert_published_next(
+        third,
+        fourth,
+        "a replay follows too: the fourth turn, whole; not the third",
+    )
+    .await;
 }
 
 #[actix::test]
@@ -416,11 +429,8 @@ async fn a_reader_s_feed_keeps_the_chat_followed_until_it_stops() {
     tokio::time::sleep(ttl * 3).await;
     let before = last_seen(&f.local).await;
     let first = f.run_turn(1).await;
-    assert_eq!(
-        f.live_through(first).await,
-        (before + 1..=first).collect::<Vec<_>>(),
-        "the turn is published whole"
-    );
+    f.assert_published_next(before, first, "the turn is published whole")
+        .await;
 
     // The feed stops (its socket closed): the follow lapses.
     feed.send(tessera_server::cluster::StopFeed)
@@ -477,11 +487,8 @@ async fn a_feed_that_starts_before_the_owner_serves_the_chat_follows_it_once_it_
     }
     let before = last_seen(&f.local).await;
     let first = f.run_turn(1).await;
-    assert_eq!(
-        f.live_through(first).await,
-        (before + 1..=first).collect::<Vec<_>>(),
-        "the first turn is published whole"
-    );
+    f.assert_published_next(before, first, "the first turn is published whole")
+        .await;
 }
 
 #[actix::test]

@@ -343,7 +343,8 @@ impl ClusterBus {
         self.metrics
             .live_events_published
             .fetch_add(events.len() as u64, Ordering::Relaxed);
-        let subject = self.subjects.events(chat_id);
+        // Cloned per message as a reference count, not a string.
+        let subject = Subject::from(self.subjects.events(chat_id));
         let mut rest = events;
         while !rest.is_empty() {
             let mut bytes = 0;

@@ -60,7 +60,7 @@ impl ChatRelay {
     /// owner, and they renew with this node within the follow TTL (their renewals while no
     /// node served the chat were lost), so it publishes from the start for that long.
     pub fn assuming_followers(mut self) -> Self {
-        self.followed_until = Some(std::time::Instant::now() + self.follow_ttl);
+        self.follow_for_a_ttl();
         self
     }
 
@@ -68,6 +68,11 @@ impl ChatRelay {
     pub fn follow_ttl(mut self, ttl: std::time::Duration) -> Self {
         self.follow_ttl = ttl;
         self
+    }
+
+    /// A reader follows the chat (again) from now on.
+    fn follow_for_a_ttl(&mut self) {
+        self.followed_until = Some(std::time::Instant::now() + self.follow_ttl);
     }
 
     fn followed(&self) -> bool {
@@ -132,29 +137,27 @@ impl Handler<Deliver> for ChatRelay {
     type Result = ();
 
     fn handle(&mut self, Deliver(batch): Deliver, _: &mut Self::Context) {
-        if let Some(seq) = batch
-            .iter()
-            .rev()
-            .map(|text| tessera_engine::envelope_seq(text.as_bytes()))
-            .find(|seq| *seq != 0)
-        {
-            self.last_seq = Some(seq);
-        }
+        let seq_of = |text: &Arc<str>| tessera_engine::envelope_seq(text.as_bytes());
         let Some(outbound) = self.outbound.as_ref().filter(|_| self.followed()) else {
+            // Nothing to publish; only the last seq, for readers' checks.
+            if let Some(seq) = batch.iter().rev().map(seq_of).find(|seq| *seq != 0) {
+                self.last_seq = Some(seq);
+            }
             return;
         };
         // One NATS message per burst, as one socket write per burst on this node.
         let burst: Vec<LiveEvent> = batch
             .iter()
             .filter_map(|text| {
-                let seq = tessera_engine::envelope_seq(text.as_bytes());
+                let seq = seq_of(text);
                 (seq != 0).then(|| LiveEvent {
                     seq,
                     envelope: Bytes::from_owner(SharedEnvelope(text.clone())),
                 })
             })
             .collect();
-        if !burst.is_empty() {
+        if let Some(last) = burst.last() {
+            self.last_seq = Some(last.seq);
             let _ = outbound.send(burst);
         }
     }
@@ -323,7 +326,7 @@ impl StreamHandler<IncomingCommand> for ChatRelay {
             // Answered here, at once, whatever command is under way: a reader checks with
             // each follow that it has the last event shown.
             ChatCommand::Follow => {
-                self.followed_until = Some(std::time::Instant::now() + self.follow_ttl);
+                self.follow_for_a_ttl();
                 if incoming.wants_reply() {
                     let bus = self.bus.clone();
                     let chat_id = self.chat.identity.chat_id.clone();
@@ -340,7 +343,7 @@ impl StreamHandler<IncomingCommand> for ChatRelay {
             }
             // Before the replay is read: an event after what the replay holds is then published.
             ChatCommand::Replay { .. } => {
-                self.followed_until = Some(std::time::Instant::now() + self.follow_ttl);
+                self.follow_for_a_ttl();
             }
             _ => {}
         }

@@ -2,7 +2,8 @@
 //! (two `tessera serve` nodes), one PostgreSQL schema and NATS. A chat created on node A is
 //! driven entirely through node B (B forwards to A over NATS); another user is refused through
 //! B exactly as through A; with A killed, B answers a clear retryable error in bounded time
-//! until A's lease expires, then takes the chat over. Needs `TESSERA_TEST_DATABASE_URL` and
+//! until A's lease expires, then takes the chat over; a chat idle on A leaves its memory with
+//! its lease parked, and the node a client reaches next claims it. Needs `TESSERA_TEST_DATABASE_URL` and
 //! `TESSERA_TEST_NATS_URL` (skipped with a message without them, failing under `CI=true`).
 
 use std::time::{Duration, Instant};
@@ -283,6 +284,72 @@ async fn a_chat_created_on_node_a_is_driven_entirely_by_rest_through_node_b() {
             .events_after(&chat, 0, u32::MAX)
             .await
             .is_ok_and(|e| e.is_empty())
+    );
+}
+
+#[tokio::test]
+async fn an_idle_chat_leaves_its_owner_and_the_node_its_next_request_reaches_claims_it() {
+    let _turn = ONE_CLUSTER_AT_A_TIME.lock().await;
+    let idle = integration_tests::server::ServerOptions {
+        env: vec![("TESSERA_IDLE_CHAT_EVICT_S".into(), "1".into())],
+        ..Default::default()
+    };
+    let Some(cluster) = Cluster::start_with(
+        "cluster_rest_idle",
+        2,
+        integration_tests::cluster::LEASE_TTL_S,
+        idle,
+    )
+    .await
+    else {
+        return;
+    };
+    let (a, b) = (cluster.node(0), cluster.node(1));
+    let chat = a.create_chat("Generator", "alice").await;
+    let chat_path = format!("/api/v1/chats/{chat}");
+    let greeted = chat_through(a, &chat, "alice", "the greeting", |c| {
+        c["status"] == "awaiting_user"
+    })
+    .await;
+
+    // Idle for a second, with nobody watching: it leaves A's memory, and A parks its lease.
+    wait_until(
+        "A parks the idle chat",
+        Duration::from_secs(30),
+        async || a.metric("tessera_cluster_leases_parked_total").await == 1,
+    )
+    .await;
+    assert_eq!(a.metric("tessera_cluster_owned_chats").await, 0);
+    let store = cluster.store().await;
+    use tessera_store::LeaseStore;
+    assert!(
+        store.orphaned_chats(10).await.is_ok_and(|o| o.is_empty()),
+        "a parked chat is no orphan: no node's scan takes it over"
+    );
+
+    // The next request reaches B: B claims the chat and carries it on from the store.
+    let view = chat_through(b, &chat, "alice", "the chat through B", |c| {
+        c["status"] == "awaiting_user"
+    })
+    .await;
+    assert_eq!(view["messages"], greeted["messages"]);
+    assert_eq!(b.metric("tessera_cluster_owned_chats").await, 1);
+    let input = post(
+        b,
+        &format!("{chat_path}/input"),
+        "alice",
+        json!({"content": "Automate my weekly social media posts", "client_msg_id": "m1"}),
+    )
+    .await;
+    assert_eq!(input.status, 202, "{}", input.body);
+    pending_call(b, &chat, "alice", "ActionPlan").await;
+    assert_eq!(a.metric("tessera_cluster_owned_chats").await, 0);
+    // Read through A now, it is B's: forwarded, and the same chat.
+    let through_a = get(a, &chat_path, "alice").await;
+    assert_eq!(through_a.status, 200, "{}", through_a.body);
+    assert_eq!(
+        through_a.body["pending_ui_calls"][0]["component_type"],
+        "ActionPlan"
     );
 }
 

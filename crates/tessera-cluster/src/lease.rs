@@ -7,6 +7,8 @@
 //!   and the store would refuse this node's writes anyway (fencing by epoch).
 //! - On the same tick it asks the store for orphaned chats (expired lease, or none) and takes
 //!   them over; the store's atomic acquire lets exactly one node win each chat.
+//! - [`ParkLeases`] parks the leases of chats that left memory idle: no scan takes them over,
+//!   the next node a client asks claims them.
 //! - [`Drain`] releases every lease (expires it now) so other nodes take the chats at once.
 //!
 //! It tells the node about every change through a `Recipient<OwnershipChange>`: the node
@@ -68,6 +70,17 @@ pub struct AcquireLease {
 pub struct ReleaseLease {
     /// The chat.
     pub chat_id: String,
+}
+
+/// Park the leases of chats that left this node's memory of their own accord (idle, waiting
+/// only on a client): no node takes them over by scanning; the next node a client asks
+/// claims one ([`AcquireLease`]). One store call for all of them. Later messages wait for it,
+/// so an [`AcquireLease`] of a chat parked here finds it parked, never half-way.
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub struct ParkLeases {
+    /// The chats.
+    pub chat_ids: Vec<String>,
 }
 
 /// Graceful drain: stop taking chats over and release every lease; the released chat ids.
@@ -287,6 +300,34 @@ impl Handler<ReleaseLease> for LeaseManager {
             self.release_in_background(msg.chat_id, epoch);
             self.set_owned_gauge();
         }
+    }
+}
+
+impl Handler<ParkLeases> for LeaseManager {
+    type Result = ();
+
+    fn handle(&mut self, msg: ParkLeases, ctx: &mut Self::Context) {
+        let parked: Vec<(String, i64)> = msg
+            .chat_ids
+            .into_iter()
+            .filter_map(|chat_id| self.held.remove(&chat_id).map(|epoch| (chat_id, epoch)))
+            .collect();
+        if parked.is_empty() {
+            return;
+        }
+        self.set_owned_gauge();
+        self.metrics
+            .leases_parked
+            .fetch_add(parked.len() as u64, Ordering::Relaxed);
+        let store = self.store.clone();
+        let node = self.config.node_id.clone();
+        let park = async move {
+            if let Err(e) = store.park_leases(&node, &parked).await {
+                // They expire by themselves within the TTL and are then orphans, taken over.
+                tracing::warn!(node, chats = parked.len(), error = %e, "leases not parked");
+            }
+        };
+        ctx.wait(park.into_actor(self));
     }
 }
 

@@ -28,7 +28,7 @@ pub use bus::{
 };
 pub use error::ClusterError;
 pub use lease::{
-    AcquireLease, Drain, HeldLeases, LeaseManager, LeaseManagerConfig, OwnershipChange,
+    AcquireLease, Drain, HeldLeases, LeaseManager, LeaseManagerConfig, OwnershipChange, ParkLeases,
     ReleaseLease,
 };
 pub use limits::{AllowMessage, GlobalLimits, TenantBudgets, TicketRedeemError};

@@ -13,6 +13,9 @@ pub struct ClusterMetrics {
     pub takeovers: AtomicU64,
     /// Leases this node lost (renewal refused, or not renewed within the TTL).
     pub leases_lost: AtomicU64,
+    /// Leases this node parked: chats that left its memory idle, claimed again by whichever
+    /// node a client asks next.
+    pub leases_parked: AtomicU64,
     /// Last measured NATS round trip, microseconds.
     pub nats_rtt_us: AtomicU64,
     /// Commands forwarded to another node's chat.

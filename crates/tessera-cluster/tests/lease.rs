@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use tessera_cluster::{
     AcquireLease, ClusterMetrics, Drain, HeldLeases, LeaseManager, LeaseManagerConfig,
-    OwnershipChange, ReleaseLease,
+    OwnershipChange, ParkLeases, ReleaseLease,
 };
-use tessera_store::{Lease, LeaseStore, StoreError, StoreFuture};
+use tessera_store::{Lease, LeaseStore, PARKED_NODE, StoreError, StoreFuture};
 
 struct MemoryLeases {
     rows: Mutex<HashMap<String, (String, i64, Instant)>>,
@@ -116,6 +116,21 @@ impl LeaseStore for MemoryLeases {
         Box::pin(async move { result })
     }
 
+    fn park_leases(&self, node: &str, held: &[(String, i64)]) -> StoreFuture<()> {
+        let result = self.check().map(|()| {
+            let mut rows = self.rows.lock().unwrap();
+            for (chat, epoch) in held {
+                if let Some(row) = rows.get_mut(chat)
+                    && row.0 == node
+                    && row.1 == *epoch
+                {
+                    *row = (PARKED_NODE.to_owned(), *epoch, Instant::now());
+                }
+            }
+        });
+        Box::pin(async move { result })
+    }
+
     fn orphaned_chats(&self, limit: i64) -> StoreFuture<Vec<String>> {
         let result = self.check().map(|()| {
             let now = Instant::now();
@@ -124,7 +139,10 @@ impl LeaseStore for MemoryLeases {
                 .lock()
                 .unwrap()
                 .iter()
-                .filter(|c| rows.get(*c).is_none_or(|r| r.2 <= now))
+                .filter(|c| {
+                    rows.get(*c)
+                        .is_none_or(|r| r.2 <= now && r.0 != PARKED_NODE)
+                })
                 .take(limit as usize)
                 .cloned()
                 .collect()
@@ -391,4 +409,52 @@ async fn drain_hands_chats_over_without_waiting_for_expiry() {
     })
     .await
     .unwrap();
+}
+
+#[actix_rt::test]
+async fn a_parked_lease_is_taken_over_by_no_scan_and_claimed_on_demand() {
+    // c1 is a's, then parked; c2 stays a's.
+    let store = MemoryLeases::new(&["c1", "c2"]);
+    let (a, a_node, metrics) = manager(&store, "a");
+    for chat in ["c1", "c2"] {
+        a.send(AcquireLease {
+            chat_id: chat.into(),
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    }
+    a.send(ParkLeases {
+        chat_ids: vec!["c1".into(), "not-held".into()],
+    })
+    .await
+    .unwrap();
+    // Answered after the park's store call (it holds the mailbox until done).
+    assert_eq!(a.send(HeldLeases).await.unwrap(), vec![("c2".into(), 1)]);
+    assert_eq!(store.owner("c1"), Some((PARKED_NODE.into(), 1)));
+    assert_eq!(metrics.leases_parked.load(Ordering::Relaxed), 1);
+    assert_eq!(metrics.owned_chats.load(Ordering::Relaxed), 1);
+
+    // A chat opened now with no lease is an orphan: the scan that takes it over finds every
+    // orphan, and leaves the parked c1 alone.
+    store.open.lock().unwrap().push("c3".into());
+    let c3 = OwnershipChange::TakenOver {
+        chat_id: "c3".into(),
+        epoch: 1,
+    };
+    told(&a_node, &c3).await;
+    assert_eq!(a_node.send(Changes).await.unwrap(), vec![c3]);
+    assert_eq!(store.owner("c1"), Some((PARKED_NODE.into(), 1)));
+    // A client asking b for c1 claims it, under the next epoch.
+    let (b, _, _) = manager(&store, "b");
+    assert_eq!(
+        b.send(AcquireLease {
+            chat_id: "c1".into()
+        })
+        .await
+        .unwrap()
+        .unwrap(),
+        Some(2)
+    );
+    assert_eq!(store.owner("c1"), Some(("b".into(), 2)));
 }

@@ -128,6 +128,25 @@ pub fn envelope_seq(text: &[u8]) -> u64 {
     serde_json::from_slice::<SeqOnly>(text).map_or(0, |s| s.seq)
 }
 
+/// The `last_seq` of a `chat.resume_boundary` envelope text (`None` for any other text): the
+/// last event a new subscriber has been given, as the session saw it when it subscribed.
+pub fn resume_boundary_last_seq(text: &[u8]) -> Option<u64> {
+    #[derive(serde::Deserialize)]
+    struct Boundary<'a> {
+        #[serde(rename = "type", borrow)]
+        kind: &'a str,
+        data: Option<BoundaryData>,
+    }
+    #[derive(serde::Deserialize)]
+    struct BoundaryData {
+        last_seq: Option<u64>,
+    }
+    serde_json::from_slice::<Boundary<'_>>(text)
+        .ok()
+        .filter(|b| b.kind == "chat.resume_boundary")
+        .and_then(|b| b.data?.last_seq)
+}
+
 /// A chat's published events, for replay to late subscribers. An envelope's `seq` and
 /// `chat_id` follow from the event's position and the chat, and its type and timestamp fit in
 /// a few bytes, so a record keeps the `data` text and those bytes only: about 40% less memory
@@ -605,6 +624,24 @@ mod tests {
             log.replay(41, &chat).collect::<Vec<_>>(),
             [Arc::from("{\"seq\":42}")]
         );
+    }
+
+    #[test]
+    fn a_resume_boundary_gives_its_last_seq_and_other_events_none() {
+        let chat = ChatIdJson::new("c1");
+        let boundary = ServerEvent::ResumeBoundary {
+            from_seq: 3,
+            last_seq: 9,
+            replayed: 6,
+            pending_ui_calls: Vec::new(),
+        };
+        let text = envelope_string(0, &chat, &boundary);
+        assert_eq!(resume_boundary_last_seq(text.as_bytes()), Some(9));
+        for event in events() {
+            let text = envelope_string(9, &chat, &event);
+            assert_eq!(resume_boundary_last_seq(text.as_bytes()), None);
+        }
+        assert_eq!(resume_boundary_last_seq(b"not json"), None);
     }
 
     #[test]

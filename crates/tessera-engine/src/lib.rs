@@ -39,6 +39,6 @@ pub mod turn;
 
 pub use config::{DisconnectPolicy, EngineConfig};
 pub use engine::{ChatHandle, Engine, NewChat};
-pub use envelope::{ChatIdJson, envelope_seq, envelope_string};
+pub use envelope::{ChatIdJson, envelope_seq, envelope_string, resume_boundary_last_seq};
 pub use error::EngineError;
 pub use shard::{EngineHooks, EventObserver, Shard};

@@ -4,8 +4,10 @@
 //! commands other nodes forward (input, tool answers, cancels), answering each the way the
 //! owner's own socket would have. See ARCHITECTURE.md, "Several nodes".
 //!
-//! Known limit: the relay is a permanent subscriber of its chat, so the UI-call disconnect
-//! policy (which acts when a chat's last subscriber leaves) does not see remote clients leave.
+//! The relay subscribes to its chat only while a reader on another node follows it, so an
+//! owned chat nobody watches leaves memory when idle (its lease parked, see [`ClusterNode`]),
+//! and the UI-call disconnect policy (which acts when a chat's last subscriber leaves) sees a
+//! remote client leave once its follow lapses: up to [`FOLLOW_TTL`] later than a local one.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -15,7 +17,7 @@ use bytes::Bytes;
 use serde::Deserialize;
 use tessera_cluster::{
     AcquireLease, ChatCommand, ClusterBus, ClusterError, CommandReply, Drain, IncomingCommand,
-    LeaseManager, LiveEvent, NumberedFrame, ReleaseLease,
+    LeaseManager, LiveEvent, NumberedFrame, ParkLeases, ReleaseLease,
 };
 use tessera_engine::ChatHandle;
 use tessera_engine::session::{
@@ -31,13 +33,18 @@ pub struct ChatRelay {
     /// Bursts of events in seq order to the one task that publishes them (publishing from
     /// separate tasks could reorder them).
     outbound: Option<mpsc::UnboundedSender<Vec<LiveEvent>>>,
+    /// The relay's subscription to the session: only while a reader follows the chat. A
+    /// subscriber keeps a chat in memory, and the session hands every subscriber every burst;
+    /// the chat's own sockets need no relay.
     subscription: Option<u64>,
     /// Until when a reader on another node follows the chat ([`ChatCommand::Follow`]); live
     /// events are published only until then. Publishing every event of every chat cost a
     /// two-node run ~20% of its CPU per turn when every client was on its chat's owner.
     followed_until: Option<std::time::Instant>,
     follow_ttl: std::time::Duration,
-    /// The last seq the session has shown since the relay started (readers check it).
+    /// Ends the subscription once the follow lapses.
+    lapse: Option<SpawnHandle>,
+    /// The last seq the session has shown while the relay was subscribed (readers check it).
     last_seq: Option<u64>,
 }
 
@@ -52,6 +59,7 @@ impl ChatRelay {
             subscription: None,
             followed_until: None,
             follow_ttl: FOLLOW_TTL,
+            lapse: None,
             last_seq: None,
         }
     }
@@ -60,7 +68,7 @@ impl ChatRelay {
     /// owner, and they renew with this node within the follow TTL (their renewals while no
     /// node served the chat were lost), so it publishes from the start for that long.
     pub fn assuming_followers(mut self) -> Self {
-        self.follow_for_a_ttl();
+        self.followed_until = Some(std::time::Instant::now() + self.follow_ttl);
         self
     }
 
@@ -70,14 +78,60 @@ impl ChatRelay {
         self
     }
 
-    /// A reader follows the chat (again) from now on.
-    fn follow_for_a_ttl(&mut self) {
+    /// A reader follows the chat (again) from now on. When the relay is not subscribed to the
+    /// session, it returns the subscription to wait for (`ctx.wait`) before anything else:
+    /// a replay read after it leaves no event between the two.
+    fn follow_for_a_ttl(
+        &mut self,
+        ctx: &mut Context<Self>,
+    ) -> Option<impl ActorFuture<Self, Output = ()> + 'static> {
         self.followed_until = Some(std::time::Instant::now() + self.follow_ttl);
+        self.end_subscription_when_the_follow_lapses(ctx);
+        self.subscription.is_none().then(|| self.subscribe(ctx))
     }
 
     fn followed(&self) -> bool {
         self.followed_until
             .is_some_and(|until| std::time::Instant::now() < until)
+    }
+
+    /// Subscribes to the session's live events. Waited for (`ctx.wait`): no command, event or
+    /// timer of the relay runs meanwhile, so there is never a second subscription.
+    fn subscribe(
+        &mut self,
+        ctx: &mut Context<Self>,
+    ) -> impl ActorFuture<Self, Output = ()> + 'static {
+        // Live events only: a reader's replay gives what came before.
+        self.chat
+            .addr
+            .send(Subscribe {
+                recipient: ctx.address().recipient(),
+                after_seq: u64::MAX,
+            })
+            .into_actor(self)
+            .map(|id, act, _| match id {
+                Ok(id) => act.subscription = Some(id),
+                // The session stopped: the node's sweep stops the relay.
+                Err(_) => tracing::debug!(chat_id = %act.chat.identity.chat_id, "the relay could not subscribe"),
+            })
+    }
+
+    fn end_subscription_when_the_follow_lapses(&mut self, ctx: &mut Context<Self>) {
+        let (None, Some(until)) = (self.lapse, self.followed_until) else {
+            return;
+        };
+        let left = until.saturating_duration_since(std::time::Instant::now());
+        self.lapse = Some(ctx.run_later(left, |act, ctx| {
+            act.lapse = None;
+            if act.followed() {
+                // Renewed meanwhile.
+                act.end_subscription_when_the_follow_lapses(ctx);
+            } else if let Some(id) = act.subscription.take() {
+                act.chat.addr.do_send(Unsubscribe(id));
+                // Unknown until the next subscription's boundary.
+                act.last_seq = None;
+            }
+        }));
     }
 }
 
@@ -104,15 +158,11 @@ impl Actor for ChatRelay {
                 }
             }
         });
-        // Live events only: everything before now is in the store for any reader.
-        let subscribe = self.chat.addr.send(Subscribe {
-            recipient: ctx.address().recipient(),
-            after_seq: u64::MAX,
-        });
-        ctx.wait(subscribe.into_actor(self).map(|id, act, ctx| match id {
-            Ok(id) => act.subscription = Some(id),
-            Err(_) => ctx.stop(),
-        }));
+        if self.followed() {
+            let subscribe = self.subscribe(ctx);
+            ctx.wait(subscribe);
+            self.end_subscription_when_the_follow_lapses(ctx);
+        }
         let bus = self.bus.clone();
         let serving = async move { bus.serve_commands(&chat_id).await };
         ctx.wait(serving.into_actor(self).map(|commands, act, ctx| match commands {
@@ -137,27 +187,27 @@ impl Handler<Deliver> for ChatRelay {
     type Result = ();
 
     fn handle(&mut self, Deliver(batch): Deliver, _: &mut Self::Context) {
-        let seq_of = |text: &Arc<str>| tessera_engine::envelope_seq(text.as_bytes());
-        let Some(outbound) = self.outbound.as_ref().filter(|_| self.followed()) else {
-            // Nothing to publish; only the last seq, for readers' checks.
-            if let Some(seq) = batch.iter().rev().map(seq_of).find(|seq| *seq != 0) {
-                self.last_seq = Some(seq);
-            }
-            return;
-        };
+        let outbound = self.outbound.as_ref().filter(|_| self.followed());
         // One NATS message per burst, as one socket write per burst on this node.
-        let burst: Vec<LiveEvent> = batch
-            .iter()
-            .filter_map(|text| {
-                let seq = seq_of(text);
-                (seq != 0).then(|| LiveEvent {
+        let mut burst = Vec::new();
+        for text in batch.iter() {
+            let seq = tessera_engine::envelope_seq(text.as_bytes());
+            if seq == 0 {
+                // The subscription's own events: its boundary says where the session is.
+                if let Some(shown) = tessera_engine::resume_boundary_last_seq(text.as_bytes()) {
+                    self.last_seq = Some(shown);
+                }
+                continue;
+            }
+            self.last_seq = Some(seq);
+            if outbound.is_some() {
+                burst.push(LiveEvent {
                     seq,
                     envelope: Bytes::from_owner(SharedEnvelope(text.clone())),
-                })
-            })
-            .collect();
-        if let Some(last) = burst.last() {
-            self.last_seq = Some(last.seq);
+                });
+            }
+        }
+        if let (Some(outbound), false) = (outbound, burst.is_empty()) {
             let _ = outbound.send(burst);
         }
     }
@@ -320,33 +370,70 @@ async fn serve_agui_run(
     CommandReply::Accepted
 }
 
+/// Answer a reader's follow (see [`ChatRelay::answer_follow`]).
+#[derive(Message)]
+#[rtype(result = "()")]
+struct AnswerFollow(IncomingCommand);
+
+impl Handler<AnswerFollow> for ChatRelay {
+    type Result = ();
+
+    fn handle(&mut self, AnswerFollow(incoming): AnswerFollow, _: &mut Self::Context) {
+        self.answer_follow(incoming);
+    }
+}
+
+impl ChatRelay {
+    /// Answers a follow with the last seq the session has shown (`null` when unknown: the
+    /// reader then reads the store).
+    fn answer_follow(&self, incoming: IncomingCommand) {
+        if !incoming.wants_reply() {
+            return;
+        }
+        let bus = self.bus.clone();
+        let chat_id = self.chat.identity.chat_id.clone();
+        let reply = CommandReply::Answered {
+            body: serde_json::json!({ "last_seq": self.last_seq }),
+        };
+        actix::spawn(async move {
+            if let Err(e) = bus.reply(incoming, &reply).await {
+                tracing::debug!(chat_id = %chat_id, error = %e, "follow not answered");
+            }
+        });
+    }
+}
+
 impl StreamHandler<IncomingCommand> for ChatRelay {
     fn handle(&mut self, incoming: IncomingCommand, ctx: &mut Self::Context) {
-        match incoming.command {
-            // Answered here, at once, whatever command is under way: a reader checks with
-            // each follow that it has the last event shown.
-            ChatCommand::Follow => {
-                self.follow_for_a_ttl();
-                if incoming.wants_reply() {
-                    let bus = self.bus.clone();
-                    let chat_id = self.chat.identity.chat_id.clone();
-                    let reply = CommandReply::Answered {
-                        body: serde_json::json!({ "last_seq": self.last_seq }),
-                    };
-                    actix::spawn(async move {
-                        if let Err(e) = bus.reply(incoming, &reply).await {
-                            tracing::debug!(chat_id = %chat_id, error = %e, "follow not answered");
-                        }
-                    });
-                }
-                return;
+        // Answered by the relay itself, from what it has seen: a reader checks with each
+        // follow that it has the last event shown.
+        if let ChatCommand::Follow = incoming.command {
+            match self.follow_for_a_ttl(ctx) {
+                // Answered once subscribed, through the mailbox: after the subscription's
+                // boundary, which tells the relay the last seq shown.
+                Some(subscribe) => ctx.wait(subscribe.map(move |(), _, ctx| {
+                    ctx.address().do_send(AnswerFollow(incoming));
+                })),
+                None => self.answer_follow(incoming),
             }
-            // Before the replay is read: an event after what the replay holds is then published.
-            ChatCommand::Replay { .. } => {
-                self.follow_for_a_ttl();
-            }
-            _ => {}
+            return;
         }
+        if !self.chat.addr.connected() {
+            // The chat left memory; the node's sweep parks its lease within a second, and the
+            // forwarder then claims it (see `RemoteChat::send`). Nothing was carried out.
+            let bus = self.bus.clone();
+            let reply = refused_as_left_owner();
+            actix::spawn(async move {
+                let _ = bus.reply(incoming, &reply).await;
+            });
+            return;
+        }
+        // A replay follows the chat, subscribed before the replay is read: every event after
+        // what the replay holds is then published.
+        let subscribe = match incoming.command {
+            ChatCommand::Replay { .. } => self.follow_for_a_ttl(ctx),
+            _ => None,
+        };
         let chat = self.chat.clone();
         let bus = self.bus.clone();
         let chat_id = self.chat.identity.chat_id.clone();
@@ -358,8 +445,14 @@ impl StreamHandler<IncomingCommand> for ChatRelay {
                 tracing::warn!(chat_id = %chat_id, error = %e, "command answer not sent");
             }
         };
-        // In arrival order: the next command waits for this one, as on one socket.
-        ctx.wait(answer.into_actor(self));
+        // In arrival order: the next command waits for this one, as on one socket. (One
+        // `ctx.wait` per handler: actix runs the last one waited for first.)
+        match subscribe {
+            Some(subscribe) => {
+                ctx.wait(subscribe.then(move |(), _, _| fut::wrap_future::<_, Self>(answer)))
+            }
+            None => ctx.wait(answer.into_actor(self)),
+        }
     }
 
     fn finished(&mut self, ctx: &mut Self::Context) {
@@ -851,8 +944,9 @@ struct OwnedChat {
     epoch: i64,
 }
 
-/// How often the node gives up the leases of chats whose session has stopped (completed chats
-/// leave memory; a fenced chat relinquished itself).
+/// How often the node parks the leases of chats whose session has stopped: an open chat left
+/// memory idle (waiting only on a client), a completed chat retired, or a fenced chat
+/// relinquished itself (its lease is no longer this node's, and parking it changes nothing).
 const SWEEP_STOPPED: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl ClusterNode {
@@ -897,10 +991,14 @@ impl ClusterNode {
         if let Some(registry) = &self.registry {
             registry.do_send(crate::registry::RegisterChat(chat.clone()));
         }
-        self.owned.insert(
+        // A chat rebuilt here after it left memory (before the sweep saw it go): its old
+        // relay still serves the chat's commands.
+        if let Some(previous) = self.owned.insert(
             chat.identity.chat_id.to_string(),
             OwnedChat { chat, relay, epoch },
-        );
+        ) {
+            previous.relay.do_send(StopRelay);
+        }
     }
 
     fn release(&self, chat_id: &str) {
@@ -968,17 +1066,27 @@ impl Actor for ClusterNode {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         ctx.run_interval(SWEEP_STOPPED, |act, _| {
+            // A chat being rebuilt here keeps its lease.
             let stopped: Vec<String> = act
                 .owned
                 .iter()
-                .filter(|(_, o)| !o.chat.addr.connected())
+                .filter(|(id, o)| !o.chat.addr.connected() && !act.restoring.contains_key(*id))
                 .map(|(id, _)| id.clone())
                 .collect();
-            for chat_id in stopped {
-                if let Some(owned) = act.owned.remove(&chat_id) {
+            if stopped.is_empty() {
+                return;
+            }
+            for chat_id in &stopped {
+                if let Some(owned) = act.owned.remove(chat_id) {
                     owned.relay.do_send(StopRelay);
-                    act.release(&chat_id);
                 }
+            }
+            // Parked, not released: released, an idle chat would be an orphan that some
+            // node's scan rebuilds at once, only for it to leave memory again. A session stops
+            // of its own accord only when the store alone can carry it on. Sent before any
+            // later claim's `AcquireLease`, which then finds the lease parked.
+            if let Some(leases) = &act.leases {
+                leases.do_send(ParkLeases { chat_ids: stopped });
             }
         });
     }
@@ -1027,10 +1135,15 @@ impl Handler<ClaimChat> for ClusterNode {
     type Result = ResponseActFuture<Self, Result<Claimed, String>>;
 
     fn handle(&mut self, ClaimChat(chat_id): ClaimChat, _: &mut Self::Context) -> Self::Result {
-        if let Some(owned) = self.owned.get(&chat_id)
-            && owned.chat.addr.connected()
-        {
-            return Box::pin(fut::ready(Ok(Claimed::Local(owned.chat.clone()))));
+        if let Some(owned) = self.owned.get(&chat_id) {
+            if owned.chat.addr.connected() {
+                return Box::pin(fut::ready(Ok(Claimed::Local(owned.chat.clone()))));
+            }
+            // It left memory and the sweep has not parked its lease yet: rebuilt below under
+            // the lease this node still holds, which the sweep must not park meanwhile.
+            if let Some(left) = self.owned.remove(&chat_id) {
+                left.relay.do_send(StopRelay);
+            }
         }
         let (Some(leases), false) = (self.leases.clone(), self.draining) else {
             return Box::pin(fut::ready(Ok(Claimed::Remote)));
@@ -1203,6 +1316,18 @@ pub enum ForwardError {
     Bus,
 }
 
+/// The refusal code of a command that reached a relay after its chat left memory: carried
+/// out by nobody, so the forwarder retries as for "no responders" (not a client-facing code).
+const LEFT_OWNER: &str = "chat_left_owner";
+
+fn refused_as_left_owner() -> CommandReply {
+    CommandReply::Refused {
+        code: LEFT_OWNER.to_owned(),
+        message: "the chat left its owner's memory; retry".to_owned(),
+        status: None,
+    }
+}
+
 fn refused(code: ErrorCode, message: impl ToString) -> CommandReply {
     CommandReply::Refused {
         code: code.as_str().to_owned(),
@@ -1265,14 +1390,21 @@ impl RemoteChat {
     }
 
     /// Sends `command` to the chat's owner and waits for its answer. "No responders" (no node
-    /// serves the chat: its owner died or is handing it over) is retried until `patience` runs
-    /// out, offering to take the chat over here each time; a timeout is not retried (the owner
-    /// may have carried the command out).
+    /// serves the chat: its owner died, is handing it over, or parked it idle) and a refusal
+    /// because the chat just left its owner's memory are retried until `patience` runs out,
+    /// offering to take the chat over here each time; a timeout is not retried (the owner may
+    /// have carried the command out).
     pub async fn send(&self, command: ChatCommand) -> Result<CommandReply, ForwardError> {
         let deadline = std::time::Instant::now() + self.patience;
         let mut delay = NO_OWNER_FIRST_RETRY;
         loop {
-            match self.bus.send_command(&self.chat_id, &command).await {
+            let sent = match self.bus.send_command(&self.chat_id, &command).await {
+                Ok(CommandReply::Refused { code, .. }) if code == LEFT_OWNER => {
+                    Err(ClusterError::NoOwner(self.chat_id.to_string()))
+                }
+                sent => sent,
+            };
+            match sent {
                 Ok(reply) => return Ok(reply),
                 Err(ClusterError::NoOwner(_)) => {
                     let now = std::time::Instant::now();

@@ -229,6 +229,13 @@ pub fn render_cluster(out: &mut String, cluster: &tessera_cluster::ClusterMetric
     );
     write_metric(
         out,
+        "tessera_cluster_leases_parked_total",
+        "Leases parked: chats that left this node's memory idle, claimed by the next node asked.",
+        "counter",
+        load(&cluster.leases_parked),
+    );
+    write_metric(
+        out,
         "tessera_cluster_commands_forwarded_total",
         "Client commands forwarded to the owner of a chat on another node.",
         "counter",
@@ -274,6 +281,7 @@ mod tests {
         cluster.lease_renew_failures.store(2, Ordering::Relaxed);
         cluster.takeovers.store(3, Ordering::Relaxed);
         cluster.leases_lost.store(1, Ordering::Relaxed);
+        cluster.leases_parked.store(5, Ordering::Relaxed);
         cluster.commands_forwarded.store(11, Ordering::Relaxed);
         cluster.live_events_published.store(13, Ordering::Relaxed);
         cluster.nats_rtt_us.store(1500, Ordering::Relaxed);
@@ -284,6 +292,7 @@ mod tests {
             "tessera_cluster_lease_renew_failures_total 2",
             "tessera_cluster_takeovers_total 3",
             "tessera_cluster_leases_lost_total 1",
+            "tessera_cluster_leases_parked_total 5",
             "tessera_cluster_commands_forwarded_total 11",
             "tessera_cluster_live_events_published_total 13",
             "tessera_cluster_nats_rtt_seconds 0.0015",

@@ -316,13 +316,9 @@ pub async fn run(
         max_tokens: config.llm.max_tokens,
         arbiters: config.engine_threads,
         vault_key: Some(Arc::new(tessera_engine::secrets::VaultKey::new(vault_key))),
-        // In a cluster a chat that left memory would drop its lease and come straight back
-        // through the orphan scan: idle chats stay where their lease is.
-        idle_evict: if config.cluster.enabled() {
-            None
-        } else {
-            config.limits.idle_chat_evict()
-        },
+        // In a cluster too: a chat that leaves memory has its lease parked (no orphan scan
+        // brings it back), and the next node a client reaches claims it.
+        idle_evict: config.limits.idle_chat_evict(),
         ..EngineConfig::default()
     };
     let metrics = Arc::new(Metrics::default());

@@ -35,6 +35,11 @@ async fn bus_counted(
 /// An engine serving the TodoAssistant demo, with `store` for its tools and (when `durable`)
 /// as its chat store.
 fn todo_engine(store: &Arc<SqliteStore>, durable: bool) -> Engine {
+    todo_engine_with(store, durable, EngineConfig::default())
+}
+
+/// [`todo_engine`] with `config`.
+fn todo_engine_with(store: &Arc<SqliteStore>, durable: bool, config: EngineConfig) -> Engine {
     let workflows_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../workflows");
     let workflow = tessera_manifest::load_workflows(&workflows_dir)
         .into_iter()
@@ -52,7 +57,7 @@ fn todo_engine(store: &Arc<SqliteStore>, durable: bool) -> Engine {
     Engine::start(
         vec![(workflow, model)],
         &builtins,
-        EngineConfig::default(),
+        config,
         EngineHooks {
             store: durable.then(|| store.clone() as Arc<dyn tessera_store::ChatStore>),
             ..EngineHooks::default()
@@ -68,12 +73,21 @@ async fn todo_chat(
     dir: &std::path::Path,
     durable: bool,
 ) -> (Engine, tessera_engine::ChatHandle, Arc<SqliteStore>) {
+    todo_chat_with(dir, durable, EngineConfig::default()).await
+}
+
+/// [`todo_chat`] on an engine with `config`.
+async fn todo_chat_with(
+    dir: &std::path::Path,
+    durable: bool,
+    config: EngineConfig,
+) -> (Engine, tessera_engine::ChatHandle, Arc<SqliteStore>) {
     let store = Arc::new(
         SqliteStore::open(&dir.join("t.db"))
             .await
             .unwrap_or_else(|e| panic!("{e}")),
     );
-    let engine = todo_engine(&store, durable);
+    let engine = todo_engine_with(&store, durable, config);
     let new = NewChat {
         tenant: "t".into(),
         user: "u".into(),
@@ -110,14 +124,14 @@ async fn another_node_sees_live_events_in_order_and_drives_the_chat() {
     let _relay = ChatRelay::start_in_arbiter(&arbiter, move |_| ChatRelay::new(relayed, owner));
 
     // The relay serves commands once it is subscribed; until then the chat has no responder.
-    // It publishes live events only for a reader that follows the chat.
-    // The relay has shown nothing since it started.
-    assert_eq!(
-        command_once_served(&other, &chat_id, &ChatCommand::Follow).await,
-        CommandReply::Answered {
-            body: json!({"last_seq": null})
-        }
-    );
+    // It publishes live events only for a reader that follows the chat; the follow's answer
+    // says the last seq the chat has shown (its first events, from its creation).
+    let followed = command_once_served(&other, &chat_id, &ChatCommand::Follow).await;
+    let shown = match &followed {
+        CommandReply::Answered { body } => body["last_seq"].as_u64(),
+        _ => None,
+    };
+    let shown = shown.unwrap_or_else(|| panic!("no last seq in {followed:?}"));
     let input = ChatCommand::Input {
         content: "Buy milk".into(),
         client_msg_id: Some("m1".into()),
@@ -151,11 +165,10 @@ async fn another_node_sees_live_events_in_order_and_drives_the_chat() {
             break;
         }
     }
-    let first = seqs[0];
     assert_eq!(
         seqs,
-        (first..first + seqs.len() as u64).collect::<Vec<_>>(),
-        "contiguous, no duplicate"
+        (shown + 1..=shown + seqs.len() as u64).collect::<Vec<_>>(),
+        "contiguous from the last seq shown, no duplicate"
     );
     assert!(types.iter().any(|t| t == "chat.tool_call"), "{types:?}");
 
@@ -788,4 +801,65 @@ async fn a_chat_taken_over_is_served_to_other_nodes_until_it_is_lost() {
             .unwrap_or(None)
             .is_none()
     );
+}
+
+/// Waits (up to 10 s) until `chat`'s session has stopped; how long that took.
+async fn stopped_within(chat: &tessera_engine::ChatHandle) -> Duration {
+    let started = tokio::time::Instant::now();
+    while chat.addr.connected() {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the chat never left memory"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    started.elapsed()
+}
+
+#[actix::test]
+async fn an_owned_chat_leaves_memory_when_idle_once_no_reader_follows_it() {
+    let Some(url) = tessera_cluster::testing::test_nats_url("an_owned_chat_leaves_memory") else {
+        return;
+    };
+    let data = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let config = EngineConfig {
+        idle_evict: Some(Duration::from_millis(100)),
+        ..EngineConfig::default()
+    };
+    let (_engine, chat, _store) = todo_chat_with(data.path(), true, config).await;
+    let chat_id = chat.identity.chat_id.to_string();
+    let prefix = format!("t{}", uuid::Uuid::new_v4().simple());
+    let (owner, reader) = (
+        bus(&url, "owner", &prefix).await,
+        bus(&url, "reader", &prefix).await,
+    );
+    let ttl = Duration::from_millis(800);
+    let relayed = chat.clone();
+    let _relay = ChatRelay::start_in_arbiter(&chat.arbiter.clone(), move |_| {
+        ChatRelay::new(relayed, owner).follow_ttl(ttl)
+    });
+
+    // A follow subscribes the relay to the session, which keeps the chat in memory until the
+    // follow lapses; then the relay lets go, and the idle chat leaves.
+    let followed_at = tokio::time::Instant::now();
+    assert!(matches!(
+        command_once_served(&reader, &chat_id, &ChatCommand::Follow).await,
+        CommandReply::Answered { .. }
+    ));
+    let stayed = followed_at.elapsed() + stopped_within(&chat).await;
+    assert!(
+        stayed >= ttl,
+        "left memory {stayed:?} after the follow, within its {ttl:?}"
+    );
+
+    // A command that reaches the relay after its chat left memory is refused with the code
+    // forwarders retry on (the chat is claimed again once its lease is parked).
+    let input = ChatCommand::Input {
+        content: "Buy milk".into(),
+        client_msg_id: None,
+    };
+    match reader.send_command(&chat_id, &input).await {
+        Ok(CommandReply::Refused { code, .. }) => assert_eq!(code, "chat_left_owner"),
+        other => panic!("expected the left-owner refusal, got {other:?}"),
+    }
 }

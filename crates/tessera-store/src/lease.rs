@@ -25,6 +25,12 @@ pub struct Lease {
     pub expires_at_ms: i64,
 }
 
+/// The node a parked lease names (see [`LeaseStore::park_leases`]): none. WHY a node name and
+/// not a column of its own: a node of an older build (during a rolling upgrade) knows nothing
+/// of parking; it acquires a parked lease as an expired one, and its own leases, once expired,
+/// are orphans to every node, whatever build.
+pub const PARKED_NODE: &str = "";
+
 /// Leases of chats among nodes, kept in the shared database.
 pub trait LeaseStore: Send + Sync + 'static {
     /// Take the chat's lease for `node`: creates it (epoch 1) if none exists, returns the
@@ -46,6 +52,14 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// A lease `node` no longer holds at `epoch` is left alone.
     fn release_lease(&self, chat_id: &str, node: &str, epoch: i64) -> StoreFuture<()>;
 
-    /// Open chats whose lease has expired (or that have none), oldest first, up to `limit`.
+    /// Park the given `(chat_id, epoch)` leases `node` still holds at that epoch: the chats
+    /// left its memory of their own accord (idle, waiting only on a client), so no node takes
+    /// them over by scanning; the next node a client asks claims one with
+    /// [`LeaseStore::acquire_lease`] (the epoch moves on as after an expiry). Parked leases
+    /// belong to no node ([`PARKED_NODE`]).
+    fn park_leases(&self, node: &str, held: &[(String, i64)]) -> StoreFuture<()>;
+
+    /// Open chats whose lease has expired (or that have none), oldest first, up to `limit`;
+    /// parked leases are not orphans.
     fn orphaned_chats(&self, limit: i64) -> StoreFuture<Vec<String>>;
 }

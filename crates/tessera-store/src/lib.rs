@@ -44,7 +44,7 @@ mod workflow_versions;
 mod writer;
 
 pub use error::StoreError;
-pub use lease::{Lease, LeaseStore};
+pub use lease::{Lease, LeaseStore, PARKED_NODE};
 pub use model::{
     ChatRecord, ChatState, JsonText, PendingUiRecord, STATUS_AWAITING_USER, STATUS_COMPLETED,
     StoredChat, StoredEvent, StoredMessage, ToolClaim,

@@ -503,15 +503,43 @@ impl LeaseStore for PgStore {
         })
     }
 
+    fn park_leases(&self, node: &str, held: &[(String, i64)]) -> StoreFuture<()> {
+        let pool = self.pool.clone();
+        let node = node.to_owned();
+        let (chat_ids, epochs): (Vec<String>, Vec<i64>) = held.iter().cloned().unzip();
+        self.on_runtime(async move {
+            if chat_ids.is_empty() {
+                return Ok(());
+            }
+            sqlx::query(
+                // Rows locked in chat id order, as renewals and fenced write groups lock them.
+                "WITH held AS (SELECT l.chat_id FROM chat_leases AS l \
+                    JOIN UNNEST($2::TEXT[], $3::BIGINT[]) AS h(chat_id, epoch) \
+                    ON l.chat_id = h.chat_id AND l.epoch = h.epoch AND l.node = $1 \
+                    ORDER BY l.chat_id FOR UPDATE OF l) \
+                 UPDATE chat_leases AS l SET node = $4, expires_at = now() \
+                 FROM held WHERE l.chat_id = held.chat_id",
+            )
+            .bind(&node)
+            .bind(&chat_ids)
+            .bind(&epochs)
+            .bind(crate::lease::PARKED_NODE)
+            .execute(&pool)
+            .await?;
+            Ok(())
+        })
+    }
+
     fn orphaned_chats(&self, limit: i64) -> StoreFuture<Vec<String>> {
         let pool = self.pool.clone();
         self.on_runtime(async move {
             let rows = sqlx::query(
                 "SELECT c.chat_id FROM chats c LEFT JOIN chat_leases l ON l.chat_id = c.chat_id \
-                 WHERE c.is_open AND (l.chat_id IS NULL OR l.expires_at <= now()) \
+                 WHERE c.is_open AND (l.chat_id IS NULL OR (l.expires_at <= now() AND l.node <> $2)) \
                  ORDER BY c.created_at_ms, c.row_no LIMIT $1",
             )
             .bind(limit)
+            .bind(crate::lease::PARKED_NODE)
             .fetch_all(&pool)
             .await?;
             Ok(rows

@@ -1394,6 +1394,71 @@ async fn orphaned_chats_are_open_chats_without_a_live_lease(db: TestDb) {
     assert_eq!(leases.orphaned_chats(1).await.unwrap(), ["b"]);
 }
 
+async fn a_parked_lease_is_no_orphan_and_the_next_claim_moves_its_epoch_on(db: TestDb) {
+    let store = open(&db).await;
+    for (i, id) in ["a", "b", "c"].into_iter().enumerate() {
+        store
+            .create_chat(record(id, "acme", "u", i64::try_from(i).unwrap()))
+            .await
+            .unwrap();
+    }
+    let leases = store.pg();
+    let mut held = Vec::new();
+    for id in ["a", "b", "c"] {
+        let lease = leases
+            .acquire_lease(id, "n1", TTL_MS)
+            .await
+            .unwrap()
+            .unwrap();
+        held.push((id.to_owned(), lease.epoch));
+    }
+    // Another node's park, and a park at a stale epoch, change nothing.
+    leases
+        .park_leases("n2", &[("a".to_owned(), 1)])
+        .await
+        .unwrap();
+    leases
+        .park_leases("n1", &[("b".to_owned(), 7)])
+        .await
+        .unwrap();
+    assert!(
+        leases
+            .renew_leases("n1", &held, TTL_MS)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+
+    leases.park_leases("n1", &held[..2]).await.unwrap();
+    leases.park_leases("n1", &[]).await.unwrap();
+    // Parked: no longer n1's, yet nobody's orphan; c's lease is still live.
+    assert_eq!(
+        leases.renew_leases("n1", &held, TTL_MS).await.unwrap(),
+        ["a", "b"]
+    );
+    assert!(leases.orphaned_chats(10).await.unwrap().is_empty());
+    // Claimed on demand by any node, under the next epoch, and then live again.
+    let claimed = leases
+        .acquire_lease("a", "n2", TTL_MS)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((claimed.node.as_str(), claimed.epoch), ("n2", 2));
+    assert_eq!(leases.acquire_lease("a", "n1", TTL_MS).await.unwrap(), None);
+    let back = leases
+        .acquire_lease("b", "n1", TTL_MS)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        back.epoch, 2,
+        "the node that parked it claims it at the next epoch too"
+    );
+    // Once that claim expires (released here), the chat is an orphan as any other.
+    leases.release_lease("a", "n2", 2).await.unwrap();
+    assert_eq!(leases.orphaned_chats(10).await.unwrap(), ["a"]);
+}
+
 // ---- fencing (PostgreSQL only)
 
 fn events_at(epoch: Option<i64>, seqs: std::ops::RangeInclusive<u64>) -> Arc<ChatWriteBatch> {
@@ -1723,6 +1788,7 @@ conformance!(
     lease_acquire_renew_and_release,
     an_expired_lease_is_taken_over_with_the_next_epoch,
     orphaned_chats_are_open_chats_without_a_live_lease,
+    a_parked_lease_is_no_orphan_and_the_next_claim_moves_its_epoch_on,
     a_write_with_a_stale_epoch_is_fenced_and_changes_nothing,
     a_fenced_write_fails_alone_in_its_group,
     the_store_reconnects_after_its_connections_are_killed,

@@ -826,7 +826,8 @@ async fn an_owned_chat_leaves_memory_when_idle_once_no_reader_follows_it() {
         idle_evict: Some(Duration::from_millis(100)),
         ..EngineConfig::default()
     };
-    let (_engine, chat, _store) = todo_chat_with(data.path(), true, config).await;
+    let (engine, chat, store) = todo_chat_with(data.path(), true, config).await;
+    let store: Arc<dyn ChatStore> = store;
     let chat_id = chat.identity.chat_id.to_string();
     let prefix = format!("t{}", uuid::Uuid::new_v4().simple());
     let (owner, reader) = (
@@ -862,4 +863,18 @@ async fn an_owned_chat_leaves_memory_when_idle_once_no_reader_follows_it() {
         Ok(CommandReply::Refused { code, .. }) => assert_eq!(code, "chat_left_owner"),
         other => panic!("expected the left-owner refusal, got {other:?}"),
     }
+    // A forwarding node retries it as "no responders" (offering to claim the chat each time)
+    // until its patience runs out, rather than passing the refusal on to its client.
+    let forwarding = tessera_server::cluster::ClusterNode::new(engine, reader.clone()).start();
+    let remote = tessera_server::cluster::RemoteChat::new(
+        Arc::from(chat_id.as_str()),
+        reader,
+        store,
+        forwarding,
+        Duration::from_millis(300),
+    );
+    assert_eq!(
+        remote.send(input).await,
+        Err(tessera_server::cluster::ForwardError::NoOwner)
+    );
 }

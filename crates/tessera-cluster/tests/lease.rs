@@ -198,6 +198,20 @@ fn manager(
     (addr, recorder, metrics)
 }
 
+/// Has `manager` acquire each of `chats` (each must be free or its own).
+async fn acquire_all(manager: &Addr<LeaseManager>, chats: &[&str]) {
+    for chat in chats {
+        let acquired = manager
+            .send(AcquireLease {
+                chat_id: (*chat).into(),
+            })
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(acquired.is_some(), "{chat} is another node's");
+    }
+}
+
 /// Waits (up to 5 s) until `node` has been told `change`; returns how long it took.
 async fn told(node: &Addr<Node>, change: &OwnershipChange) -> Duration {
     let started = Instant::now();
@@ -264,14 +278,7 @@ async fn a_dead_nodes_chats_are_taken_over_with_a_new_epoch() {
             Arc::new(ClusterMetrics::default()),
         )
     });
-    for chat in ["c1", "c2"] {
-        a.send(AcquireLease {
-            chat_id: chat.into(),
-        })
-        .await
-        .unwrap()
-        .unwrap();
-    }
+    acquire_all(&a, &["c1", "c2"]).await;
     arbiter.stop();
     let died = Instant::now();
     let (_b, b_node, b_metrics) = manager(&store, "b");
@@ -370,14 +377,7 @@ async fn a_lease_taken_while_paused_is_reported_lost_on_the_next_renewal() {
 async fn drain_hands_chats_over_without_waiting_for_expiry() {
     let store = MemoryLeases::new(&["c1", "c2"]);
     let (a, _, _) = manager(&store, "a");
-    for chat in ["c1", "c2"] {
-        a.send(AcquireLease {
-            chat_id: chat.into(),
-        })
-        .await
-        .unwrap()
-        .unwrap();
-    }
+    acquire_all(&a, &["c1", "c2"]).await;
     let mut released = a.send(Drain).await.unwrap();
     released.sort();
     assert_eq!(released, vec!["c1".to_string(), "c2".to_string()]);
@@ -416,14 +416,7 @@ async fn a_parked_lease_is_taken_over_by_no_scan_and_claimed_on_demand() {
     // c1 is a's, then parked; c2 stays a's.
     let store = MemoryLeases::new(&["c1", "c2"]);
     let (a, a_node, metrics) = manager(&store, "a");
-    for chat in ["c1", "c2"] {
-        a.send(AcquireLease {
-            chat_id: chat.into(),
-        })
-        .await
-        .unwrap()
-        .unwrap();
-    }
+    acquire_all(&a, &["c1", "c2"]).await;
     a.send(ParkLeases {
         chat_ids: vec!["c1".into(), "not-held".into()],
     })

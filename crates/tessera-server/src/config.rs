@@ -103,9 +103,11 @@ impl ClusterConfig {
     }
 
     /// The configured node id, or the host name plus a random suffix (unique per process, so
-    /// a restarted node never mistakes its predecessor's leases for its own).
+    /// a restarted node never mistakes its predecessor's leases for its own). An empty id is
+    /// not taken: it is what a parked lease names (`tessera_store::PARKED_NODE`).
     pub fn node_id(&self) -> String {
-        self.node_id.clone().unwrap_or_else(|| {
+        let configured = self.node_id.clone().filter(|id| !id.trim().is_empty());
+        configured.unwrap_or_else(|| {
             let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
                 .map(|h| h.trim().to_owned())
                 .ok()
@@ -668,6 +670,12 @@ mod tests {
             Some("nats://127.0.0.1:4222")
         );
         assert_eq!(from_env.cluster.node_id(), "node-a");
+        let mut blank = ServerConfig::default();
+        blank.cluster.node_id = Some("  ".into());
+        assert!(
+            !blank.cluster.node_id().trim().is_empty(),
+            "a blank node id would name parked leases"
+        );
         let a = ServerConfig::default().cluster.node_id();
         assert_ne!(
             a,

@@ -6,6 +6,8 @@
 # chats by then and has parked their leases; before, it kept every one.
 #
 #   BUILD=0 TESSERA=/path/to/tessera scripts/cluster-idle.sh
+#   CROSS=1 EVICT_S=1 RUN_ARGS="--think-ms 3000" CHATS=300 TURNS=4 scripts/cluster-idle.sh
+#     (sockets on node 2, users slower than the eviction: followed chats must not leave)
 #
 # Needs PostgreSQL (PG_ADMIN_URL, a database to drop and create: PG_DB) and NATS (NATS_URL).
 set -euo pipefail
@@ -19,6 +21,7 @@ CHATS=${CHATS:-2000}
 TURNS=${TURNS:-2}
 EVICT_S=${EVICT_S:-5}
 WAIT_S=${WAIT_S:-15}
+RUN_ARGS=${RUN_ARGS:-}
 BUILD=${BUILD:-1}
 WORK=$(mktemp -d /tmp/tessera-idle.XXXXXX)
 
@@ -54,8 +57,11 @@ for i in 1 2; do
   urls+=("http://$(wait_listening "$WORK/node$i/server.log")")
 done
 
-"$LOADGEN" run --url "${urls[0]}" --chats "$CHATS" --turns "$TURNS" --json "$WORK/run.json" \
-  >"$WORK/run.log" 2>&1
+ws=()
+if [ "${CROSS:-0}" = 1 ]; then ws=(--ws-url "${urls[1]}"); fi
+# shellcheck disable=SC2086 # RUN_ARGS is a list of options
+"$LOADGEN" run --url "${urls[0]}" "${ws[@]}" --chats "$CHATS" --turns "$TURNS" $RUN_ARGS \
+  --json "$WORK/run.json" >"$WORK/run.log" 2>&1
 
 show() {
   local metrics rss

@@ -66,7 +66,7 @@ if [ "${CROSS:-0}" = 1 ]; then ws=(--ws-url "${urls[1]}"); fi
 show() {
   local metrics rss
   metrics=$(curl -s "${urls[0]}/metrics" |
-    grep -E '^tessera_cluster_(owned_chats|leases_parked_total) ' | tr '\n' ' ')
+    grep -E '^tessera_(chats_in_memory|cluster_owned_chats|cluster_leases_parked_total) ' | tr '\n' ' ')
   rss=$(awk '/VmRSS/ {print int($2 / 1024)}' "/proc/${node_pids[0]}/status")
   echo "$1: ${metrics}RSS ${rss} MiB"
 }

@@ -474,6 +474,60 @@ async fn a_chat_created_on_one_node_is_driven_through_another() {
     );
 }
 
+/// An idle chat leaves its owner's memory with its lease parked; the node its user's socket
+/// reaches next claims it and serves the socket as the chat's own node, from where the user
+/// left off.
+#[tokio::test]
+async fn a_chat_parked_idle_is_claimed_by_the_node_its_socket_reaches_next() {
+    let _turn = ONE_CLUSTER_AT_A_TIME.lock().await;
+    let idle = integration_tests::server::ServerOptions {
+        env: vec![("TESSERA_IDLE_CHAT_EVICT_S".into(), "1".into())],
+        ..Default::default()
+    };
+    let Some(cluster) = Cluster::start_with("cluster_parked_ws", 2, LEASE_TTL_S, idle).await else {
+        return;
+    };
+    let (a, b) = (cluster.node(0), cluster.node(1));
+    let chat = a.create_chat("Generator", "alice").await;
+    let mut on_a = WsClient::connect(&a.ws_url(&chat, 0), "alice").await;
+    on_a.until("chat.input_request").await;
+    let seen = on_a.last_seq;
+    on_a.close().await;
+
+    // Nobody connected: after a second idle the chat leaves A, its lease parked.
+    wait_until(
+        "A parks the idle chat",
+        Duration::from_secs(30),
+        async || a.metric("tessera_cluster_leases_parked_total").await == 1,
+    )
+    .await;
+    assert_eq!(a.metric("tessera_chats_in_memory").await, 0);
+
+    // The user comes back through B: B claims the chat and its socket is a local one there
+    // (the seq checks of `WsClient` hold across the move).
+    let mut on_b = WsClient::connect(&b.ws_url(&chat, seen), "alice").await;
+    on_b.until("chat.resume_boundary").await;
+    assert_eq!(b.metric("tessera_cluster_owned_chats").await, 1);
+    on_b.say("Automate my weekly social media posts").await;
+    let plan = on_b.until_ui_call().await;
+    assert_eq!(plan["data"]["component_type"], "ActionPlan");
+    on_b.send(answer(&corr_of(&plan))).await;
+    let done = on_b
+        .until_match("chat.tool_response", |e| {
+            e["data"]["tool_name"] == "action_plan"
+        })
+        .await;
+    assert_eq!(done["data"]["success"], true);
+    assert!(on_b.last_seq > seen);
+    // Served where its socket is: nothing crossed NATS for it.
+    assert_eq!(a.metric("tessera_cluster_owned_chats").await, 0);
+    assert_eq!(
+        b.metric("tessera_cluster_live_events_published_total")
+            .await,
+        0
+    );
+}
+
 /// No store holds a streamed delta (each seq is marked taken instead): a client that joins
 /// through a node that does not own the chat while a message streams gets the deltas streamed
 /// so far from the owner's memory, then the rest live, as a client of the owner would.

@@ -64,6 +64,25 @@ pub struct AcquireLease {
     pub chat_id: String,
 }
 
+/// Take `chat_id`'s lease for a client that asked for the chat, as [`AcquireLease`] does; also
+/// says whether the lease was parked.
+#[derive(Message, Debug)]
+#[rtype(result = "Result<Option<Claim>, StoreError>")]
+pub struct ClaimLease {
+    /// The chat.
+    pub chat_id: String,
+}
+
+/// A lease taken by [`ClaimLease`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Claim {
+    /// The epoch the node now holds.
+    pub epoch: i64,
+    /// The lease was parked: the chat left its last owner's memory idle, with no reader on
+    /// another node following it.
+    pub was_parked: bool,
+}
+
 /// Give one chat's lease up (the chat completed, or was handed over).
 #[derive(Message, Debug)]
 #[rtype(result = "()")]
@@ -266,29 +285,55 @@ impl Actor for LeaseManager {
     }
 }
 
-impl Handler<AcquireLease> for LeaseManager {
-    type Result = ResponseActFuture<Self, Result<Option<i64>, StoreError>>;
-
-    fn handle(&mut self, msg: AcquireLease, _: &mut Self::Context) -> Self::Result {
+impl LeaseManager {
+    /// Takes `chat_id`'s lease (see [`AcquireLease`]).
+    fn claim(
+        &mut self,
+        chat_id: String,
+    ) -> ResponseActFuture<Self, Result<Option<Claim>, StoreError>> {
         if self.draining {
             return Box::pin(fut::ready(Ok(None)));
         }
-        if let Some(epoch) = self.held.get(&msg.chat_id) {
-            return Box::pin(fut::ready(Ok(Some(*epoch))));
+        if let Some(epoch) = self.held.get(&chat_id) {
+            return Box::pin(fut::ready(Ok(Some(Claim {
+                epoch: *epoch,
+                was_parked: false,
+            }))));
         }
         let store = self.store.clone();
         let node = self.config.node_id.clone();
         let ttl_ms = self.ttl_ms();
-        let chat_id = msg.chat_id;
         let call = async move { store.acquire_lease(&chat_id, &node, ttl_ms).await };
         Box::pin(call.into_actor(self).map(|result, act, _| {
             let lease = result?;
             Ok(lease.map(|lease| {
                 act.held.insert(lease.chat_id, lease.epoch);
                 act.set_owned_gauge();
-                lease.epoch
+                Claim {
+                    epoch: lease.epoch,
+                    was_parked: lease.was_parked,
+                }
             }))
         }))
+    }
+}
+
+impl Handler<AcquireLease> for LeaseManager {
+    type Result = ResponseActFuture<Self, Result<Option<i64>, StoreError>>;
+
+    fn handle(&mut self, msg: AcquireLease, _: &mut Self::Context) -> Self::Result {
+        Box::pin(
+            self.claim(msg.chat_id)
+                .map(|claimed, _, _| claimed.map(|claim| claim.map(|c| c.epoch))),
+        )
+    }
+}
+
+impl Handler<ClaimLease> for LeaseManager {
+    type Result = ResponseActFuture<Self, Result<Option<Claim>, StoreError>>;
+
+    fn handle(&mut self, msg: ClaimLease, _: &mut Self::Context) -> Self::Result {
+        self.claim(msg.chat_id)
     }
 }
 

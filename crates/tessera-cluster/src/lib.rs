@@ -28,8 +28,8 @@ pub use bus::{
 };
 pub use error::ClusterError;
 pub use lease::{
-    AcquireLease, Drain, HeldLeases, LeaseManager, LeaseManagerConfig, OwnershipChange, ParkLeases,
-    ReleaseLease,
+    AcquireLease, Claim, ClaimLease, Drain, HeldLeases, LeaseManager, LeaseManagerConfig,
+    OwnershipChange, ParkLeases, ReleaseLease,
 };
 pub use limits::{AllowMessage, GlobalLimits, TenantBudgets, TicketRedeemError};
 pub use metrics::ClusterMetrics;

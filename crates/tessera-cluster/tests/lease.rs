@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use tessera_cluster::{
-    AcquireLease, ClusterMetrics, Drain, HeldLeases, LeaseManager, LeaseManagerConfig,
-    OwnershipChange, ParkLeases, ReleaseLease,
+    AcquireLease, Claim, ClaimLease, ClusterMetrics, Drain, HeldLeases, LeaseManager,
+    LeaseManagerConfig, OwnershipChange, ParkLeases, ReleaseLease,
 };
 use tessera_store::{Lease, LeaseStore, PARKED_NODE, StoreError, StoreFuture};
 
@@ -54,12 +54,14 @@ impl LeaseStore for MemoryLeases {
             let expires = now + Duration::from_millis(ttl_ms as u64);
             let mut rows = self.rows.lock().unwrap();
             let row = rows.entry(chat_id.to_owned());
+            let mut was_parked = false;
             let (owner, epoch, until) = match row {
                 std::collections::hash_map::Entry::Vacant(v) => {
                     v.insert((node.to_owned(), 1, expires)).clone()
                 }
                 std::collections::hash_map::Entry::Occupied(mut o) => {
                     let (owner, epoch, until) = o.get().clone();
+                    was_parked = owner == PARKED_NODE;
                     if owner == node && until > now {
                         (owner, epoch, until)
                     } else if until <= now {
@@ -75,6 +77,7 @@ impl LeaseStore for MemoryLeases {
                 node: owner,
                 epoch,
                 expires_at_ms: until.duration_since(self.origin).as_millis() as i64,
+                was_parked,
             })
         });
         Box::pin(async move { result })
@@ -438,16 +441,20 @@ async fn a_parked_lease_is_taken_over_by_no_scan_and_claimed_on_demand() {
     told(&a_node, &c3).await;
     assert_eq!(a_node.send(Changes).await.unwrap(), vec![c3]);
     assert_eq!(store.owner("c1"), Some((PARKED_NODE.into(), 1)));
-    // A client asking b for c1 claims it, under the next epoch.
+    // A client asking b for c1 claims it, under the next epoch, and b learns it was parked
+    // (nobody follows it).
     let (b, _, _) = manager(&store, "b");
     assert_eq!(
-        b.send(AcquireLease {
+        b.send(ClaimLease {
             chat_id: "c1".into()
         })
         .await
         .unwrap()
         .unwrap(),
-        Some(2)
+        Some(Claim {
+            epoch: 2,
+            was_parked: true
+        })
     );
     assert_eq!(store.owner("c1"), Some(("b".into(), 2)));
 }

@@ -16,8 +16,8 @@ use actix::prelude::*;
 use bytes::Bytes;
 use serde::Deserialize;
 use tessera_cluster::{
-    AcquireLease, ChatCommand, ClusterBus, ClusterError, CommandReply, Drain, IncomingCommand,
-    LeaseManager, LiveEvent, NumberedFrame, ParkLeases, ReleaseLease,
+    AcquireLease, ChatCommand, ClaimLease, ClusterBus, ClusterError, CommandReply, Drain,
+    IncomingCommand, LeaseManager, LiveEvent, NumberedFrame, ParkLeases, ReleaseLease,
 };
 use tessera_engine::ChatHandle;
 use tessera_engine::session::{
@@ -1009,11 +1009,14 @@ impl ClusterNode {
         }
     }
 
-    /// Rebuilds `chat_id` from the store under `epoch` (once, whoever asks).
+    /// Rebuilds `chat_id` from the store under `epoch` (once, whoever asks). `was_parked`: its
+    /// lease was parked, so no reader on another node follows it (a chat whose owner died may
+    /// have some, see [`ChatRelay::assuming_followers`]).
     fn restore(
         &mut self,
         chat_id: String,
         epoch: i64,
+        was_parked: bool,
         waiter: Option<oneshot::Sender<Option<ChatHandle>>>,
         ctx: &mut Context<Self>,
     ) {
@@ -1030,8 +1033,8 @@ impl ClusterNode {
             let waiters = act.restoring.remove(&chat_id).unwrap_or_default();
             let served = match restored {
                 Ok(Some(chat)) => {
-                    tracing::info!(chat_id = %chat_id, epoch, "serving a chat taken over");
-                    act.serve(chat.clone(), epoch, true);
+                    tracing::info!(chat_id = %chat_id, epoch, was_parked, "serving a chat taken over");
+                    act.serve(chat.clone(), epoch, !was_parked);
                     Some(chat)
                 }
                 // Completed meanwhile, or of a workflow this node does not serve.
@@ -1150,7 +1153,7 @@ impl Handler<ClaimChat> for ClusterNode {
         };
         let acquire = async move {
             leases
-                .send(AcquireLease {
+                .send(ClaimLease {
                     chat_id: chat_id.clone(),
                 })
                 .await
@@ -1163,14 +1166,14 @@ impl Handler<ClaimChat> for ClusterNode {
                     Err(_) => ClaimStep::Done(Err("the lease manager stopped".into())),
                     Ok((_, Err(e))) => ClaimStep::Done(Err(e.to_string())),
                     Ok((_, Ok(None))) => ClaimStep::Done(Ok(Claimed::Remote)),
-                    Ok((chat_id, Ok(Some(epoch)))) => {
+                    Ok((chat_id, Ok(Some(claim)))) => {
                         if let Some(owned) = act.owned.get(&chat_id)
                             && owned.chat.addr.connected()
                         {
                             return ClaimStep::Done(Ok(Claimed::Local(owned.chat.clone())));
                         }
                         let (tx, rx) = oneshot::channel();
-                        act.restore(chat_id, epoch, Some(tx), ctx);
+                        act.restore(chat_id, claim.epoch, claim.was_parked, Some(tx), ctx);
                         ClaimStep::Wait(rx)
                     }
                 })
@@ -1275,7 +1278,7 @@ impl Handler<tessera_cluster::OwnershipChange> for ClusterNode {
                 if self.owned.contains_key(&chat_id) {
                     return;
                 }
-                self.restore(chat_id, epoch, None, ctx);
+                self.restore(chat_id, epoch, false, None, ctx);
             }
             OwnershipChange::Lost { chat_id, epoch } => {
                 if self.drop_chat(&chat_id).is_some() {

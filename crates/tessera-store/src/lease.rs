@@ -23,6 +23,10 @@ pub struct Lease {
     pub epoch: i64,
     /// When the lease lapses unless renewed, Unix milliseconds (database clock).
     pub expires_at_ms: i64,
+    /// This acquire claimed a parked lease ([`LeaseStore::park_leases`]): the chat had left its
+    /// owner's memory with nobody following it, so no reader on another node awaits its
+    /// events.
+    pub was_parked: bool,
 }
 
 /// The node a parked lease names (see [`LeaseStore::park_leases`]): none. WHY a node name and

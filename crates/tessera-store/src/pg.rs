@@ -419,8 +419,10 @@ impl LeaseStore for PgStore {
             // Insert epoch 1; or keep the epoch when `node` holds a live lease; or bump it
             // when the lease has expired (whoever held it). A live lease of another node is
             // left alone and nothing is returned.
+            // `before` is the row as the statement found it (whether it was parked).
             let row = sqlx::query(
-                "INSERT INTO chat_leases AS l (chat_id, node, epoch, expires_at) \
+                "WITH before AS (SELECT node FROM chat_leases WHERE chat_id = $1) \
+                 INSERT INTO chat_leases AS l (chat_id, node, epoch, expires_at) \
                  VALUES ($1, $2, 1, now() + $3 * INTERVAL '1 millisecond') \
                  ON CONFLICT (chat_id) DO UPDATE SET node = EXCLUDED.node, \
                     epoch = l.epoch + CASE WHEN l.node = EXCLUDED.node AND l.expires_at > now() \
@@ -428,11 +430,13 @@ impl LeaseStore for PgStore {
                     expires_at = EXCLUDED.expires_at \
                  WHERE l.expires_at <= now() OR l.node = EXCLUDED.node \
                  RETURNING chat_id, node, epoch, \
-                    (EXTRACT(EPOCH FROM expires_at) * 1000)::BIGINT AS expires_at_ms",
+                    (EXTRACT(EPOCH FROM expires_at) * 1000)::BIGINT AS expires_at_ms, \
+                    COALESCE((SELECT node FROM before) = $4, false) AS was_parked",
             )
             .bind(&chat_id)
             .bind(&node)
             .bind(ttl_ms)
+            .bind(crate::lease::PARKED_NODE)
             .fetch_optional(&pool)
             .await?;
             row.map(|row| {
@@ -441,6 +445,7 @@ impl LeaseStore for PgStore {
                     node: row.try_get("node")?,
                     epoch: row.try_get("epoch")?,
                     expires_at_ms: row.try_get("expires_at_ms")?,
+                    was_parked: row.try_get("was_parked")?,
                 })
             })
             .transpose()

@@ -1443,20 +1443,41 @@ async fn a_parked_lease_is_no_orphan_and_the_next_claim_moves_its_epoch_on(db: T
         .await
         .unwrap()
         .unwrap();
-    assert_eq!((claimed.node.as_str(), claimed.epoch), ("n2", 2));
+    assert_eq!(
+        (claimed.node.as_str(), claimed.epoch, claimed.was_parked),
+        ("n2", 2, true)
+    );
     assert_eq!(leases.acquire_lease("a", "n1", TTL_MS).await.unwrap(), None);
+    let again = leases
+        .acquire_lease("a", "n2", TTL_MS)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (again.epoch, again.was_parked),
+        (2, false),
+        "its holder's own, live"
+    );
     let back = leases
         .acquire_lease("b", "n1", TTL_MS)
         .await
         .unwrap()
         .unwrap();
     assert_eq!(
-        back.epoch, 2,
+        (back.epoch, back.was_parked),
+        (2, true),
         "the node that parked it claims it at the next epoch too"
     );
-    // Once that claim expires (released here), the chat is an orphan as any other.
+    // Once that claim expires (released here), the chat is an orphan as any other, and its
+    // next taker finds no parked lease.
     leases.release_lease("a", "n2", 2).await.unwrap();
     assert_eq!(leases.orphaned_chats(10).await.unwrap(), ["a"]);
+    let taken = leases
+        .acquire_lease("a", "n1", TTL_MS)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((taken.epoch, taken.was_parked), (3, false));
 }
 
 // ---- fencing (PostgreSQL only)

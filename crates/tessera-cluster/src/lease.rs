@@ -93,8 +93,8 @@ pub struct ReleaseLease {
 
 /// Park the leases of chats that left this node's memory of their own accord (idle, waiting
 /// only on a client): no node takes them over by scanning; the next node a client asks
-/// claims one ([`AcquireLease`]). One store call for all of them. Later messages wait for it,
-/// so an [`AcquireLease`] of a chat parked here finds it parked, never half-way.
+/// claims one ([`ClaimLease`]). One store call for all of them. Later messages wait for it,
+/// so a claim of a chat parked here finds it parked, never half-way.
 #[derive(Message, Debug)]
 #[rtype(result = "()")]
 pub struct ParkLeases {

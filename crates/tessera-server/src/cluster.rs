@@ -1087,7 +1087,7 @@ impl Actor for ClusterNode {
             // Parked, not released: released, an idle chat would be an orphan that some
             // node's scan rebuilds at once, only for it to leave memory again. A session stops
             // of its own accord only when the store alone can carry it on. Sent before any
-            // later claim's `AcquireLease`, which then finds the lease parked.
+            // later claim's `ClaimLease`, which then finds the lease parked.
             if let Some(leases) = &act.leases {
                 leases.do_send(ParkLeases { chat_ids: stopped });
             }

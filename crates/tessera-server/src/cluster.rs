@@ -991,8 +991,7 @@ impl ClusterNode {
         if let Some(registry) = &self.registry {
             registry.do_send(crate::registry::RegisterChat(chat.clone()));
         }
-        // A chat rebuilt here after it left memory (before the sweep saw it go): its old
-        // relay still serves the chat's commands.
+        // Never two relays serving one chat's commands.
         if let Some(previous) = self.owned.insert(
             chat.identity.chat_id.to_string(),
             OwnedChat { chat, relay, epoch },
@@ -1069,11 +1068,12 @@ impl Actor for ClusterNode {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         ctx.run_interval(SWEEP_STOPPED, |act, _| {
-            // A chat being rebuilt here keeps its lease.
+            // (A chat being rebuilt here is not among them: `ClaimChat` takes a stopped chat
+            // out of `owned` before it rebuilds it.)
             let stopped: Vec<String> = act
                 .owned
                 .iter()
-                .filter(|(id, o)| !o.chat.addr.connected() && !act.restoring.contains_key(*id))
+                .filter(|(_, o)| !o.chat.addr.connected())
                 .map(|(id, _)| id.clone())
                 .collect();
             if stopped.is_empty() {

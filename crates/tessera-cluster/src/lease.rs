@@ -361,15 +361,22 @@ impl Handler<ParkLeases> for LeaseManager {
             return;
         }
         self.set_owned_gauge();
-        self.metrics
-            .leases_parked
-            .fetch_add(parked.len() as u64, Ordering::Relaxed);
         let store = self.store.clone();
         let node = self.config.node_id.clone();
+        let metrics = self.metrics.clone();
         let park = async move {
-            if let Err(e) = store.park_leases(&node, &parked).await {
+            match store.park_leases(&node, &parked).await {
+                // Counted once the store has them parked, so a reader of the metric knows
+                // that the next claim of any of them finds it free.
+                Ok(()) => {
+                    metrics
+                        .leases_parked
+                        .fetch_add(parked.len() as u64, Ordering::Relaxed);
+                }
                 // They expire by themselves within the TTL and are then orphans, taken over.
-                tracing::warn!(node, chats = parked.len(), error = %e, "leases not parked");
+                Err(e) => {
+                    tracing::warn!(node, chats = parked.len(), error = %e, "leases not parked")
+                }
             }
         };
         ctx.wait(park.into_actor(self));

@@ -13,8 +13,8 @@ pub struct ClusterMetrics {
     pub takeovers: AtomicU64,
     /// Leases this node lost (renewal refused, or not renewed within the TTL).
     pub leases_lost: AtomicU64,
-    /// Leases this node parked: chats that left its memory idle, claimed again by whichever
-    /// node a client asks next.
+    /// Leases this node parked in the store: chats that left its memory idle, claimed again
+    /// by whichever node a client asks next.
     pub leases_parked: AtomicU64,
     /// Last measured NATS round trip, microseconds.
     pub nats_rtt_us: AtomicU64,

@@ -458,3 +458,22 @@ async fn a_parked_lease_is_taken_over_by_no_scan_and_claimed_on_demand() {
     );
     assert_eq!(store.owner("c1"), Some(("b".into(), 2)));
 }
+
+#[actix_rt::test]
+async fn a_park_the_store_refuses_is_not_counted_as_parked() {
+    let store = MemoryLeases::new(&["c1"]);
+    let (a, _, metrics) = manager(&store, "a");
+    acquire_all(&a, &["c1"]).await;
+    store.down.store(true, Ordering::SeqCst);
+    a.send(ParkLeases {
+        chat_ids: vec!["c1".into()],
+    })
+    .await
+    .unwrap();
+    // The metric says parked only of leases the next claim finds free: this one stays a's
+    // until it expires.
+    assert_eq!(a.send(HeldLeases).await.unwrap(), vec![]);
+    assert_eq!(metrics.leases_parked.load(Ordering::Relaxed), 0);
+    store.down.store(false, Ordering::SeqCst);
+    assert_eq!(store.owner("c1"), Some(("a".into(), 1)));
+}

@@ -421,7 +421,13 @@ fn assert_each_tool_ran_once(
 #[tokio::test]
 async fn a_chat_created_on_one_node_is_driven_through_another() {
     let _turn = ONE_CLUSTER_AT_A_TIME.lock().await;
-    let Some(cluster) = Cluster::start("cluster_two_nodes", 2).await else {
+    // The socket on B is served over NATS, not handed the chat.
+    let remote = integration_tests::server::ServerOptions {
+        env: vec![("TESSERA_HAND_OVER_SOCKETS".into(), "false".into())],
+        ..Default::default()
+    };
+    let Some(cluster) = Cluster::start_with("cluster_two_nodes", 2, LEASE_TTL_S, remote).await
+    else {
         return;
     };
     let (a, b) = (cluster.node(0), cluster.node(1));
@@ -651,13 +657,11 @@ async fn a_node_killed_in_mid_stream_leaves_no_seq_a_client_saw_to_its_successor
     assert_eq!(words, 60, "the re-run turn's whole answer");
 }
 
-/// Many chats created on one node and driven through the other at once, by the real load
-/// generator (it checks every event: seqs in order, tool calls answered, each turn ending
-/// with `chat.input_request`): every forwarded message is taken, and every event arrives once
-/// and in order, with the owner's store written behind them.
-#[tokio::test]
-async fn chats_created_on_one_node_and_driven_through_another_see_every_event_in_order() {
-    let _turn = ONE_CLUSTER_AT_A_TIME.lock().await;
+/// 200 chats created on node 0 and driven through node 1's sockets at once by the real load
+/// generator, 3 turns each (it checks every event: seqs in order, tool calls answered, each
+/// turn ending with `chat.input_request`); sockets take their chat over when `hand_over`.
+/// The cluster, for its metrics, and the load generator's report.
+async fn driven_through_the_other_node(name: &str, hand_over: bool) -> Option<(Cluster, Value)> {
     let mock = MockLlm::start().await;
     let mut options = mock.options();
     // One tenant opens 200 chats at once: above the default open-chat quota and rate.
@@ -665,13 +669,14 @@ async fn chats_created_on_one_node_and_driven_through_another_see_every_event_in
         [
             ("TESSERA_MAX_OPEN_CHATS_PER_TENANT", "0"),
             ("TESSERA_MESSAGES_PER_MINUTE", "100000000"),
+            (
+                "TESSERA_HAND_OVER_SOCKETS",
+                if hand_over { "true" } else { "false" },
+            ),
         ]
         .map(|(k, v)| (k.to_owned(), v.to_owned())),
     );
-    let Some(cluster) = Cluster::start_with("cluster_cross_load", 2, LEASE_TTL_S, options).await
-    else {
-        return;
-    };
+    let cluster = Cluster::start_with(name, 2, LEASE_TTL_S, options).await?;
     let summary = tempfile::NamedTempFile::new().unwrap_or_else(|e| panic!("{e}"));
     let status = tokio::process::Command::new(integration_tests::loadgen_bin())
         .args([
@@ -703,12 +708,62 @@ async fn chats_created_on_one_node_and_driven_through_another_see_every_event_in
     assert_eq!(report["turns_completed"], 600, "{report}");
     assert_eq!(report["protocol_violations"], 0, "{report}");
     assert_eq!(report["errors"], json!({}), "{report}");
+    Some((cluster, report))
+}
+
+/// Chats driven through the node that does not own them, which serves their sockets over
+/// NATS (hand-overs off): every forwarded message is taken, and every event arrives once and
+/// in order, with the owner's store written behind them.
+#[tokio::test]
+async fn chats_created_on_one_node_and_driven_through_another_see_every_event_in_order() {
+    let _turn = ONE_CLUSTER_AT_A_TIME.lock().await;
+    let Some((cluster, _)) = driven_through_the_other_node("cluster_cross_load", false).await
+    else {
+        return;
+    };
     // Node 1's sockets follow every chat, so their owner published each turn's events.
     let published = cluster
         .node(0)
         .metric("tessera_cluster_live_events_published_total")
         .await;
     assert!(published >= 600, "{published} live events published");
+    assert_eq!(
+        cluster
+            .node(0)
+            .metric("tessera_cluster_chats_handed_over_total")
+            .await,
+        0
+    );
+}
+
+/// The same chats with hand-overs on: each socket that reaches node 1 finds its chat waiting
+/// on its user with nobody on node 0, so node 0 hands the chat over and node 1 serves it as
+/// its own. Every event still arrives once and in order, and none crosses NATS.
+#[tokio::test]
+async fn chats_whose_sockets_reach_another_node_move_there_and_see_every_event_in_order() {
+    let _turn = ONE_CLUSTER_AT_A_TIME.lock().await;
+    let Some((cluster, _)) = driven_through_the_other_node("cluster_cross_hand_over", true).await
+    else {
+        return;
+    };
+    let (a, b) = (cluster.node(0), cluster.node(1));
+    assert_eq!(
+        a.metric("tessera_cluster_chats_handed_over_total").await,
+        200
+    );
+    assert_eq!(a.metric("tessera_cluster_owned_chats").await, 0);
+    // B asked for each chat once, and forwarded nothing else.
+    assert_eq!(
+        b.metric("tessera_cluster_commands_forwarded_total").await,
+        200
+    );
+    for node in [a, b] {
+        assert_eq!(
+            node.metric("tessera_cluster_live_events_published_total")
+                .await,
+            0
+        );
+    }
 }
 
 #[tokio::test]

@@ -67,6 +67,12 @@ pub enum ChatCommand {
     /// The chat is being deleted: stop its session now (the deleting node then deletes the
     /// stored chat and its lease, which fences any write still under way).
     Stop,
+    /// A client's socket reached the forwarding node while nobody on the owner watches the
+    /// chat: leave the owner's memory and park the lease, if the chat waits only on its user
+    /// (or on UI calls without a timeout), so that the forwarder claims it and serves the
+    /// socket as its own. `Accepted` once parked; refused (`chat_stays`) otherwise. An owner
+    /// of an older build drops it undecoded, and the forwarder's short wait runs out.
+    HandOver,
     /// Run an AG-UI run of the chat on its owner and stream the run's SSE frames to
     /// `stream_to` (an inbox the forwarder opened with [`ClusterBus::open_stream`]).
     AguiRun {
@@ -305,6 +311,11 @@ impl ClusterBus {
         )
     }
 
+    /// The node's cluster counters this bus reports to.
+    pub fn metrics(&self) -> &ClusterMetrics {
+        &self.metrics
+    }
+
     /// One round trip to the server, recorded in the metrics: a message to a fresh inbox of
     /// this connection, received back. The server handles a connection's operations in order,
     /// so once it is back every subscription made before it is in force.
@@ -436,11 +447,22 @@ impl ClusterBus {
         chat_id: &str,
         command: &ChatCommand,
     ) -> Result<CommandReply, ClusterError> {
+        self.send_command_within(chat_id, command, self.request_timeout)
+            .await
+    }
+
+    /// [`ClusterBus::send_command`], waiting at most `timeout` for the answer.
+    pub async fn send_command_within(
+        &self,
+        chat_id: &str,
+        command: &ChatCommand,
+        timeout: Duration,
+    ) -> Result<CommandReply, ClusterError> {
         use async_nats::RequestErrorKind;
         let body = serde_json::to_vec(command).map_err(|e| ClusterError::Decode(e.to_string()))?;
         let request = async_nats::Request::new()
             .payload(Bytes::from(body))
-            .timeout(Some(self.request_timeout));
+            .timeout(Some(timeout));
         self.metrics
             .commands_forwarded
             .fetch_add(1, Ordering::Relaxed);
@@ -449,7 +471,7 @@ impl ClusterBus {
             .send_request(self.subjects.commands(chat_id), request)
             .await
             .map_err(|e| match e.kind() {
-                RequestErrorKind::TimedOut => ClusterError::Timeout(self.request_timeout),
+                RequestErrorKind::TimedOut => ClusterError::Timeout(timeout),
                 RequestErrorKind::NoResponders => ClusterError::NoOwner(chat_id.to_owned()),
                 _ => ClusterError::Nats(e.to_string()),
             })?;

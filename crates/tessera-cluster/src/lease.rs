@@ -94,9 +94,10 @@ pub struct ReleaseLease {
 /// Park the leases of chats that left this node's memory of their own accord (idle, waiting
 /// only on a client): no node takes them over by scanning; the next node a client asks
 /// claims one ([`ClaimLease`]). One store call for all of them. Later messages wait for it,
-/// so a claim of a chat parked here finds it parked, never half-way.
+/// so a claim of a chat parked here finds it parked, never half-way. Answered once done:
+/// `false` when the store refused (the leases then expire by themselves).
 #[derive(Message, Debug)]
-#[rtype(result = "()")]
+#[rtype(result = "bool")]
 pub struct ParkLeases {
     /// The chats.
     pub chat_ids: Vec<String>,
@@ -349,16 +350,17 @@ impl Handler<ReleaseLease> for LeaseManager {
 }
 
 impl Handler<ParkLeases> for LeaseManager {
-    type Result = ();
+    type Result = ResponseFuture<bool>;
 
-    fn handle(&mut self, msg: ParkLeases, ctx: &mut Self::Context) {
+    fn handle(&mut self, msg: ParkLeases, ctx: &mut Self::Context) -> Self::Result {
         let parked: Vec<(String, i64)> = msg
             .chat_ids
             .into_iter()
             .filter_map(|chat_id| self.held.remove(&chat_id).map(|epoch| (chat_id, epoch)))
             .collect();
         if parked.is_empty() {
-            return;
+            // Any earlier park of them is done: it held the mailbox until then.
+            return Box::pin(async { true });
         }
         self.set_owned_gauge();
         let store = self.store.clone();
@@ -372,14 +374,21 @@ impl Handler<ParkLeases> for LeaseManager {
                     metrics
                         .leases_parked
                         .fetch_add(parked.len() as u64, Ordering::Relaxed);
+                    true
                 }
                 // They expire by themselves within the TTL and are then orphans, taken over.
                 Err(e) => {
-                    tracing::warn!(node, chats = parked.len(), error = %e, "leases not parked")
+                    tracing::warn!(node, chats = parked.len(), error = %e, "leases not parked");
+                    false
                 }
             }
         };
-        ctx.wait(park.into_actor(self));
+        // Held in the mailbox, so a later claim finds them parked; answered when done.
+        let (done, answer) = tokio::sync::oneshot::channel();
+        ctx.wait(park.into_actor(self).map(move |parked, _, _| {
+            let _ = done.send(parked);
+        }));
+        Box::pin(async move { answer.await.unwrap_or(false) })
     }
 }
 

@@ -16,6 +16,9 @@ pub struct ClusterMetrics {
     /// Leases this node parked in the store: chats that left its memory idle, claimed again
     /// by whichever node a client asks next.
     pub leases_parked: AtomicU64,
+    /// Chats this node handed over to the node a client's socket reached (see
+    /// `ChatCommand::HandOver`); each is also counted as parked.
+    pub chats_handed_over: AtomicU64,
     /// Last measured NATS round trip, microseconds.
     pub nats_rtt_us: AtomicU64,
     /// Commands forwarded to another node's chat.

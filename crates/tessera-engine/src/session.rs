@@ -152,6 +152,15 @@ pub struct StopChat;
 #[rtype(result = "()")]
 pub struct Relinquish;
 
+/// Leave memory now, if the chat could leave it idle (see `IdleCheck`) but for the time:
+/// nobody here is subscribed or watching, every write is stored, and it waits only on its
+/// user or on UI calls without a timeout. Answers whether it left. In a cluster, the owner
+/// does this when a client's socket reaches another node, which then claims the chat and
+/// serves that socket as its own (the store alone carries the chat across).
+#[derive(Message)]
+#[rtype(result = "bool")]
+pub struct LeaveForAnotherNode;
+
 /// Resolves once every write the chat has queued so far is in the store (at once without a
 /// store). The server sends it to every chat on shutdown, before closing the store: a flush
 /// answered by the store's last commit may leave writes queued behind it that would
@@ -1177,46 +1186,93 @@ impl ChatSession {
     }
 }
 
-impl Handler<IdleCheck> for ChatSession {
-    type Result = ();
+/// Whether an open chat leaves memory now (see [`ChatSession::leave_if_only_outside_waits`]).
+enum Leaving {
+    /// Decided: it left (`true`) or stays.
+    Decided(bool),
+    /// It waits on UI calls: it leaves once they are known to have no timeout and nothing
+    /// changed meanwhile; the future says whether it left.
+    AfterUiCheck(std::pin::Pin<Box<dyn ActorFuture<ChatSession, Output = bool>>>),
+}
 
-    fn handle(&mut self, _: IdleCheck, ctx: &mut Self::Context) {
-        let (Some(idle), Some(persist)) = (self.config.idle_evict, &self.persist) else {
-            return;
+impl ChatSession {
+    /// Leaves memory if nobody here is subscribed or watching, every write is stored and the
+    /// chat waits only on someone outside the process (see [`IdleCheck`]); the caller has
+    /// checked the idle time, if it asks for one.
+    fn leave_if_only_outside_waits(&mut self, ctx: &mut Context<Self>) -> Leaving {
+        let Some(persist) = &self.persist else {
+            return Leaving::Decided(false);
         };
         let stored = persist.is_idle();
-        if let Some(left) = self.idle_left(idle) {
-            ctx.notify_later(IdleCheck, left);
-            return;
-        }
         let may_leave = self.unobserved_and_stored(stored);
         match self.status {
-            // Completed chats retire on their own (see `Retire`).
-            ChatStatus::Completed(_) => {}
-            ChatStatus::AwaitingUser if may_leave => self.evict(ctx),
+            ChatStatus::AwaitingUser if may_leave => {
+                self.evict(ctx);
+                Leaving::Decided(true)
+            }
             ChatStatus::AwaitingTool if may_leave => {
                 let pending = self.shard.correlator.send(ListPendingUiCalls {
                     chat_id: self.id.chat_id.clone(),
                 });
                 let checked_at = self.last_active;
-                ctx.wait(pending.into_actor(self).map(move |pending, act, ctx| {
-                    let untimed = pending.as_ref().is_ok_and(|calls| {
-                        !calls.is_empty() && calls.iter().all(|c| c.timeout_s.is_none())
-                    });
-                    let still_idle = act.last_active == checked_at
-                        && act.status == ChatStatus::AwaitingTool
-                        && act.persist.as_ref().is_some_and(WriteBehind::is_idle)
-                        && act.unobserved_and_stored(true);
-                    if untimed && still_idle {
-                        act.evict(ctx);
-                    } else {
-                        ctx.notify_later(IdleCheck, idle);
-                    }
-                }));
+                Leaving::AfterUiCheck(Box::pin(pending.into_actor(self).map(
+                    move |pending, act, ctx| {
+                        let untimed = pending.as_ref().is_ok_and(|calls| {
+                            !calls.is_empty() && calls.iter().all(|c| c.timeout_s.is_none())
+                        });
+                        let still_idle = act.last_active == checked_at
+                            && act.status == ChatStatus::AwaitingTool
+                            && act.persist.as_ref().is_some_and(WriteBehind::is_idle)
+                            && act.unobserved_and_stored(true);
+                        if untimed && still_idle {
+                            act.evict(ctx);
+                        }
+                        untimed && still_idle
+                    },
+                )))
             }
-            _ => {
+            _ => Leaving::Decided(false),
+        }
+    }
+}
+
+impl Handler<IdleCheck> for ChatSession {
+    type Result = ();
+
+    fn handle(&mut self, _: IdleCheck, ctx: &mut Self::Context) {
+        let (Some(idle), Some(_)) = (self.config.idle_evict, &self.persist) else {
+            return;
+        };
+        if let Some(left) = self.idle_left(idle) {
+            ctx.notify_later(IdleCheck, left);
+            return;
+        }
+        // Completed chats retire on their own (see `Retire`).
+        if matches!(self.status, ChatStatus::Completed(_)) {
+            return;
+        }
+        match self.leave_if_only_outside_waits(ctx) {
+            Leaving::Decided(true) => {}
+            Leaving::Decided(false) => {
                 ctx.notify_later(IdleCheck, idle);
             }
+            Leaving::AfterUiCheck(check) => ctx.wait(check.map(move |left, _, ctx| {
+                if !left {
+                    ctx.notify_later(IdleCheck, idle);
+                }
+            })),
+        }
+    }
+}
+
+impl Handler<LeaveForAnotherNode> for ChatSession {
+    type Result = ActorResponse<Self, bool>;
+
+    fn handle(&mut self, _: LeaveForAnotherNode, ctx: &mut Self::Context) -> Self::Result {
+        match self.leave_if_only_outside_waits(ctx) {
+            Leaving::Decided(left) => ActorResponse::reply(left),
+            // Answered in the same poll that stops the actor, before its context goes.
+            Leaving::AfterUiCheck(check) => ActorResponse::r#async(check),
         }
     }
 }

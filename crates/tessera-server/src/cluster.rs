@@ -46,6 +46,9 @@ pub struct ChatRelay {
     lapse: Option<SpawnHandle>,
     /// The last seq the session has shown while the relay was subscribed (readers check it).
     last_seq: Option<u64>,
+    /// The node to tell when the chat leaves for another node ([`ChatCommand::HandOver`]);
+    /// without one, hand-overs are refused.
+    node: Option<Recipient<HandedOver>>,
 }
 
 impl ChatRelay {
@@ -61,7 +64,15 @@ impl ChatRelay {
             follow_ttl: FOLLOW_TTL,
             lapse: None,
             last_seq: None,
+            node: None,
         }
+    }
+
+    /// Hands the chat over when a client's socket reaches another node and nobody here
+    /// watches it (see [`ChatCommand::HandOver`]), telling `node`.
+    pub fn handing_over_to(mut self, node: Recipient<HandedOver>) -> Self {
+        self.node = Some(node);
+        self
     }
 
     /// For a chat taken over: readers on other nodes may be following it since its previous
@@ -294,6 +305,11 @@ pub async fn carry_out(chat: &ChatHandle, bus: &ClusterBus, command: ChatCommand
         },
         // The relay answers a follow itself, with the last seq it has seen.
         ChatCommand::Follow => CommandReply::Accepted,
+        // The relay carries a hand-over out itself: its node must park the lease.
+        ChatCommand::HandOver => refused(
+            ErrorCode::Internal,
+            "a hand-over is the relay's to carry out",
+        ),
         ChatCommand::Stop => {
             // Stopped already is as good: nothing of it runs here any more.
             let _ = addr.send(tessera_engine::session::StopChat).await;
@@ -383,7 +399,56 @@ impl Handler<AnswerFollow> for ChatRelay {
     }
 }
 
+/// The refusal of a hand-over: the chat stays with its owner (someone there watches it, it
+/// is running, or it waits on a timed UI call), and the socket is served from there.
+const STAYS: &str = "chat_stays";
+
 impl ChatRelay {
+    /// Carries out [`ChatCommand::HandOver`]: the chat leaves memory if it may, and the node
+    /// parks its lease before the forwarder is answered, so the forwarder's claim finds it
+    /// parked. Waited for in the mailbox like any command: none forwarded after it runs on a
+    /// chat that is leaving (it finds the chat gone and is retried on the new owner).
+    fn hand_over(&mut self, incoming: IncomingCommand, ctx: &mut Context<Self>) {
+        let session = self.chat.addr.clone();
+        let chat_id = self.chat.identity.chat_id.clone();
+        let node = self.node.clone();
+        let bus = self.bus.clone();
+        let hand_over = async move {
+            let handed_over = match node {
+                None => false,
+                Some(node) => {
+                    // What a chat created a moment ago queued is stored first.
+                    let _ = session.send(tessera_engine::session::WhenStored).await;
+                    let left = session
+                        .send(tessera_engine::session::LeaveForAnotherNode)
+                        .await
+                        .unwrap_or(false);
+                    left && node
+                        .send(HandedOver {
+                            chat_id: chat_id.to_string(),
+                            session,
+                        })
+                        .await
+                        .unwrap_or(false)
+                }
+            };
+            tracing::debug!(chat_id = %chat_id, handed_over, "hand-over asked by another node");
+            let reply = if handed_over {
+                CommandReply::Accepted
+            } else {
+                CommandReply::Refused {
+                    code: STAYS.to_owned(),
+                    message: "the chat stays with its owner".to_owned(),
+                    status: None,
+                }
+            };
+            if let Err(e) = bus.reply(incoming, &reply).await {
+                tracing::debug!(chat_id = %chat_id, error = %e, "hand-over not answered");
+            }
+        };
+        ctx.wait(hand_over.into_actor(self));
+    }
+
     /// Answers a follow with the last seq the session has shown (`null` when unknown: the
     /// reader then reads the store).
     fn answer_follow(&self, incoming: IncomingCommand) {
@@ -426,6 +491,10 @@ impl StreamHandler<IncomingCommand> for ChatRelay {
             actix::spawn(async move {
                 let _ = bus.reply(incoming, &reply).await;
             });
+            return;
+        }
+        if let ChatCommand::HandOver = incoming.command {
+            self.hand_over(incoming, ctx);
             return;
         }
         // A replay follows the chat, subscribed before the replay is read: every event after
@@ -977,11 +1046,12 @@ impl ClusterNode {
 
     /// Serves `chat` under `epoch`; `taken_over` when another node served it before (its
     /// readers may be following it).
-    fn serve(&mut self, chat: ChatHandle, epoch: i64, taken_over: bool) {
+    fn serve(&mut self, chat: ChatHandle, epoch: i64, taken_over: bool, ctx: &Context<Self>) {
         let relayed = chat.clone();
         let bus = self.bus.clone();
+        let node = ctx.address().recipient();
         let relay = ChatRelay::start_in_arbiter(&chat.arbiter.clone(), move |_| {
-            let relay = ChatRelay::new(relayed, bus);
+            let relay = ChatRelay::new(relayed, bus).handing_over_to(node);
             if taken_over {
                 relay.assuming_followers()
             } else {
@@ -1028,12 +1098,12 @@ impl ClusterNode {
         let engine = self.engine.clone();
         let restoring = chat_id.clone();
         let restore = async move { engine.take_over(&restoring, epoch).await };
-        ctx.spawn(restore.into_actor(self).map(move |restored, act, _| {
+        ctx.spawn(restore.into_actor(self).map(move |restored, act, ctx| {
             let waiters = act.restoring.remove(&chat_id).unwrap_or_default();
             let served = match restored {
                 Ok(Some(chat)) => {
                     tracing::info!(chat_id = %chat_id, epoch, was_parked, "serving a chat taken over");
-                    act.serve(chat.clone(), epoch, !was_parked);
+                    act.serve(chat.clone(), epoch, !was_parked, ctx);
                     Some(chat)
                 }
                 // Completed meanwhile, or of a workflow this node does not serve.
@@ -1192,6 +1262,51 @@ impl Handler<ClaimChat> for ClusterNode {
     }
 }
 
+/// A chat's session left this node's memory for the node a client's socket reached (see
+/// [`ChatRelay::hand_over`]): park its lease now and answer once parked. `false` (nothing
+/// parked) when this node serves the chat again meanwhile (its own client claimed it back).
+#[derive(Message)]
+#[rtype(result = "bool")]
+pub struct HandedOver {
+    pub chat_id: String,
+    /// The session that left.
+    pub session: Addr<tessera_engine::session::ChatSession>,
+}
+
+impl Handler<HandedOver> for ClusterNode {
+    type Result = ResponseFuture<bool>;
+
+    fn handle(&mut self, msg: HandedOver, _: &mut Self::Context) -> Self::Result {
+        let HandedOver { chat_id, session } = msg;
+        let still_ours = match self.owned.get(&chat_id) {
+            Some(owned) => owned.chat.addr == session,
+            // Taken out by the sweep (which parked it), or being rebuilt by a claim here.
+            None => !self.restoring.contains_key(&chat_id),
+        };
+        let Some(leases) = self.leases.clone().filter(|_| still_ours) else {
+            return Box::pin(async { false });
+        };
+        if let Some(owned) = self.owned.remove(&chat_id) {
+            owned.relay.do_send(StopRelay);
+        }
+        let bus = self.bus.clone();
+        Box::pin(async move {
+            let parked = leases
+                .send(ParkLeases {
+                    chat_ids: vec![chat_id],
+                })
+                .await
+                .unwrap_or(false);
+            if parked {
+                bus.metrics()
+                    .chats_handed_over
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            parked
+        })
+    }
+}
+
 /// Take the lease of a chat about to be created here; its epoch, or `None` when this node
 /// takes no new chats (draining).
 #[derive(Message)]
@@ -1230,8 +1345,8 @@ pub struct ServeChat {
 impl Handler<ServeChat> for ClusterNode {
     type Result = ();
 
-    fn handle(&mut self, msg: ServeChat, _: &mut Self::Context) {
-        self.serve(msg.chat, msg.epoch, false);
+    fn handle(&mut self, msg: ServeChat, ctx: &mut Self::Context) {
+        self.serve(msg.chat, msg.epoch, false, ctx);
     }
 }
 
@@ -1301,6 +1416,10 @@ impl Handler<StopRelay> for ChatRelay {
         ctx.stop();
     }
 }
+
+/// How long a socket reaching a node that does not own its chat waits for the owner to hand
+/// the chat over (a flush, a park and a NATS round trip; a few milliseconds).
+pub const HAND_OVER_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// First wait before forwarding a command again when no node serves the chat.
 const NO_OWNER_FIRST_RETRY: std::time::Duration = std::time::Duration::from_millis(50);
@@ -1424,6 +1543,25 @@ impl RemoteChat {
                     tracing::warn!(chat_id = %self.chat_id, error = %e, "command not forwarded");
                     return Err(ForwardError::Bus);
                 }
+            }
+        }
+    }
+
+    /// Asks the chat's owner to hand it over ([`ChatCommand::HandOver`]), for a socket that
+    /// reached this node: `true` once its lease is parked, for this node to claim. The owner
+    /// refuses while someone there watches the chat, or while it runs; an owner of an older
+    /// build does not answer, and [`HAND_OVER_WAIT`] bounds the socket's wait for it.
+    pub async fn ask_owner_to_hand_over(&self) -> bool {
+        match self
+            .bus
+            .send_command_within(&self.chat_id, &ChatCommand::HandOver, HAND_OVER_WAIT)
+            .await
+        {
+            Ok(CommandReply::Accepted) => true,
+            Ok(_) => false,
+            Err(e) => {
+                tracing::debug!(chat_id = %self.chat_id, error = %e, "no hand-over");
+                false
             }
         }
     }

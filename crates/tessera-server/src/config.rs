@@ -75,6 +75,11 @@ pub struct ClusterConfig {
     /// First token of every NATS subject of the deployment (`TESSERA_NATS_PREFIX`), so
     /// deployments sharing one NATS server never see each other's traffic.
     pub subject_prefix: String,
+    /// A client's socket that reaches a node other than its chat's owner takes the chat over
+    /// when nobody on the owner watches it and it waits on its user
+    /// (`TESSERA_HAND_OVER_SOCKETS`): the chat then runs where its socket is, instead of
+    /// crossing NATS for every event and command. Off: the socket is served over NATS.
+    pub hand_over_sockets: bool,
 }
 
 impl Default for ClusterConfig {
@@ -84,6 +89,7 @@ impl Default for ClusterConfig {
             node_id: None,
             lease_ttl_s: 10,
             subject_prefix: "tessera".to_owned(),
+            hand_over_sockets: true,
         }
     }
 }
@@ -556,6 +562,13 @@ impl ServerConfig {
         if let Some(v) = number("TESSERA_LEASE_TTL_S")? {
             config.cluster.lease_ttl_s = v;
         }
+        if let Some(v) = env("TESSERA_HAND_OVER_SOCKETS") {
+            config.cluster.hand_over_sockets = match v.as_str() {
+                "1" | "true" | "yes" => true,
+                "0" | "false" | "no" => false,
+                _ => anyhow::bail!("TESSERA_HAND_OVER_SOCKETS={v:?} is not true or false"),
+            };
+        }
         if let Some(v) = env("OPENAI_BASE_URL") {
             config.llm.base_url = Some(v);
         }
@@ -670,6 +683,15 @@ mod tests {
             Some("nats://127.0.0.1:4222")
         );
         assert_eq!(from_env.cluster.node_id(), "node-a");
+        assert!(from_env.cluster.hand_over_sockets, "on by default");
+        let hand_over = |v: &'static str| {
+            ServerConfig::load(None, move |k| {
+                (k == "TESSERA_HAND_OVER_SOCKETS").then(|| v.to_owned())
+            })
+        };
+        assert!(!hand_over("false")?.cluster.hand_over_sockets);
+        assert!(hand_over("1")?.cluster.hand_over_sockets);
+        assert!(hand_over("maybe").is_err());
         let mut blank = ServerConfig::default();
         blank.cluster.node_id = Some("  ".into());
         assert!(

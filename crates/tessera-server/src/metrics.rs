@@ -236,6 +236,13 @@ pub fn render_cluster(out: &mut String, cluster: &tessera_cluster::ClusterMetric
     );
     write_metric(
         out,
+        "tessera_cluster_chats_handed_over_total",
+        "Chats handed over to the node a client's socket reached (also counted as parked).",
+        "counter",
+        load(&cluster.chats_handed_over),
+    );
+    write_metric(
+        out,
         "tessera_cluster_commands_forwarded_total",
         "Client commands forwarded to the owner of a chat on another node.",
         "counter",
@@ -282,6 +289,7 @@ mod tests {
         cluster.takeovers.store(3, Ordering::Relaxed);
         cluster.leases_lost.store(1, Ordering::Relaxed);
         cluster.leases_parked.store(5, Ordering::Relaxed);
+        cluster.chats_handed_over.store(4, Ordering::Relaxed);
         cluster.commands_forwarded.store(11, Ordering::Relaxed);
         cluster.live_events_published.store(13, Ordering::Relaxed);
         cluster.nats_rtt_us.store(1500, Ordering::Relaxed);
@@ -293,6 +301,7 @@ mod tests {
             "tessera_cluster_takeovers_total 3",
             "tessera_cluster_leases_lost_total 1",
             "tessera_cluster_leases_parked_total 5",
+            "tessera_cluster_chats_handed_over_total 4",
             "tessera_cluster_commands_forwarded_total 11",
             "tessera_cluster_live_events_published_total 13",
             "tessera_cluster_nats_rtt_seconds 0.0015",

@@ -925,7 +925,14 @@ async fn websocket(
         .ws_caller(&req, &path, query.ticket.as_deref())
         .await
         .map_err(caller_error)?;
-    let chat = locate_chat(&state, &caller, &path).await?;
+    let mut chat = locate_chat(&state, &caller, &path).await?;
+    // A socket is long-lived: its chat had rather run here than cross NATS for each event.
+    if let (ChatLink::Remote(remote), Some(cluster)) = (&chat, &state.cluster)
+        && cluster.hand_over_sockets
+        && remote.ask_owner_to_hand_over().await
+    {
+        chat = locate_chat(&state, &caller, &path).await?;
+    }
     crate::ws::upgrade(
         &req,
         stream,

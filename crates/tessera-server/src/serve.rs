@@ -74,6 +74,9 @@ pub struct ClusterHandles {
     /// The same for a REST request, which rather answers 503 with `Retry-After` than keeps a
     /// client (or its load balancer) waiting for a lease to expire.
     pub rest_patience: Duration,
+    /// A socket reaching this node for a chat another node owns asks for the chat
+    /// (`cluster.hand_over_sockets`).
+    pub hand_over_sockets: bool,
 }
 
 /// How long a forwarded command waits for its owner's answer over NATS.
@@ -211,6 +214,7 @@ async fn start_cluster_node(
         // Lease expiry, the next orphan scan (a third of the TTL) and the restore.
         patience: ttl * 2 + Duration::from_secs(5),
         rest_patience: CLUSTER_REQUEST_TIMEOUT,
+        hand_over_sockets: config.cluster.hand_over_sockets,
     })
 }
 

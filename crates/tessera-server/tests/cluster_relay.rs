@@ -878,3 +878,128 @@ async fn an_owned_chat_leaves_memory_when_idle_once_no_reader_follows_it() {
         Err(tessera_server::cluster::ForwardError::NoOwner)
     );
 }
+
+/// Stands for the owner's `ClusterNode`: records the hand-overs it is told of and parks them.
+#[derive(Default)]
+struct HandOvers(Vec<String>);
+impl actix::Actor for HandOvers {
+    type Context = actix::Context<Self>;
+}
+impl actix::Handler<tessera_server::cluster::HandedOver> for HandOvers {
+    type Result = bool;
+    fn handle(&mut self, msg: tessera_server::cluster::HandedOver, _: &mut Self::Context) -> bool {
+        self.0.push(msg.chat_id);
+        true
+    }
+}
+#[derive(actix::Message)]
+#[rtype(result = "Vec<String>")]
+struct Told;
+impl actix::Handler<Told> for HandOvers {
+    type Result = actix::MessageResult<Told>;
+    fn handle(&mut self, _: Told, _: &mut Self::Context) -> Self::Result {
+        actix::MessageResult(self.0.clone())
+    }
+}
+
+/// The refusal code of `reply`, or what it was instead.
+fn refusal(reply: CommandReply) -> String {
+    match reply {
+        CommandReply::Refused { code, .. } => code,
+        other => format!("not refused: {other:?}"),
+    }
+}
+
+/// Subscribes to `chat` on its node until the chat asks its user; the subscription's id.
+async fn watched_until_it_asks_its_user(chat: &tessera_engine::ChatHandle) -> u64 {
+    let local = Collector::default().start();
+    let subscription = chat
+        .addr
+        .send(tessera_engine::session::Subscribe {
+            recipient: local.clone().recipient(),
+            after_seq: 0,
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    collected_once(&local, "the chat never asked its user", |seen| {
+        seen.iter().any(|e| e["type"] == "chat.input_request")
+    })
+    .await;
+    subscription
+}
+
+#[actix::test]
+async fn a_relay_hands_its_chat_over_only_once_nobody_on_its_node_watches_it() {
+    let Some(url) = tessera_cluster::testing::test_nats_url("a_relay_hands_its_chat_over") else {
+        return;
+    };
+    let data = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let (_engine, chat, _store) = todo_chat(data.path(), true).await;
+    let chat_id = chat.identity.chat_id.to_string();
+    let prefix = format!("t{}", uuid::Uuid::new_v4().simple());
+    let (owner, reader) = (
+        bus(&url, "owner", &prefix).await,
+        bus(&url, "reader", &prefix).await,
+    );
+    let node = HandOvers::default().start();
+    let relayed = chat.clone();
+    let told = node.clone().recipient();
+    let _relay = ChatRelay::start_in_arbiter(&chat.arbiter.clone(), move |_| {
+        ChatRelay::new(relayed, owner).handing_over_to(told)
+    });
+    let subscription = watched_until_it_asks_its_user(&chat).await;
+
+    // A socket on this node watches the chat: it stays, and the node is told nothing.
+    let asked = command_once_served(&reader, &chat_id, &ChatCommand::HandOver).await;
+    assert_eq!(refusal(asked), "chat_stays");
+    assert!(chat.addr.connected());
+    assert!(node.send(Told).await.unwrap_or_default().is_empty());
+
+    // Its socket gone, the chat waits only on its user: it leaves, and the node (which parks
+    // the lease) is told before the forwarder is answered.
+    chat.addr
+        .send(tessera_engine::session::Unsubscribe(subscription))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        reader
+            .send_command(&chat_id, &ChatCommand::HandOver)
+            .await
+            .unwrap_or_else(|e| panic!("{e}")),
+        CommandReply::Accepted
+    );
+    assert_eq!(
+        node.send(Told).await.unwrap_or_default(),
+        vec![chat_id.clone()]
+    );
+    stopped_within(&chat).await;
+}
+
+#[actix::test]
+async fn a_relay_that_cannot_tell_its_node_keeps_its_chat() {
+    let Some(url) = tessera_cluster::testing::test_nats_url("a_relay_that_cannot_tell") else {
+        return;
+    };
+    let data = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let (_engine, chat, _store) = todo_chat(data.path(), true).await;
+    let chat_id = chat.identity.chat_id.to_string();
+    let prefix = format!("t{}", uuid::Uuid::new_v4().simple());
+    let (owner, reader) = (
+        bus(&url, "owner", &prefix).await,
+        bus(&url, "reader", &prefix).await,
+    );
+    let relayed = chat.clone();
+    let _relay = ChatRelay::start_in_arbiter(&chat.arbiter.clone(), move |_| {
+        ChatRelay::new(relayed, owner)
+    });
+    let subscription = watched_until_it_asks_its_user(&chat).await;
+    chat.addr
+        .send(tessera_engine::session::Unsubscribe(subscription))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    // Unwatched and waiting on its user, but with no node to park its lease the chat stays:
+    // leaving would strand it until the lease expired.
+    let asked = command_once_served(&reader, &chat_id, &ChatCommand::HandOver).await;
+    assert_eq!(refusal(asked), "chat_stays");
+    assert!(chat.addr.connected());
+}

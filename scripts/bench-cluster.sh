@@ -4,7 +4,8 @@
 # with one mock LLM. Prints one line per setup and run:
 #   turns/s          the sum of every load generator's turns/s
 #   tessera ms/turn  every `tessera` node's user+system CPU over its load generator's window
-#                    (all chats connected -> last turn), from `run --server-pid`
+#                    (all chats connected -> last turn), from `run --server-pid`; "whole run":
+#                    their CPU from start to the last turn (chats created and connected too)
 #   postgres ms/turn every `postgres` process's CPU over the same window (`run --peer-comm`)
 #   nats ms/turn     the `nats-server` process's CPU over the same window (cluster setups)
 #   WAL KiB/turn     pg_current_wal_lsn() difference over the whole run (opening the chats too)
@@ -19,9 +20,10 @@
 #   LATENCY_MS=100 SETUPS=pg1 CHATS=3000 TURNS=20 scripts/bench-cluster.sh  # model latency
 #   MOCK_ARGS="--stream --token-interval-ms 20 --answer-words 100" SETUPS=pg1 TURNS=5 \
 #     scripts/bench-cluster.sh                            # a model that streams at a pace
-#   CROSS=1 SETUPS=pg2 scripts/bench-cluster.sh             # every socket on a node that does
-#                                                         # not own its chat (followed, driven
-#                                                         # across nodes)
+#   CROSS=1 SETUPS=pg2 scripts/bench-cluster.sh             # every socket on a node that did
+#                                                         # not create its chat (handed over;
+#                                                         # with TESSERA_HAND_OVER_SOCKETS=false
+#                                                         # followed and driven across nodes)
 #
 # Needs: a release build (built here unless BUILD=0), PostgreSQL at $PG_URL (a scratch
 # database: it is dropped and re-created for each run), NATS with JetStream at $NATS_URL, `jq`
@@ -133,16 +135,26 @@ run_setup() {
     wal_bytes=$(psql -qtA "$PG_URL" -c "SELECT pg_wal_lsn_diff('$wal_after', '$wal_before')::BIGINT")
     kept_bytes=$(($(db_size) - size_before))
   fi
+  # Every node's CPU since it started (creating and connecting the chats too, which the
+  # window above leaves out): /proc/PID/stat fields 14 and 15, in clock ticks.
+  local whole_ticks=0 ticks
+  for pid in "${node_pids[@]}"; do
+    ticks=$(awk '{print $14 + $15}' "/proc/$pid/stat" 2>/dev/null || echo 0)
+    whole_ticks=$((whole_ticks + ticks))
+  done
+  local whole_cpu_s
+  whole_cpu_s=$(awk -v t="$whole_ticks" -v hz="$(getconf CLK_TCK)" 'BEGIN {print t / hz}')
   # One summary of the run's load generators: CPU summed over nodes, a service's CPU from the
   # load generator that saw the most (their windows overlap), latency of the worst node.
   jq -s -c --arg setup "$setup" --argjson run "$run" --argjson wal "$wal_bytes" --argjson kept "$kept_bytes" \
-    --argjson failed "$failed" --arg load "$(cut -d' ' -f1-3 /proc/loadavg)" '
+    --argjson failed "$failed" --argjson whole_cpu "$whole_cpu_s" --arg load "$(cut -d' ' -f1-3 /proc/loadavg)" '
     (map(.turns_completed) | add) as $turns
     | def per_turn(f): if $turns > 0 then (f * 1000 / $turns * 1000 | round) / 1000 else null end;
     {setup: $setup, run: $run, load: $load, failed_check: ($failed == 1),
      chats: (map(.chats) | add), turns: $turns,
      turns_per_s: (map(.turns_per_s) | add),
      tessera_ms_per_turn: per_turn(map(.server_usage.cpu_s) | add),
+     tessera_whole_run_ms_per_turn: per_turn($whole_cpu),
      postgres_ms_per_turn: (if .[0].peer_usage.postgres then
        per_turn(map(.peer_usage.postgres.cpu_s) | max) else null end),
      nats_ms_per_turn: (if .[0].peer_usage["nats-server"] then
@@ -159,6 +171,7 @@ run_setup() {
      errors: (map(.errors | to_entries) | add | length)}' "$out"/run*.json \
     | tee -a "$WORK/results.jsonl" \
     | jq -r '"\(.setup) #\(.run): \(.turns_per_s) turns/s  tessera \(.tessera_ms_per_turn) ms/turn"
+        + " (whole run \(.tessera_whole_run_ms_per_turn))"
         + "  postgres \(.postgres_ms_per_turn // "-") ms/turn  nats \(.nats_ms_per_turn // "-")"
         + " ms/turn  WAL \(.wal_KiB_per_turn // "-") KiB/turn  kept \(.kept_KiB_per_turn // "-")"
         + " KiB/turn  p50 \(.turn_p50_ms) p99"

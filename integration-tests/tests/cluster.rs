@@ -751,12 +751,8 @@ async fn chats_whose_sockets_reach_another_node_move_there_and_see_every_event_i
         a.metric("tessera_cluster_chats_handed_over_total").await,
         200
     );
+    // Every chat runs on B: A owns none, and B's sockets drove them locally.
     assert_eq!(a.metric("tessera_cluster_owned_chats").await, 0);
-    // B asked for each chat once, and forwarded nothing else.
-    assert_eq!(
-        b.metric("tessera_cluster_commands_forwarded_total").await,
-        200
-    );
     for node in [a, b] {
         assert_eq!(
             node.metric("tessera_cluster_live_events_published_total")

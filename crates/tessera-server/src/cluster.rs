@@ -1262,6 +1262,37 @@ impl Handler<ClaimChat> for ClusterNode {
     }
 }
 
+/// Serve here a chat another node serves, for a client's socket that reached this node: ask
+/// its owner to hand it over ([`RemoteChat::ask_owner_to_hand_over`]) and, once its lease is
+/// parked, claim it ([`ClaimChat`]). `Remote` while this node drains (it could not claim the
+/// chat, which would stay parked) or when the owner keeps the chat.
+#[derive(Message)]
+#[rtype(result = "Result<Claimed, String>")]
+pub struct ClaimFromOwner(pub RemoteChat);
+
+impl Handler<ClaimFromOwner> for ClusterNode {
+    type Result = ResponseFuture<Result<Claimed, String>>;
+
+    fn handle(
+        &mut self,
+        ClaimFromOwner(remote): ClaimFromOwner,
+        ctx: &mut Self::Context,
+    ) -> Self::Result {
+        if self.draining || self.leases.is_none() {
+            return Box::pin(async { Ok(Claimed::Remote) });
+        }
+        let node = ctx.address();
+        Box::pin(async move {
+            if !remote.ask_owner_to_hand_over().await {
+                return Ok(Claimed::Remote);
+            }
+            node.send(ClaimChat(remote.chat_id.to_string()))
+                .await
+                .map_err(|_| "the node stopped".to_owned())?
+        })
+    }
+}
+
 /// A chat's session left this node's memory for the node a client's socket reached (see
 /// [`ChatRelay::hand_over`]): park its lease now and answer once parked. `false` (nothing
 /// parked) when this node serves the chat again meanwhile (its own client claimed it back).
@@ -1552,16 +1583,27 @@ impl RemoteChat {
     /// refuses while someone there watches the chat, or while it runs; an owner of an older
     /// build does not answer, and [`HAND_OVER_WAIT`] bounds the socket's wait for it.
     pub async fn ask_owner_to_hand_over(&self) -> bool {
-        match self
-            .bus
-            .send_command_within(&self.chat_id, &ChatCommand::HandOver, HAND_OVER_WAIT)
-            .await
-        {
-            Ok(CommandReply::Accepted) => true,
-            Ok(_) => false,
-            Err(e) => {
-                tracing::debug!(chat_id = %self.chat_id, error = %e, "no hand-over");
-                false
+        let deadline = std::time::Instant::now() + HAND_OVER_WAIT;
+        let mut delay = NO_OWNER_FIRST_RETRY;
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self
+                .bus
+                .send_command_within(&self.chat_id, &ChatCommand::HandOver, left)
+                .await
+            {
+                Ok(CommandReply::Accepted) => return true,
+                Ok(_) => return false,
+                // A chat created a moment ago whose relay does not serve commands yet (or an
+                // owner gone whose lease has not expired): asked again until the wait is over.
+                Err(ClusterError::NoOwner(_)) if left > delay => {
+                    actix_rt::time::sleep(delay).await;
+                    delay = (delay * 2).min(NO_OWNER_MAX_RETRY);
+                }
+                Err(e) => {
+                    tracing::debug!(chat_id = %self.chat_id, error = %e, "no hand-over");
+                    return false;
+                }
             }
         }
     }

@@ -927,11 +927,15 @@ async fn websocket(
         .map_err(caller_error)?;
     let mut chat = locate_chat(&state, &caller, &path).await?;
     // A socket is long-lived: its chat had rather run here than cross NATS for each event.
+    // (The caller's right to the chat was checked above, from the store.)
     if let (ChatLink::Remote(remote), Some(cluster)) = (&chat, &state.cluster)
         && cluster.hand_over_sockets
-        && remote.ask_owner_to_hand_over().await
+        && let Ok(Ok(crate::cluster::Claimed::Local(here))) = cluster
+            .node
+            .send(crate::cluster::ClaimFromOwner(remote.clone()))
+            .await
     {
-        chat = locate_chat(&state, &caller, &path).await?;
+        chat = ChatLink::Local(here);
     }
     crate::ws::upgrade(
         &req,

@@ -1003,3 +1003,97 @@ async fn a_relay_that_cannot_tell_its_node_keeps_its_chat() {
     assert_eq!(refusal(asked), "chat_stays");
     assert!(chat.addr.connected());
 }
+
+/// A lease store in which every chat is held by some other node: claims find it taken.
+struct LeasesHeldElsewhere;
+impl tessera_store::LeaseStore for LeasesHeldElsewhere {
+    fn acquire_lease(
+        &self,
+        _: &str,
+        _: &str,
+        _: i64,
+    ) -> tessera_store::StoreFuture<Option<tessera_store::Lease>> {
+        Box::pin(async { Ok(None) })
+    }
+    fn renew_leases(
+        &self,
+        _: &str,
+        _: &[(String, i64)],
+        _: i64,
+    ) -> tessera_store::StoreFuture<Vec<String>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
+    fn release_lease(&self, _: &str, _: &str, _: i64) -> tessera_store::StoreFuture<()> {
+        Box::pin(async { Ok(()) })
+    }
+    fn park_leases(&self, _: &str, _: &[(String, i64)]) -> tessera_store::StoreFuture<()> {
+        Box::pin(async { Ok(()) })
+    }
+    fn orphaned_chats(&self, _: i64) -> tessera_store::StoreFuture<Vec<String>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
+}
+
+#[actix::test]
+async fn a_draining_node_asks_no_owner_to_hand_a_socket_s_chat_over() {
+    use actix::AsyncContext;
+    use tessera_server::cluster::{ClaimFromOwner, Claimed, ClusterNode, DrainNode, RemoteChat};
+    let Some(url) = tessera_cluster::testing::test_nats_url("a_draining_node_asks_no_owner") else {
+        return;
+    };
+    let data = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let (engine, _chat, store) = todo_chat(data.path(), false).await;
+    let prefix = format!("t{}", uuid::Uuid::new_v4().simple());
+    let metrics = Arc::new(ClusterMetrics::default());
+    let asking = bus_counted(&url, "asking", &prefix, metrics.clone()).await;
+    let node = ClusterNode::create({
+        let (asking, metrics) = (asking.clone(), metrics.clone());
+        move |ctx| {
+            let leases = tessera_cluster::LeaseManager::new(
+                Arc::new(LeasesHeldElsewhere),
+                tessera_cluster::LeaseManagerConfig {
+                    node_id: "asking".into(),
+                    ttl: Duration::from_secs(10),
+                    takeover_batch: 1,
+                },
+                ctx.address().recipient(),
+                metrics,
+            )
+            .start();
+            ClusterNode::new(engine, asking).with_leases(leases)
+        }
+    });
+    // The chat's owner elsewhere hands it over whenever asked.
+    let owner = bus(&url, "owner", &prefix).await;
+    let mut commands = owner
+        .serve_commands("c1")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    actix::spawn(async move {
+        while let Some(incoming) = commands.next().await {
+            let _ = owner.reply(incoming, &CommandReply::Accepted).await;
+        }
+    });
+    let store: Arc<dyn ChatStore> = store;
+    let remote = RemoteChat::new(
+        Arc::from("c1"),
+        asking,
+        store,
+        node.clone(),
+        Duration::from_secs(1),
+    );
+    let claim = |remote: &RemoteChat| node.send(ClaimFromOwner(remote.clone()));
+    let forwarded = || {
+        metrics
+            .commands_forwarded
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+
+    // Serving, the node asks (and here cannot claim the lease, so the socket stays remote).
+    assert!(matches!(claim(&remote).await, Ok(Ok(Claimed::Remote))));
+    assert_eq!(forwarded(), 1, "the owner was asked");
+    // Draining, it could not claim the chat: it asks nothing, which would leave it parked.
+    node.send(DrainNode).await.unwrap_or_else(|e| panic!("{e}"));
+    assert!(matches!(claim(&remote).await, Ok(Ok(Claimed::Remote))));
+    assert_eq!(forwarded(), 1, "a draining node asked the owner");
+}

@@ -1097,3 +1097,36 @@ async fn a_draining_node_asks_no_owner_to_hand_a_socket_s_chat_over() {
     assert!(matches!(claim(&remote).await, Ok(Ok(Claimed::Remote))));
     assert_eq!(forwarded(), 1, "a draining node asked the owner");
 }
+
+#[actix::test]
+async fn a_hand_over_is_asked_again_until_a_chat_created_a_moment_ago_is_served() {
+    use tessera_server::cluster::{ClusterNode, RemoteChat};
+    let Some(url) = tessera_cluster::testing::test_nats_url("a_hand_over_is_asked_again") else {
+        return;
+    };
+    let data = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let (engine, _chat, store) = todo_chat(data.path(), false).await;
+    let prefix = format!("t{}", uuid::Uuid::new_v4().simple());
+    let asking = bus(&url, "asking", &prefix).await;
+    let owner = bus(&url, "owner", &prefix).await;
+    // The owner's relay starts serving the chat's commands a while after the socket's node
+    // first asks (which finds no responders then), and hands the chat over when asked.
+    const RELAY_STARTS_AFTER: Duration = Duration::from_millis(300);
+    actix::spawn(async move {
+        actix_rt::time::sleep(RELAY_STARTS_AFTER).await;
+        let mut commands = owner
+            .serve_commands("c1")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        while let Some(incoming) = commands.next().await {
+            let _ = owner.reply(incoming, &CommandReply::Accepted).await;
+        }
+    });
+    let store: Arc<dyn ChatStore> = store;
+    let node = ClusterNode::new(engine, asking.clone()).start();
+    let remote = RemoteChat::new(Arc::from("c1"), asking, store, node, Duration::from_secs(1));
+    assert!(
+        remote.ask_owner_to_hand_over().await,
+        "the hand-over was not asked again once the owner served the chat"
+    );
+}

@@ -436,11 +436,7 @@ impl ChatRelay {
             let reply = if handed_over {
                 CommandReply::Accepted
             } else {
-                CommandReply::Refused {
-                    code: STAYS.to_owned(),
-                    message: "the chat stays with its owner".to_owned(),
-                    status: None,
-                }
+                refusal(STAYS, "the chat stays with its owner")
             };
             if let Err(e) = bus.reply(incoming, &reply).await {
                 tracing::debug!(chat_id = %chat_id, error = %e, "hand-over not answered");
@@ -1126,8 +1122,14 @@ impl ClusterNode {
     }
 
     fn drop_chat(&mut self, chat_id: &str) -> Option<OwnedChat> {
-        let owned = self.owned.remove(chat_id)?;
+        let owned = self.forget(chat_id)?;
         owned.chat.addr.do_send(tessera_engine::session::Relinquish);
+        Some(owned)
+    }
+
+    /// Stops serving `chat_id` here (its relay stops); the session is the caller's concern.
+    fn forget(&mut self, chat_id: &str) -> Option<OwnedChat> {
+        let owned = self.owned.remove(chat_id)?;
         owned.relay.do_send(StopRelay);
         Some(owned)
     }
@@ -1150,9 +1152,7 @@ impl Actor for ClusterNode {
                 return;
             }
             for chat_id in &stopped {
-                if let Some(owned) = act.owned.remove(chat_id) {
-                    owned.relay.do_send(StopRelay);
-                }
+                act.forget(chat_id);
             }
             // Parked, not released: released, an idle chat would be an orphan that some
             // node's scan rebuilds at once, only for it to leave memory again. A session stops
@@ -1214,9 +1214,7 @@ impl Handler<ClaimChat> for ClusterNode {
             }
             // It left memory and the sweep has not parked its lease yet: rebuilt below under
             // the lease this node still holds, which the sweep must not park meanwhile.
-            if let Some(left) = self.owned.remove(&chat_id) {
-                left.relay.do_send(StopRelay);
-            }
+            self.forget(&chat_id);
         }
         let (Some(leases), false) = (self.leases.clone(), self.draining) else {
             return Box::pin(fut::ready(Ok(Claimed::Remote)));
@@ -1317,9 +1315,7 @@ impl Handler<HandedOver> for ClusterNode {
         let Some(leases) = self.leases.clone().filter(|_| still_ours) else {
             return Box::pin(async { false });
         };
-        if let Some(owned) = self.owned.remove(&chat_id) {
-            owned.relay.do_send(StopRelay);
-        }
+        self.forget(&chat_id);
         let bus = self.bus.clone();
         Box::pin(async move {
             let parked = leases
@@ -1474,16 +1470,17 @@ pub enum ForwardError {
 const LEFT_OWNER: &str = "chat_left_owner";
 
 fn refused_as_left_owner() -> CommandReply {
-    CommandReply::Refused {
-        code: LEFT_OWNER.to_owned(),
-        message: "the chat left its owner's memory; retry".to_owned(),
-        status: None,
-    }
+    refusal(LEFT_OWNER, "the chat left its owner's memory; retry")
 }
 
 fn refused(code: ErrorCode, message: impl ToString) -> CommandReply {
+    refusal(code.as_str(), message)
+}
+
+/// A refusal with `code`, without an HTTP status (a command no REST client sent).
+fn refusal(code: &str, message: impl ToString) -> CommandReply {
     CommandReply::Refused {
-        code: code.as_str().to_owned(),
+        code: code.to_owned(),
         message: message.to_string(),
         status: None,
     }

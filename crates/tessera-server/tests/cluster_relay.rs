@@ -20,6 +20,15 @@ async fn bus(url: &str, node: &str, prefix: &str) -> ClusterBus {
     bus_counted(url, node, prefix, Arc::new(ClusterMetrics::default())).await
 }
 
+/// The buses of a chat's owner and of a reader on another node, under a prefix of their own.
+async fn owner_and_reader(url: &str) -> (ClusterBus, ClusterBus) {
+    let prefix = format!("t{}", uuid::Uuid::new_v4().simple());
+    (
+        bus(url, "owner", &prefix).await,
+        bus(url, "reader", &prefix).await,
+    )
+}
+
 /// A bus that counts into `metrics`.
 async fn bus_counted(
     url: &str,
@@ -596,9 +605,7 @@ async fn a_reader_on_another_node_gets_the_owner_s_replay_then_live_events_witho
     let data = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let (_engine, chat, store) = todo_chat(data.path(), true).await;
     let chat_id = chat.identity.chat_id.to_string();
-    let prefix = format!("t{}", uuid::Uuid::new_v4().simple());
-    let owner = bus(&url, "owner", &prefix).await;
-    let reader = bus(&url, "reader", &prefix).await;
+    let (owner, reader) = owner_and_reader(&url).await;
     let relayed = chat.clone();
     let _relay = ChatRelay::start_in_arbiter(&chat.arbiter.clone(), move |_| {
         ChatRelay::new(relayed, owner)
@@ -831,11 +838,7 @@ async fn an_owned_chat_leaves_memory_when_idle_once_no_reader_follows_it() {
     let (engine, chat, store) = todo_chat_with(data.path(), true, config).await;
     let store: Arc<dyn ChatStore> = store;
     let chat_id = chat.identity.chat_id.to_string();
-    let prefix = format!("t{}", uuid::Uuid::new_v4().simple());
-    let (owner, reader) = (
-        bus(&url, "owner", &prefix).await,
-        bus(&url, "reader", &prefix).await,
-    );
+    let (owner, reader) = owner_and_reader(&url).await;
     let ttl = Duration::from_millis(800);
     let relayed = chat.clone();
     let _relay = ChatRelay::start_in_arbiter(&chat.arbiter.clone(), move |_| {
@@ -938,11 +941,7 @@ async fn a_relay_hands_its_chat_over_only_once_nobody_on_its_node_watches_it() {
     let data = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let (_engine, chat, _store) = todo_chat(data.path(), true).await;
     let chat_id = chat.identity.chat_id.to_string();
-    let prefix = format!("t{}", uuid::Uuid::new_v4().simple());
-    let (owner, reader) = (
-        bus(&url, "owner", &prefix).await,
-        bus(&url, "reader", &prefix).await,
-    );
+    let (owner, reader) = owner_and_reader(&url).await;
     let node = HandOvers::default().start();
     let relayed = chat.clone();
     let told = node.clone().recipient();
@@ -985,11 +984,7 @@ async fn a_relay_that_cannot_tell_its_node_keeps_its_chat() {
     let data = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let (_engine, chat, _store) = todo_chat(data.path(), true).await;
     let chat_id = chat.identity.chat_id.to_string();
-    let prefix = format!("t{}", uuid::Uuid::new_v4().simple());
-    let (owner, reader) = (
-        bus(&url, "owner", &prefix).await,
-        bus(&url, "reader", &prefix).await,
-    );
+    let (owner, reader) = owner_and_reader(&url).await;
     let relayed = chat.clone();
     let _relay = ChatRelay::start_in_arbiter(&chat.arbiter.clone(), move |_| {
         ChatRelay::new(relayed, owner)

@@ -662,8 +662,19 @@ async fn a_node_killed_in_mid_stream_leaves_no_seq_a_client_saw_to_its_successor
 /// turn ending with `chat.input_request`); sockets take their chat over when `hand_over`.
 /// The cluster, for its metrics, and the load generator's report.
 async fn driven_through_the_other_node(name: &str, hand_over: bool) -> Option<(Cluster, Value)> {
-    let mock = MockLlm::start().await;
+    driven_through_the_other_node_with(name, hand_over, MockLlm::start().await, None).await
+}
+
+/// [`driven_through_the_other_node`] with `mock` as the model, and the chats of `workflow`
+/// (a folder of workflows, and the workflow's name) instead of LoadTest.
+async fn driven_through_the_other_node_with(
+    name: &str,
+    hand_over: bool,
+    mock: MockLlm,
+    workflow: Option<(&std::path::Path, &str)>,
+) -> Option<(Cluster, Value)> {
     let mut options = mock.options();
+    options.workflows_dir = workflow.map(|(dir, _)| dir.to_path_buf());
     // One tenant opens 200 chats at once: above the default open-chat quota and rate.
     options.env.extend(
         [
@@ -693,6 +704,8 @@ async fn driven_through_the_other_node(name: &str, hand_over: bool) -> Option<(C
             "3",
             "--max-seconds",
             "120",
+            "--workflow",
+            workflow.map_or("LoadTest", |(_, name)| name),
             "--json",
         ])
         .arg(summary.path())
@@ -734,6 +747,57 @@ async fn chats_created_on_one_node_and_driven_through_another_see_every_event_in
             .await,
         0
     );
+}
+
+/// Chats whose agent speaks first (`AgentDriven`): their first turn runs from the moment
+/// node 0 creates them, and a model that takes 300 ms a call keeps it running while their
+/// sockets connect to node 1, so node 0 keeps them then. Each moves to node 1 with its user's
+/// first message, and every event still arrives once and in order.
+#[tokio::test]
+async fn chats_whose_agent_speaks_first_move_to_their_socket_s_node_with_the_first_message() {
+    let _turn = ONE_CLUSTER_AT_A_TIME.lock().await;
+    let workflows = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    write_agent_first_workflow(workflows.path());
+    let mock = MockLlm::start_with_latency(300).await;
+    let Some((cluster, _)) = driven_through_the_other_node_with(
+        "cluster_cross_agent_first",
+        true,
+        mock,
+        Some((workflows.path(), "AgentFirst")),
+    )
+    .await
+    else {
+        return;
+    };
+    let (a, b) = (cluster.node(0), cluster.node(1));
+    assert_eq!(
+        a.metric("tessera_cluster_chats_handed_over_total").await,
+        200
+    );
+    assert_eq!(a.metric("tessera_cluster_owned_chats").await, 0);
+    assert_eq!(b.metric("tessera_cluster_owned_chats").await, 200);
+}
+
+/// `AgentFirst`: one agent that greets the user first, then answers each message.
+fn write_agent_first_workflow(dir: &std::path::Path) {
+    let wf = dir.join("AgentFirst");
+    std::fs::create_dir_all(&wf).unwrap_or_else(|e| panic!("{e}"));
+    let files = [
+        (
+            "workflow.json",
+            json!({"name": "AgentFirst", "description": "The agent speaks first.",
+                   "initial_agent": "GreetAgent", "max_turns": 40,
+                   "human_in_the_loop": true, "startup_mode": "AgentDriven"}),
+        ),
+        (
+            "agents.json",
+            json!({"agents": {"GreetAgent": {"system_message": "Greet, then answer.",
+                                             "max_consecutive_auto_reply": 4}}}),
+        ),
+    ];
+    for (name, body) in files {
+        std::fs::write(wf.join(name), body.to_string()).unwrap_or_else(|e| panic!("{e}"));
+    }
 }
 
 /// The same chats with hand-overs on: each socket that reaches node 1 finds its chat waiting

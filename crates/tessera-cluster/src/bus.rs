@@ -250,6 +250,21 @@ pub struct IncomingCommand {
     /// The command.
     pub command: ChatCommand,
     reply_to: Option<Subject>,
+    /// The node that sent it, for the commands that name it ([`ChatCommand::names_sender`]);
+    /// `None` for the others, and from a node of an older build.
+    pub from: Option<String>,
+}
+
+/// The NATS header in which a forwarder names itself (see [`ChatCommand::names_sender`]).
+const SENDER_HEADER: &str = "Tessera-Node";
+
+impl ChatCommand {
+    /// Commands whose owner needs to know which node sent them: the follows (a `Replay` is
+    /// one), kept by node, and a hand-over, which an owner grants only when no other node
+    /// follows the chat.
+    pub fn names_sender(&self) -> bool {
+        matches!(self, Self::Follow | Self::Replay { .. } | Self::HandOver)
+    }
 }
 
 impl IncomingCommand {
@@ -263,6 +278,8 @@ impl IncomingCommand {
 #[derive(Clone)]
 pub struct ClusterBus {
     client: Client,
+    /// This node's id, named in the commands that need it.
+    node_id: Arc<str>,
     subjects: Subjects,
     request_timeout: Duration,
     metrics: Arc<ClusterMetrics>,
@@ -287,6 +304,7 @@ impl ClusterBus {
             .map_err(|e| ClusterError::Nats(e.to_string()))?;
         Ok(Self {
             client,
+            node_id: Arc::from(node_id),
             subjects: Subjects::new(prefix),
             request_timeout,
             metrics,
@@ -411,6 +429,11 @@ impl ClusterBus {
             let decoded = serde_json::from_slice::<ChatCommand>(&msg.payload);
             let incoming = match decoded {
                 Ok(command) => Some(IncomingCommand {
+                    from: command
+                        .names_sender()
+                        .then(|| msg.headers.as_ref()?.get(SENDER_HEADER))
+                        .flatten()
+                        .map(|node| node.to_string()),
                     command,
                     reply_to: msg.reply,
                 }),
@@ -460,9 +483,14 @@ impl ClusterBus {
     ) -> Result<CommandReply, ClusterError> {
         use async_nats::RequestErrorKind;
         let body = serde_json::to_vec(command).map_err(|e| ClusterError::Decode(e.to_string()))?;
-        let request = async_nats::Request::new()
+        let mut request = async_nats::Request::new()
             .payload(Bytes::from(body))
             .timeout(Some(timeout));
+        if command.names_sender() {
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert(SENDER_HEADER, &*self.node_id);
+            request = request.headers(headers);
+        }
         self.metrics
             .commands_forwarded
             .fetch_add(1, Ordering::Relaxed);

@@ -63,6 +63,15 @@ pub struct Subscribe {
     pub after_seq: u64,
 }
 
+/// A [`Subscribe`] without its `chat.session` and `chat.resume_boundary`: for a client that
+/// has them already, from another node that fed it the chat until the chat moved here.
+#[derive(Message)]
+#[rtype(result = "u64")]
+pub struct SubscribeQuietly {
+    pub recipient: Recipient<Deliver>,
+    pub after_seq: u64,
+}
+
 /// The logged events after `after_seq` that clients may see, as a subscriber's replay gives
 /// them (memory, and the store for those that left it), at most `max_events` of them and about
 /// `max_bytes`: for a node that feeds a client of a chat another node owns (in a cluster the
@@ -153,13 +162,16 @@ pub struct StopChat;
 pub struct Relinquish;
 
 /// Leave memory now, if the chat could leave it idle (see `IdleCheck`) but for the time:
-/// nobody here is subscribed or watching, every write is stored, and it waits only on its
-/// user or on UI calls without a timeout. Answers whether it left. In a cluster, the owner
-/// does this when a client's socket reaches another node, which then claims the chat and
-/// serves that socket as its own (the store alone carries the chat across).
+/// nobody here is subscribed (but for subscriber `but_for`) or watching, every write is
+/// stored, and it waits only on its user or on UI calls without a timeout. Answers whether it
+/// left. In a cluster, the owner does this when a client's socket reaches another node, which
+/// then claims the chat and serves that socket as its own (the store alone carries the chat
+/// across); `but_for` is the owner's relay, subscribed for that socket's node.
 #[derive(Message)]
 #[rtype(result = "bool")]
-pub struct LeaveForAnotherNode;
+pub struct LeaveForAnotherNode {
+    pub but_for: Option<u64>,
+}
 
 /// Resolves once every write the chat has queued so far is in the store (at once without a
 /// store). The server sends it to every chat on shutdown, before closing the store: a flush
@@ -1138,7 +1150,7 @@ impl Handler<Retire> for ChatSession {
         if !matches!(self.status, ChatStatus::Completed(_)) {
             return;
         }
-        if self.unobserved_and_stored(persist.is_idle()) {
+        if self.unobserved_and_stored(persist.is_idle(), None) {
             tracing::debug!(chat_id = %self.id.chat_id, "completed chat leaves memory");
             ctx.stop();
         } else {
@@ -1148,12 +1160,15 @@ impl Handler<Retire> for ChatSession {
 }
 
 impl ChatSession {
-    /// Nobody is subscribed or watching and every write is stored (`stored`: the write-behind
-    /// queue is idle): the store alone can rebuild the chat.
-    fn unobserved_and_stored(&mut self, stored: bool) -> bool {
+    /// Nobody is subscribed (but for subscriber `but_for`) or watching and every write is
+    /// stored (`stored`: the write-behind queue is idle): the store alone can rebuild the chat.
+    fn unobserved_and_stored(&mut self, stored: bool, but_for: Option<u64>) -> bool {
         self.subscribers.retain(|s| s.recipient.connected());
         self.watchers.retain(|(_, w)| w.connected());
-        self.subscribers.is_empty() && self.watchers.is_empty() && stored && !self.flush_requested
+        self.subscribers.iter().all(|s| Some(s.id) == but_for)
+            && self.watchers.is_empty()
+            && stored
+            && !self.flush_requested
     }
 }
 
@@ -1196,15 +1211,19 @@ enum Leaving {
 }
 
 impl ChatSession {
-    /// Leaves memory if nobody here is subscribed or watching, every write is stored and the
-    /// chat waits only on someone outside the process (see [`IdleCheck`]); the caller has
-    /// checked the idle time, if it asks for one.
-    fn leave_if_only_outside_waits(&mut self, ctx: &mut Context<Self>) -> Leaving {
+    /// Leaves memory if nobody here is subscribed (but for subscriber `but_for`) or watching,
+    /// every write is stored and the chat waits only on someone outside the process (see
+    /// [`IdleCheck`]); the caller has checked the idle time, if it asks for one.
+    fn leave_if_only_outside_waits(
+        &mut self,
+        but_for: Option<u64>,
+        ctx: &mut Context<Self>,
+    ) -> Leaving {
         let Some(persist) = &self.persist else {
             return Leaving::Decided(false);
         };
         let stored = persist.is_idle();
-        let may_leave = self.unobserved_and_stored(stored);
+        let may_leave = self.unobserved_and_stored(stored, but_for);
         match self.status {
             ChatStatus::AwaitingUser if may_leave => {
                 self.evict(ctx);
@@ -1223,7 +1242,7 @@ impl ChatSession {
                         let still_idle = act.last_active == checked_at
                             && act.status == ChatStatus::AwaitingTool
                             && act.persist.as_ref().is_some_and(WriteBehind::is_idle)
-                            && act.unobserved_and_stored(true);
+                            && act.unobserved_and_stored(true, but_for);
                         if untimed && still_idle {
                             act.evict(ctx);
                         }
@@ -1251,7 +1270,7 @@ impl Handler<IdleCheck> for ChatSession {
         if matches!(self.status, ChatStatus::Completed(_)) {
             return;
         }
-        match self.leave_if_only_outside_waits(ctx) {
+        match self.leave_if_only_outside_waits(None, ctx) {
             Leaving::Decided(true) => {}
             Leaving::Decided(false) => {
                 ctx.notify_later(IdleCheck, idle);
@@ -1268,8 +1287,8 @@ impl Handler<IdleCheck> for ChatSession {
 impl Handler<LeaveForAnotherNode> for ChatSession {
     type Result = ActorResponse<Self, bool>;
 
-    fn handle(&mut self, _: LeaveForAnotherNode, ctx: &mut Self::Context) -> Self::Result {
-        match self.leave_if_only_outside_waits(ctx) {
+    fn handle(&mut self, msg: LeaveForAnotherNode, ctx: &mut Self::Context) -> Self::Result {
+        match self.leave_if_only_outside_waits(msg.but_for, ctx) {
             Leaving::Decided(left) => ActorResponse::reply(left),
             // Answered in the same poll that stops the actor, before its context goes.
             Leaving::AfterUiCheck(check) => ActorResponse::r#async(check),
@@ -1289,18 +1308,38 @@ impl Handler<Subscribe> for ChatSession {
     type Result = ResponseActFuture<Self, u64>;
 
     fn handle(&mut self, msg: Subscribe, _ctx: &mut Self::Context) -> Self::Result {
+        self.subscribe(msg.recipient, msg.after_seq, true)
+    }
+}
+
+impl Handler<SubscribeQuietly> for ChatSession {
+    type Result = ResponseActFuture<Self, u64>;
+
+    fn handle(&mut self, msg: SubscribeQuietly, _ctx: &mut Self::Context) -> Self::Result {
+        self.subscribe(msg.recipient, msg.after_seq, false)
+    }
+}
+
+impl ChatSession {
+    /// Attaches `recipient` after `after_seq`; its replay opens with `chat.session` and ends
+    /// with `chat.resume_boundary` when it is `greeted`.
+    fn subscribe(
+        &mut self,
+        recipient: Recipient<Deliver>,
+        after_seq: u64,
+        greeted: bool,
+    ) -> ResponseActFuture<Self, u64> {
         self.last_active = std::time::Instant::now();
         let id = self.next_subscriber;
         self.next_subscriber += 1;
         let pending = self.shard.correlator.send(ListPendingUiCalls {
             chat_id: self.id.chat_id.clone(),
         });
-        let recipient = msg.recipient;
         Box::pin(
             pending
                 .into_actor(self)
                 .then(move |pending, act, _ctx| {
-                    let from = msg.after_seq.min(act.visible_seq());
+                    let from = after_seq.min(act.visible_seq());
                     let older = act.read_forgotten_events(from, u32::MAX);
                     async move {
                         let older = match older {
@@ -1313,7 +1352,9 @@ impl Handler<Subscribe> for ChatSession {
                 })
                 .map(move |(pending, from, older), act, _ctx| {
                     let pending = act.visible_ui_calls(pending.unwrap_or_default());
-                    act.send_direct(&recipient, &act.session_event(pending.clone()));
+                    if greeted {
+                        act.send_direct(&recipient, &act.session_event(pending.clone()));
+                    }
                     // In a cluster, up to the last durable event: the held ones follow live.
                     let visible = act.visible_seq();
                     let (replay, from_seq) = act.resume_replay(from, visible, older, &recipient);
@@ -1321,15 +1362,17 @@ impl Handler<Subscribe> for ChatSession {
                     if !replay.is_empty() {
                         recipient.do_send(Deliver(replay));
                     }
-                    act.send_direct(
-                        &recipient,
-                        &ServerEvent::ResumeBoundary {
-                            from_seq,
-                            last_seq: visible,
-                            replayed,
-                            pending_ui_calls: pending,
-                        },
-                    );
+                    if greeted {
+                        act.send_direct(
+                            &recipient,
+                            &ServerEvent::ResumeBoundary {
+                                from_seq,
+                                last_seq: visible,
+                                replayed,
+                                pending_ui_calls: pending,
+                            },
+                        );
+                    }
                     act.subscribers.push(Subscriber {
                         id,
                         recipient,

@@ -675,3 +675,59 @@ async fn a_late_subscriber_gets_its_replay_as_one_batch_between_session_and_boun
     );
     assert_eq!(received[2], ["chat.resume_boundary"]);
 }
+
+#[actix::test]
+async fn a_quiet_subscriber_gets_the_events_after_its_seq_without_session_or_boundary() {
+    let h = harness(EngineConfig::default(), default_script);
+    let mut first = connect(&h, "t1").await;
+    first.until("chat.input_request").await;
+    assert_eq!(first.chat.addr.send(say("hi")).await.ok(), Some(Ok(())));
+    first.until("chat.input_request").await;
+    let logged: Vec<u64> = first
+        .seen
+        .iter()
+        .filter_map(|e| e["seq"].as_u64())
+        .filter(|seq| *seq > 0)
+        .collect();
+    let after = logged[0];
+
+    // A socket another node fed through `after` (it has the greeting) moves to this session.
+    let (tx, mut batches) = mpsc::unbounded_channel();
+    let sent = first
+        .chat
+        .addr
+        .send(tessera_engine::session::SubscribeQuietly {
+            recipient: Batches(tx).start().recipient(),
+            after_seq: after,
+        })
+        .await;
+    assert!(sent.is_ok(), "subscribe must reach the session");
+    assert_eq!(first.chat.addr.send(say("again")).await.ok(), Some(Ok(())));
+    let mut received = Vec::new();
+    while received
+        .iter()
+        .filter(|t| *t == "chat.input_request")
+        .count()
+        < 2
+    {
+        match tokio::time::timeout(Duration::from_secs(10), batches.recv()).await {
+            Ok(Some(batch)) => received.extend(batch),
+            _ => panic!("expected the replay and the next turn; got {received:?}"),
+        }
+    }
+    assert!(
+        received
+            .iter()
+            .all(|t| t != "chat.session" && t != "chat.resume_boundary"),
+        "{received:?}"
+    );
+    // The replay: every logged event after `after`, then the new turn's.
+    let replayed = logged.len() - 1;
+    let seen_types: Vec<&str> = first
+        .seen
+        .iter()
+        .filter(|e| e["seq"].as_u64().is_some_and(|seq| seq > after))
+        .filter_map(|e| e["type"].as_str())
+        .collect();
+    assert_eq!(received[..replayed], seen_types[..], "{received:?}");
+}

@@ -37,10 +37,10 @@ pub struct ChatRelay {
     /// subscriber keeps a chat in memory, and the session hands every subscriber every burst;
     /// the chat's own sockets need no relay.
     subscription: Option<u64>,
-    /// Until when a reader on another node follows the chat ([`ChatCommand::Follow`]); live
-    /// events are published only until then. Publishing every event of every chat cost a
+    /// Which nodes' readers follow the chat ([`ChatCommand::Follow`]), and until when; live
+    /// events are published only while one does. Publishing every event of every chat cost a
     /// two-node run ~20% of its CPU per turn when every client was on its chat's owner.
-    followed_until: Option<std::time::Instant>,
+    followers: Followers,
     follow_ttl: std::time::Duration,
     /// Ends the subscription once the follow lapses.
     lapse: Option<SpawnHandle>,
@@ -60,7 +60,7 @@ impl ChatRelay {
             bus,
             outbound: None,
             subscription: None,
-            followed_until: None,
+            followers: Followers::default(),
             follow_ttl: FOLLOW_TTL,
             lapse: None,
             last_seq: None,
@@ -79,7 +79,8 @@ impl ChatRelay {
     /// owner, and they renew with this node within the follow TTL (their renewals while no
     /// node served the chat were lost), so it publishes from the start for that long.
     pub fn assuming_followers(mut self) -> Self {
-        self.followed_until = Some(std::time::Instant::now() + self.follow_ttl);
+        let until = std::time::Instant::now() + self.follow_ttl;
+        self.followers.follow(None, until);
         self
     }
 
@@ -89,20 +90,23 @@ impl ChatRelay {
         self
     }
 
-    /// A reader follows the chat (again) from now on. When the relay is not subscribed to the
-    /// session, it returns the subscription to wait for (`ctx.wait`) before anything else:
-    /// a replay read after it leaves no event between the two.
+    /// A reader on node `from` follows the chat (again) from now on. When the relay is not
+    /// subscribed to the session, it returns the subscription to wait for (`ctx.wait`) before
+    /// anything else: a replay read after it leaves no event between the two.
     fn follow_for_a_ttl(
         &mut self,
+        from: Option<String>,
         ctx: &mut Context<Self>,
     ) -> Option<impl ActorFuture<Self, Output = ()> + 'static> {
-        self.followed_until = Some(std::time::Instant::now() + self.follow_ttl);
+        self.followers
+            .follow(from, std::time::Instant::now() + self.follow_ttl);
         self.end_subscription_when_the_follow_lapses(ctx);
         self.subscription.is_none().then(|| self.subscribe(ctx))
     }
 
     fn followed(&self) -> bool {
-        self.followed_until
+        self.followers
+            .until()
             .is_some_and(|until| std::time::Instant::now() < until)
     }
 
@@ -128,7 +132,7 @@ impl ChatRelay {
     }
 
     fn end_subscription_when_the_follow_lapses(&mut self, ctx: &mut Context<Self>) {
-        let (None, Some(until)) = (self.lapse, self.followed_until) else {
+        let (None, Some(until)) = (self.lapse, self.followers.until()) else {
             return;
         };
         let left = until.saturating_duration_since(std::time::Instant::now());
@@ -143,6 +147,33 @@ impl ChatRelay {
                 act.last_seq = None;
             }
         }));
+    }
+}
+
+/// Which nodes' readers follow a chat, and until when. A reader of an older build names no
+/// node, nor do the readers a relay assumes after a takeover: such a follower (`None`) could
+/// be on any node.
+#[derive(Default)]
+struct Followers(Vec<(Option<String>, std::time::Instant)>);
+
+impl Followers {
+    /// Node `node` follows until `until` (a renewal replaces its last follow).
+    fn follow(&mut self, node: Option<String>, until: std::time::Instant) {
+        let now = std::time::Instant::now();
+        self.0.retain(|(n, u)| *u > now && *n != node);
+        self.0.push((node, until));
+    }
+
+    /// Until when someone follows (`None`: nobody ever did, or every follow was dropped).
+    fn until(&self) -> Option<std::time::Instant> {
+        self.0.iter().map(|(_, until)| *until).max()
+    }
+
+    /// A node other than `node` (or one that could be any) follows at `now`.
+    fn followed_beside(&self, node: Option<&str>, now: std::time::Instant) -> bool {
+        self.0
+            .iter()
+            .any(|(n, until)| *until > now && (n.is_none() || n.as_deref() != node))
     }
 }
 
@@ -408,10 +439,19 @@ impl ChatRelay {
     /// parks its lease before the forwarder is answered, so the forwarder's claim finds it
     /// parked. Waited for in the mailbox like any command: none forwarded after it runs on a
     /// chat that is leaving (it finds the chat gone and is retried on the new owner).
+    ///
+    /// The relay's own subscription does not keep the chat: it is there for the readers that
+    /// follow, and the chat leaves only when none but the asking node's follow (that node
+    /// then serves its socket itself; readers on a third node would not know where to follow
+    /// the chat until their next check).
     fn hand_over(&mut self, incoming: IncomingCommand, ctx: &mut Context<Self>) {
         let session = self.chat.addr.clone();
         let chat_id = self.chat.identity.chat_id.clone();
-        let node = self.node.clone();
+        let followed_elsewhere = self
+            .followers
+            .followed_beside(incoming.from.as_deref(), std::time::Instant::now());
+        let node = self.node.clone().filter(|_| !followed_elsewhere);
+        let relay_subscription = self.subscription;
         let bus = self.bus.clone();
         let hand_over = async move {
             let handed_over = match node {
@@ -420,7 +460,9 @@ impl ChatRelay {
                     // What a chat created a moment ago queued is stored first.
                     let _ = session.send(tessera_engine::session::WhenStored).await;
                     let left = session
-                        .send(tessera_engine::session::LeaveForAnotherNode)
+                        .send(tessera_engine::session::LeaveForAnotherNode {
+                            but_for: relay_subscription,
+                        })
                         .await
                         .unwrap_or(false);
                     left && node
@@ -469,7 +511,7 @@ impl StreamHandler<IncomingCommand> for ChatRelay {
         // Answered by the relay itself, from what it has seen: a reader checks with each
         // follow that it has the last event shown.
         if let ChatCommand::Follow = incoming.command {
-            match self.follow_for_a_ttl(ctx) {
+            match self.follow_for_a_ttl(incoming.from.clone(), ctx) {
                 // Answered once subscribed, through the mailbox: after the subscription's
                 // boundary, which tells the relay the last seq shown.
                 Some(subscribe) => ctx.wait(subscribe.map(move |(), _, ctx| {
@@ -496,7 +538,7 @@ impl StreamHandler<IncomingCommand> for ChatRelay {
         // A replay follows the chat, subscribed before the replay is read: every event after
         // what the replay holds is then published.
         let subscribe = match incoming.command {
-            ChatCommand::Replay { .. } => self.follow_for_a_ttl(ctx),
+            ChatCommand::Replay { .. } => self.follow_for_a_ttl(incoming.from.clone(), ctx),
             _ => None,
         };
         let chat = self.chat.clone();
@@ -571,6 +613,8 @@ pub struct RemoteFeed {
     catching_up: bool,
     /// Where the replay started, until the `chat.resume_boundary` that ends it is sent.
     boundary_from: Option<u64>,
+    /// That boundary went to the subscriber.
+    greeted: bool,
     /// Events delivered before that boundary.
     replayed: u64,
     /// The owner was asked for the `chat.session` event that opens the replay.
@@ -624,6 +668,7 @@ impl RemoteFeed {
             held: std::collections::BTreeMap::new(),
             catching_up: false,
             boundary_from: Some(after_seq + 1),
+            greeted: false,
             replayed: 0,
             session_asked: false,
             check_every: CHECK_SOON,
@@ -724,6 +769,7 @@ impl RemoteFeed {
             .to_json();
             act.recipient
                 .do_send(Deliver::one(Arc::from(text.as_str())));
+            act.greeted = true;
         }));
     }
 
@@ -940,16 +986,31 @@ impl Actor for RemoteFeed {
     }
 }
 
-/// Stop feeding (the socket closed or resumes from another seq).
+/// Stop feeding (the socket closed, resumes from another seq, or moves to the chat's
+/// session on this node); answers where the feed left its subscriber.
 #[derive(Message)]
-#[rtype(result = "()")]
+#[rtype(result = "FeedStopped")]
 pub struct StopFeed;
 
-impl Handler<StopFeed> for RemoteFeed {
-    type Result = ();
+/// Where a stopped [`RemoteFeed`] left its subscriber.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FeedStopped {
+    /// The subscriber has every event through this seq (those without one have none for it).
+    pub through: u64,
+    /// It got the `chat.resume_boundary` that ends the replay.
+    pub greeted: bool,
+}
 
-    fn handle(&mut self, _: StopFeed, ctx: &mut Self::Context) {
+impl Handler<StopFeed> for RemoteFeed {
+    type Result = MessageResult<StopFeed>;
+
+    fn handle(&mut self, _: StopFeed, ctx: &mut Self::Context) -> Self::Result {
         ctx.stop();
+        // Every handler sends what it delivered before it returns: nothing is left unsent.
+        MessageResult(FeedStopped {
+            through: self.next_seq - 1,
+            greeted: self.greeted,
+        })
     }
 }
 
@@ -1496,6 +1557,8 @@ pub struct RemoteChat {
     node: Addr<ClusterNode>,
     /// How long a command waits for some node to serve the chat (a takeover under way).
     patience: std::time::Duration,
+    /// A socket may take the chat over from its owner ([`RemoteChat::claim_here`]).
+    hand_over: bool,
 }
 
 impl RemoteChat {
@@ -1514,6 +1577,26 @@ impl RemoteChat {
             store,
             node,
             patience,
+            hand_over: false,
+        }
+    }
+
+    /// The same chat, which a socket may take over from its owner when `hand_over`
+    /// (`cluster.hand_over_sockets`, see [`RemoteChat::claim_here`]).
+    pub fn handing_over(mut self, hand_over: bool) -> Self {
+        self.hand_over = hand_over;
+        self
+    }
+
+    /// For a client's socket on this node: takes the chat over from its owner, if hand-overs
+    /// are on and the owner lets it go (see [`ClaimFromOwner`]). `None` when it stays there.
+    pub async fn claim_here(&self) -> Option<ChatHandle> {
+        if !self.hand_over {
+            return None;
+        }
+        match self.node.send(ClaimFromOwner(self.clone())).await {
+            Ok(Ok(Claimed::Local(chat))) => Some(chat),
+            _ => None,
         }
     }
 
@@ -1635,5 +1718,44 @@ impl RemoteChat {
             recipient,
         )
         .start()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Followers;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_node_follows_beside_another_only_while_its_follow_lasts() {
+        let now = Instant::now();
+        let mut followers = Followers::default();
+        followers.follow(Some("b".into()), now + Duration::from_secs(60));
+        assert!(!followers.followed_beside(Some("b"), now));
+        assert!(followers.followed_beside(Some("c"), now));
+        // An unnamed sender could be any node.
+        assert!(followers.followed_beside(None, now));
+
+        followers.follow(Some("c".into()), now + Duration::from_secs(1));
+        assert!(followers.followed_beside(Some("b"), now));
+        assert!(!followers.followed_beside(Some("b"), now + Duration::from_secs(2)));
+        assert_eq!(followers.until(), Some(now + Duration::from_secs(60)));
+    }
+
+    #[test]
+    fn a_follower_that_names_no_node_could_be_any() {
+        let now = Instant::now();
+        let mut followers = Followers::default();
+        followers.follow(None, now + Duration::from_secs(60));
+        assert!(followers.followed_beside(Some("b"), now));
+    }
+
+    #[test]
+    fn a_renewal_replaces_the_node_s_last_follow() {
+        let now = Instant::now();
+        let mut followers = Followers::default();
+        followers.follow(Some("b".into()), now + Duration::from_secs(60));
+        followers.follow(Some("b".into()), now + Duration::from_secs(30));
+        assert_eq!(followers.until(), Some(now + Duration::from_secs(30)));
     }
 }

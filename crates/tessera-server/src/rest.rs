@@ -359,13 +359,16 @@ pub(crate) async fn locate_chat(
         })?;
     match claimed {
         Claimed::Local(chat) => Ok(ChatLink::Local(chat)),
-        Claimed::Remote => Ok(ChatLink::Remote(RemoteChat::new(
-            std::sync::Arc::from(chat_id),
-            cluster.bus.clone(),
-            state.chats.clone(),
-            cluster.node.clone(),
-            cluster.patience,
-        ))),
+        Claimed::Remote => Ok(ChatLink::Remote(
+            RemoteChat::new(
+                std::sync::Arc::from(chat_id),
+                cluster.bus.clone(),
+                state.chats.clone(),
+                cluster.node.clone(),
+                cluster.patience,
+            )
+            .handing_over(cluster.hand_over_sockets),
+        )),
         Claimed::NotOpen => owned_chat(state, caller, chat_id)
             .await
             .map(ChatLink::Local),
@@ -927,13 +930,10 @@ async fn websocket(
         .map_err(caller_error)?;
     let mut chat = locate_chat(&state, &caller, &path).await?;
     // A socket is long-lived: its chat had rather run here than cross NATS for each event.
-    // (The caller's right to the chat was checked above, from the store.)
-    if let (ChatLink::Remote(remote), Some(cluster)) = (&chat, &state.cluster)
-        && cluster.hand_over_sockets
-        && let Ok(Ok(crate::cluster::Claimed::Local(here))) = cluster
-            .node
-            .send(crate::cluster::ClaimFromOwner(remote.clone()))
-            .await
+    // (The caller's right to the chat was checked above, from the store.) A chat that is
+    // running stays with its owner; the socket asks again with its user's first message.
+    if let ChatLink::Remote(remote) = &chat
+        && let Some(here) = remote.claim_here().await
     {
         chat = ChatLink::Local(here);
     }

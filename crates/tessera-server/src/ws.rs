@@ -25,7 +25,9 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use actix_web::{HttpRequest, HttpResponse, web};
 use actix_web_actors::ws;
-use tessera_engine::session::{CancelRun, Deliver, Subscribe, ToolAnswer, Unsubscribe, UserInput};
+use tessera_engine::session::{
+    CancelRun, Deliver, Subscribe, SubscribeQuietly, ToolAnswer, Unsubscribe, UserInput,
+};
 use tessera_engine::{ChatHandle, ChatIdJson, envelope_string};
 use tessera_protocol::{ClientMessage, ErrorCode, ServerEvent, parse_client_frame};
 
@@ -245,6 +247,9 @@ pub struct WsConnection {
     subscription: Option<u64>,
     /// The feed of a remote chat's events (instead of `subscription`).
     remote_feed: Option<Addr<crate::cluster::RemoteFeed>>,
+    /// A remote chat's owner was asked to hand it over with the user's first message (see
+    /// [`WsConnection::take_chat_here`]); once per socket.
+    asked_for_the_chat: bool,
     limits: Arc<Limits>,
     metrics: Arc<Metrics>,
     tenant_budget: Arc<TenantBudget>,
@@ -280,6 +285,7 @@ impl WsConnection {
             after_seq,
             subscription: None,
             remote_feed: None,
+            asked_for_the_chat: false,
             limits: shared.limits,
             metrics: shared.metrics,
             tenant_budget: shared.tenant_budget,
@@ -310,6 +316,17 @@ impl WsConnection {
     }
 
     fn subscribe(&mut self, after_seq: u64, ctx: &mut ws::WebsocketContext<Self>) {
+        self.subscribe_after(after_seq, true, ctx);
+    }
+
+    /// Subscribes after `after_seq`; with `greet`, the replay opens with `chat.session` and
+    /// ends with `chat.resume_boundary` (see [`SubscribeQuietly`]).
+    fn subscribe_after(
+        &mut self,
+        after_seq: u64,
+        greet: bool,
+        ctx: &mut ws::WebsocketContext<Self>,
+    ) {
         self.unsubscribe();
         let Some(outbox) = &self.outbox else {
             return;
@@ -321,10 +338,18 @@ impl WsConnection {
                 return;
             }
         };
-        let request = chat.addr.send(Subscribe {
-            recipient: outbox.clone().recipient(),
-            after_seq,
-        });
+        let recipient = outbox.clone().recipient();
+        let request = if greet {
+            futures::future::Either::Left(chat.addr.send(Subscribe {
+                recipient,
+                after_seq,
+            }))
+        } else {
+            futures::future::Either::Right(chat.addr.send(SubscribeQuietly {
+                recipient,
+                after_seq,
+            }))
+        };
         ctx.wait(
             request
                 .into_actor(self)
@@ -432,15 +457,28 @@ impl WsConnection {
                 return;
             }
         };
-        // Borrowed, not cloned: cloning an actix address allocates (a sender task of its own).
-        let chat = match &self.chat {
-            ChatLink::Local(chat) => &chat.addr,
+        match &self.chat {
+            ChatLink::Local(_) => self.carry_out(message, ctx),
             ChatLink::Remote(remote) => {
                 let remote = remote.clone();
-                self.forward(remote, message, ctx);
-                return;
+                if !self.asked_for_the_chat && matches!(message, ClientMessage::UserMessage { .. })
+                {
+                    self.asked_for_the_chat = true;
+                    self.take_chat_here(remote, message, ctx);
+                } else {
+                    self.forward(remote, message, ctx);
+                }
             }
+        }
+    }
+
+    /// Carries out a client frame on the chat's session here.
+    fn carry_out(&mut self, message: ClientMessage, ctx: &mut ws::WebsocketContext<Self>) {
+        // Borrowed, not cloned: cloning an actix address allocates (a sender task of its own).
+        let ChatLink::Local(chat) = &self.chat else {
+            return;
         };
+        let chat = &chat.addr;
         match message {
             ClientMessage::UserMessage {
                 content,
@@ -497,6 +535,52 @@ impl WsConnection {
             }
             ClientMessage::Ping => self.ack(ctx, "pong", None),
         }
+    }
+
+    /// The user's first message through a chat another node serves. The chat waits on its
+    /// user, so its owner can hand it over unless someone there (or on a third node) watches
+    /// it: an `AgentDriven` chat runs its first turn when it is created, so its socket most
+    /// often finds it running and stays remote when it connects. Once the chat is here, the
+    /// socket moves from its feed to the session, after the last event the feed gave it
+    /// (without a second greeting), and the message goes to the session. Otherwise it is
+    /// forwarded. Later frames wait (`ctx.wait`), keeping their order.
+    fn take_chat_here(
+        &mut self,
+        remote: crate::cluster::RemoteChat,
+        message: ClientMessage,
+        ctx: &mut ws::WebsocketContext<Self>,
+    ) {
+        let feed = self.remote_feed.clone();
+        let claim = {
+            let remote = remote.clone();
+            async move {
+                let chat = remote.claim_here().await?;
+                let stopped = match feed {
+                    Some(feed) => feed.send(crate::cluster::StopFeed).await.ok(),
+                    None => None,
+                };
+                Some((chat, stopped))
+            }
+        };
+        ctx.wait(
+            claim
+                .into_actor(self)
+                .map(move |claimed, act, ctx| match claimed {
+                    Some((chat, stopped)) => {
+                        tracing::debug!(chat_id = %act.chat_id, "the socket's chat moved here");
+                        act.remote_feed = None;
+                        act.chat = ChatLink::Local(chat);
+                        match stopped {
+                            // Greeted by the feed: not again.
+                            Some(at) => act.subscribe_after(at.through, !at.greeted, ctx),
+                            // No feed (it could not subscribe): as a resume would.
+                            None => act.subscribe(act.after_seq, ctx),
+                        }
+                        act.carry_out(message, ctx);
+                    }
+                    None => act.forward(remote, message, ctx),
+                }),
+        );
     }
 
     /// Carries out a client frame for a chat another node owns: commands go to the owner over

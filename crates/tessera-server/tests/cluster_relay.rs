@@ -994,6 +994,84 @@ async fn a_relay_hands_its_chat_over_only_once_nobody_on_its_node_watches_it() {
     stopped_within(&chat).await;
 }
 
+/// A chat waiting on its user with nobody on its node watching, relayed with hand-overs to
+/// a node that records them, and followed by the readers on the nodes `followers` names;
+/// with its engine, the owner's and those nodes' buses (in that order) and the node.
+async fn followed_from(
+    url: &str,
+    data: &std::path::Path,
+    followers: &[&str],
+) -> (
+    Engine,
+    tessera_engine::ChatHandle,
+    Vec<ClusterBus>,
+    actix::Addr<HandOvers>,
+) {
+    let (engine, chat, _store) = todo_chat(data, true).await;
+    let chat_id = chat.identity.chat_id.to_string();
+    let prefix = format!("t{}", uuid::Uuid::new_v4().simple());
+    let owner = bus(url, "owner", &prefix).await;
+    let mut buses = vec![owner.clone()];
+    for node in followers {
+        buses.push(bus(url, node, &prefix).await);
+    }
+    let node = HandOvers::default().start();
+    let (relayed, told) = (chat.clone(), node.clone().recipient());
+    let _relay = ChatRelay::start_in_arbiter(&chat.arbiter.clone(), move |_| {
+        ChatRelay::new(relayed, owner).handing_over_to(told)
+    });
+    let subscription = watched_until_it_asks_its_user(&chat).await;
+    chat.addr
+        .send(tessera_engine::session::Unsubscribe(subscription))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    for follower in &buses[1..] {
+        let followed = command_once_served(follower, &chat_id, &ChatCommand::Follow).await;
+        assert!(
+            matches!(followed, CommandReply::Answered { .. }),
+            "{followed:?}"
+        );
+    }
+    (engine, chat, buses, node)
+}
+
+#[actix::test]
+async fn a_relay_hands_its_chat_over_to_the_only_node_that_follows_it() {
+    let Some(url) = tessera_cluster::testing::test_nats_url("a_relay_hands_to_its_follower") else {
+        return;
+    };
+    let data = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let (_engine, chat, buses, node) = followed_from(&url, data.path(), &["reader"]).await;
+    let chat_id = chat.identity.chat_id.to_string();
+    // The relay is subscribed for the reader's node; that node asks with its user's first
+    // message, and the relay's own subscription does not keep the chat.
+    assert_eq!(
+        buses[1]
+            .send_command(&chat_id, &ChatCommand::HandOver)
+            .await
+            .unwrap_or_else(|e| panic!("{e}")),
+        CommandReply::Accepted
+    );
+    assert_eq!(node.send(Told).await.unwrap_or_default(), vec![chat_id]);
+    stopped_within(&chat).await;
+}
+
+#[actix::test]
+async fn a_relay_keeps_a_chat_that_a_third_node_follows() {
+    let Some(url) = tessera_cluster::testing::test_nats_url("a_relay_keeps_a_chat_followed") else {
+        return;
+    };
+    let data = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let (_engine, chat, buses, node) = followed_from(&url, data.path(), &["reader", "third"]).await;
+    let chat_id = chat.identity.chat_id.to_string();
+    // Moved to the reader's node, the chat would leave the third node's reader following a
+    // node that no longer serves it until its next check.
+    let asked = command_once_served(&buses[1], &chat_id, &ChatCommand::HandOver).await;
+    assert_eq!(refusal(asked), "chat_stays");
+    assert!(chat.addr.connected());
+    assert!(node.send(Told).await.unwrap_or_default().is_empty());
+}
+
 #[actix::test]
 async fn a_relay_that_cannot_tell_its_node_keeps_its_chat() {
     let Some(url) = tessera_cluster::testing::test_nats_url("a_relay_that_cannot_tell") else {

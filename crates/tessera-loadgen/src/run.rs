@@ -383,6 +383,9 @@ struct EventData<'a> {
     recoverable: Option<bool>,
     #[serde(default, borrow)]
     interaction_type: Option<Cow<'a, str>>,
+    /// `chat.resume_boundary`: the events its replay sent.
+    #[serde(default)]
+    replayed: Option<u64>,
 }
 
 /// `mean` scaled by a factor in [0.5, 1.5) that differs per chat and turn (a cheap
@@ -408,12 +411,14 @@ fn tool_answer(corr: &str) -> Message {
     )
 }
 
-/// Checks the seq of a logged event; updates `last`.
-fn check_seq(last: &mut u64, seq: u64, out: &mut ChatOutcome) {
+/// Checks the seq of a logged event; updates `last`. A replay (`in_replay`: before its
+/// `chat.resume_boundary`) skips the deltas of messages final by then, so its seqs may jump
+/// (docs/protocol.md; its boundary counts what it sent); live events never do.
+fn check_seq(last: &mut u64, seq: u64, in_replay: bool, out: &mut ChatOutcome) {
     if seq == 0 {
         return;
     }
-    if seq == *last + 1 {
+    if seq == *last + 1 || (in_replay && seq > *last) {
         *last = seq;
     } else if seq <= *last {
         out.error("seq_duplicate");
@@ -456,6 +461,8 @@ async fn drive_chat(
     }
     let mut last_seq = 0;
     let mut ready = false;
+    // Events of the replay, before its `chat.resume_boundary`.
+    let mut replayed = 0;
     // The chat's first `chat.input_request` (its invitation to type) has been seen.
     let mut invited = false;
     let mut turn_started: Option<Instant> = None;
@@ -494,11 +501,19 @@ async fn drive_chat(
                 out.error("bad_event");
                 continue;
             };
-            check_seq(&mut last_seq, event.seq, &mut out);
+            check_seq(&mut last_seq, event.seq, !ready, &mut out);
+            if !ready && event.seq > 0 {
+                replayed += 1;
+            }
             let data = event.data.unwrap_or_default();
             let mut send = None;
             match &*event.kind {
-                "chat.resume_boundary" => ready = true,
+                "chat.resume_boundary" => {
+                    if !ready && data.replayed != Some(replayed) {
+                        out.error("seq_replay_count");
+                    }
+                    ready = true;
+                }
                 // The invitation, in the replay or after it: a cluster shows an event only
                 // once it is durable, so a socket on another node may connect before the
                 // chat's first `chat.input_request` is visible. Counting it as the end of a
@@ -976,10 +991,21 @@ mod tests {
         let mut out = ChatOutcome::default();
         let mut last = 0;
         for seq in [1, 2, 0, 3, 3, 5] {
-            check_seq(&mut last, seq, &mut out);
+            check_seq(&mut last, seq, false, &mut out);
         }
         assert_eq!(out.errors.get("seq_duplicate"), Some(&1));
         assert_eq!(out.errors.get("seq_gap"), Some(&1));
+    }
+
+    #[test]
+    fn a_replay_may_skip_seqs_but_never_repeat_one() {
+        let mut out = ChatOutcome::default();
+        let mut last = 0;
+        for seq in [1, 3, 4, 4] {
+            check_seq(&mut last, seq, true, &mut out);
+        }
+        assert_eq!(out.errors.get("seq_gap"), None);
+        assert_eq!(out.errors.get("seq_duplicate"), Some(&1));
     }
 
     #[test]

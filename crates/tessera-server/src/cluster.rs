@@ -615,7 +615,8 @@ pub struct RemoteFeed {
     boundary_from: Option<u64>,
     /// That boundary went to the subscriber.
     greeted: bool,
-    /// Events delivered before that boundary.
+    /// Events delivered before that boundary (the replay's, and live ones that came before
+    /// it went).
     replayed: u64,
     /// The owner was asked for the `chat.session` event that opens the replay.
     session_asked: bool,
@@ -743,7 +744,6 @@ impl RemoteFeed {
         let Some(from) = self.boundary_from.take() else {
             return;
         };
-        let replayed = self.replayed;
         let store = self.store.clone();
         let chat_id = self.chat_id.clone();
         let read = async move { store.pending_ui(&chat_id).await };
@@ -753,10 +753,11 @@ impl RemoteFeed {
                 .into_iter()
                 .filter_map(|p| serde_json::from_value(p.call).ok())
                 .collect();
+            // Counting the live events delivered during the read: they came before it.
             let event = tessera_protocol::ServerEvent::ResumeBoundary {
                 from_seq: from,
                 last_seq: act.next_seq - 1,
-                replayed,
+                replayed: act.replayed,
                 pending_ui_calls,
             };
             let timestamp = tessera_protocol::rfc3339_now();
@@ -778,7 +779,7 @@ impl RemoteFeed {
         let text = String::from_utf8_lossy(envelope);
         self.delivered.push(Arc::from(text.as_ref()));
         self.next_seq = seq + 1;
-        if self.boundary_from.is_some() {
+        if !self.greeted {
             self.replayed += 1;
         }
     }

@@ -129,6 +129,10 @@ run_setup() {
     wait "$pid" || failed=1
   done
   if ((failed)); then any_failed=1; fi
+  # Each node's counters (hand-overs, live events published, chats owned) beside its log.
+  for ((i = 0; i < nodes; i++)); do
+    curl -fsS "${urls[$i]}/metrics" >"$out/node$((i + 1))/metrics.txt" 2>/dev/null || true
+  done
   local wal_bytes=null kept_bytes=null
   if [ -n "$store_url" ]; then
     wal_after=$(wal_lsn)

@@ -255,6 +255,19 @@ pub struct IncomingCommand {
     pub from: Option<String>,
 }
 
+/// Ends a command stream gracefully (see [`ClusterBus::serve_commands_until_drained`]).
+#[derive(Debug)]
+pub struct CommandsDrain(Option<tokio::sync::oneshot::Sender<()>>);
+
+impl CommandsDrain {
+    /// Ends the subscription; the stream yields what already arrived, then ends.
+    pub fn drain(&mut self) {
+        if let Some(asked) = self.0.take() {
+            let _ = asked.send(());
+        }
+    }
+}
+
 /// The NATS header in which a forwarder names itself (see [`ChatCommand::names_sender`]).
 const SENDER_HEADER: &str = "Tessera-Node";
 
@@ -418,14 +431,58 @@ impl ClusterBus {
     }
 
     /// The commands other nodes forward for `chat_id` (owner side). Subscribe when taking the
-    /// chat; drop the stream when giving it up.
+    /// chat; drop the stream when giving it up (see [`ClusterBus::serve_commands_until_drained`]
+    /// to answer what already arrived first).
     pub async fn serve_commands(
         &self,
         chat_id: &str,
     ) -> Result<impl Stream<Item = IncomingCommand> + Send + Unpin + use<>, ClusterError> {
+        Ok(self.serve_commands_until_drained(chat_id).await?.0)
+    }
+
+    /// [`ClusterBus::serve_commands`], with a handle that ends the stream gracefully: once
+    /// [`CommandsDrain::drain`] is called the subscription is ended at the server, and the
+    /// stream still yields every command that reached this node before it ends. A command
+    /// dropped with the stream would go unanswered, and its forwarder could only time out
+    /// without knowing whether it was carried out.
+    pub async fn serve_commands_until_drained(
+        &self,
+        chat_id: &str,
+    ) -> Result<
+        (
+            impl Stream<Item = IncomingCommand> + Send + Unpin + use<>,
+            CommandsDrain,
+        ),
+        ClusterError,
+    > {
         let subscriber = self.subscribe(self.subjects.commands(chat_id)).await?;
+        let (drain, drain_asked) = tokio::sync::oneshot::channel();
+        let messages = futures::stream::unfold(
+            (subscriber, Some(drain_asked)),
+            |(mut subscriber, mut drain_asked)| async move {
+                loop {
+                    let Some(asked) = drain_asked.as_mut() else {
+                        let msg = subscriber.next().await?;
+                        return Some((msg, (subscriber, drain_asked)));
+                    };
+                    tokio::select! {
+                        msg = subscriber.next() => {
+                            return msg.map(|msg| (msg, (subscriber, drain_asked)));
+                        }
+                        asked = asked => {
+                            drain_asked = None;
+                            // A handle dropped without asking: served until the stream is.
+                            if asked.is_ok() && let Err(e) = subscriber.drain().await {
+                                tracing::debug!(error = %e, "the command subscription was not drained");
+                                return None;
+                            }
+                        }
+                    }
+                }
+            },
+        );
         let chat = chat_id.to_owned();
-        Ok(subscriber.filter_map(move |msg| {
+        let commands = messages.filter_map(move |msg| {
             let decoded = serde_json::from_slice::<ChatCommand>(&msg.payload);
             let incoming = match decoded {
                 Ok(command) => Some(IncomingCommand {
@@ -443,7 +500,8 @@ impl ClusterBus {
                 }
             };
             futures::future::ready(incoming)
-        }))
+        });
+        Ok((Box::pin(commands), CommandsDrain(Some(drain))))
     }
 
     /// Answers a command (owner side). A command sent without a reply subject needs none.

@@ -24,7 +24,8 @@ mod subjects;
 pub mod testing;
 
 pub use bus::{
-    ChatCommand, ClusterBus, CommandReply, IncomingCommand, LiveEvent, NumberedFrame, StreamFrame,
+    ChatCommand, ClusterBus, CommandReply, CommandsDrain, IncomingCommand, LiveEvent,
+    NumberedFrame, StreamFrame,
 };
 pub use error::ClusterError;
 pub use lease::{

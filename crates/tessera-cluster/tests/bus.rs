@@ -177,3 +177,101 @@ async fn a_stream_reaches_the_forwarder_in_order_and_only_an_inbox_can_receive_o
     let events = owner.subjects().events("chat-1");
     assert!(owner.send_stream_frame(&events, &sent[0]).await.is_err());
 }
+
+#[actix_rt::test]
+async fn follows_and_hand_overs_name_the_node_that_sent_them() {
+    let Some(url) = common::nats_url("commands_name_their_sender") else {
+        return;
+    };
+    let prefix = common::unique_prefix();
+    let owner = common::node_bus(&url, "owner", &prefix, Duration::from_secs(5)).await;
+    let other = common::node_bus(&url, "node-b", &prefix, Duration::from_secs(5)).await;
+    let mut commands = owner.serve_commands("chat-1").await.expect("subscribe");
+    let serving = owner.clone();
+    let server = actix_rt::spawn(async move {
+        let mut seen = Vec::new();
+        for _ in 0..3 {
+            let incoming = commands.next().await.expect("a command");
+            seen.push(incoming.from.clone());
+            serving
+                .reply(incoming, &CommandReply::Accepted)
+                .await
+                .expect("reply");
+        }
+        seen
+    });
+    for command in [
+        ChatCommand::Follow,
+        ChatCommand::Cancel,
+        ChatCommand::HandOver,
+    ] {
+        other
+            .send_command("chat-1", &command)
+            .await
+            .expect("answered");
+    }
+    assert_eq!(
+        server.await.expect("server task"),
+        vec![Some("node-b".to_owned()), None, Some("node-b".to_owned())]
+    );
+}
+
+#[actix_rt::test]
+async fn a_drained_command_stream_yields_what_reached_it_then_ends() {
+    let Some(url) = common::nats_url("a_drained_command_stream") else {
+        return;
+    };
+    let prefix = common::unique_prefix();
+    let owner = common::node_bus(&url, "owner", &prefix, Duration::from_secs(5)).await;
+    let other = common::node_bus(&url, "other", &prefix, Duration::from_secs(5)).await;
+    let (mut commands, mut drain) = owner
+        .serve_commands_until_drained("chat-1")
+        .await
+        .expect("subscribe");
+    // A command that reaches the owner before it stops serving, not read yet (its relay is
+    // busy, say). The round trip on the same connection comes back only once the server has
+    // handled the command, and sent it on to the owner.
+    let inbox = other.client().new_inbox();
+    let mut replies = other
+        .client()
+        .subscribe(inbox.clone())
+        .await
+        .expect("inbox");
+    let body = serde_json::to_vec(&ChatCommand::Cancel).expect("encode");
+    other
+        .client()
+        .publish_with_reply(other.subjects().commands("chat-1"), inbox, body.into())
+        .await
+        .expect("sent");
+    other.round_trip().await.expect("round trip");
+
+    drain.drain();
+    let incoming = tokio::time::timeout(Duration::from_secs(5), commands.next())
+        .await
+        .expect("not stuck")
+        .expect("the command that reached the owner");
+    assert_eq!(incoming.command, ChatCommand::Cancel);
+    owner
+        .reply(incoming, &CommandReply::Accepted)
+        .await
+        .expect("reply");
+    let answer = tokio::time::timeout(Duration::from_secs(5), replies.next())
+        .await
+        .expect("answered in time")
+        .expect("an answer");
+    assert_eq!(
+        serde_json::from_slice::<CommandReply>(&answer.payload).expect("decode"),
+        CommandReply::Accepted
+    );
+    assert!(
+        tokio::time::timeout(Duration::from_secs(5), commands.next())
+            .await
+            .expect("the stream ends")
+            .is_none()
+    );
+    // No longer served: the next command finds no responders at once.
+    assert!(matches!(
+        other.send_command("chat-1", &ChatCommand::Cancel).await,
+        Err(ClusterError::NoOwner(_))
+    ));
+}

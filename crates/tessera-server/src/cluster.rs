@@ -49,6 +49,11 @@ pub struct ChatRelay {
     /// The node to tell when the chat leaves for another node ([`ChatCommand::HandOver`]);
     /// without one, hand-overs are refused.
     node: Option<Recipient<HandedOver>>,
+    /// Ends the command subscription once the chat leaves this node ([`StopRelay`]).
+    commands: Option<tessera_cluster::CommandsDrain>,
+    /// The chat left this node: the commands that reached the relay before its subscription
+    /// ended are refused as [`LEFT_OWNER`] (their forwarders retry on the new owner).
+    leaving: bool,
 }
 
 impl ChatRelay {
@@ -65,6 +70,8 @@ impl ChatRelay {
             lapse: None,
             last_seq: None,
             node: None,
+            commands: None,
+            leaving: false,
         }
     }
 
@@ -206,10 +213,11 @@ impl Actor for ChatRelay {
             self.end_subscription_when_the_follow_lapses(ctx);
         }
         let bus = self.bus.clone();
-        let serving = async move { bus.serve_commands(&chat_id).await };
+        let serving = async move { bus.serve_commands_until_drained(&chat_id).await };
         ctx.wait(serving.into_actor(self).map(|commands, act, ctx| match commands {
-            Ok(commands) => {
+            Ok((commands, drain)) => {
                 ctx.add_stream(commands);
+                act.commands = Some(drain);
             }
             Err(e) => {
                 tracing::warn!(chat_id = %act.chat.identity.chat_id, error = %e, "cannot serve the chat's commands");
@@ -510,7 +518,7 @@ impl StreamHandler<IncomingCommand> for ChatRelay {
     fn handle(&mut self, incoming: IncomingCommand, ctx: &mut Self::Context) {
         // Answered by the relay itself, from what it has seen: a reader checks with each
         // follow that it has the last event shown.
-        if let ChatCommand::Follow = incoming.command {
+        if let (ChatCommand::Follow, false) = (&incoming.command, self.leaving) {
             match self.follow_for_a_ttl(incoming.from.clone(), ctx) {
                 // Answered once subscribed, through the mailbox: after the subscription's
                 // boundary, which tells the relay the last seq shown.
@@ -521,9 +529,10 @@ impl StreamHandler<IncomingCommand> for ChatRelay {
             }
             return;
         }
-        if !self.chat.addr.connected() {
-            // The chat left memory; the node's sweep parks its lease within a second, and the
-            // forwarder then claims it (see `RemoteChat::send`). Nothing was carried out.
+        if self.leaving || !self.chat.addr.connected() {
+            // The chat left memory (or this node); the node's sweep parks its lease within a
+            // second (or has), and the forwarder then claims it (see `RemoteChat::send`).
+            // Nothing was carried out.
             let bus = self.bus.clone();
             let reply = refused_as_left_owner();
             actix::spawn(async move {
@@ -1502,9 +1511,22 @@ impl Handler<StopRelay> for ChatRelay {
     type Result = ();
 
     fn handle(&mut self, _: StopRelay, ctx: &mut Self::Context) {
-        ctx.stop();
+        let Some(mut commands) = self.commands.take() else {
+            ctx.stop();
+            return;
+        };
+        // Stops once its command stream ends, every command that reached it answered: under
+        // load a command forwarded while the chat left (a hand-over under way, say) waits in
+        // the stream, and dropped it would leave its forwarder to time out.
+        self.leaving = true;
+        commands.drain();
+        ctx.run_later(DRAIN_LIMIT, |_, ctx| ctx.stop());
     }
 }
+
+/// The longest a relay that stops waits for its command stream to end (a NATS connection
+/// lost meanwhile would never end it).
+const DRAIN_LIMIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// How long a socket reaching a node that does not own its chat waits for the owner to hand
 /// the chat over (a flush, a park and a NATS round trip; a few milliseconds).

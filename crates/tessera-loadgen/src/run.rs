@@ -386,6 +386,9 @@ struct EventData<'a> {
     /// `chat.resume_boundary`: the events its replay sent.
     #[serde(default)]
     replayed: Option<u64>,
+    /// `chat.resume_boundary`: the seq live events go on from.
+    #[serde(default)]
+    last_seq: Option<u64>,
 }
 
 /// `mean` scaled by a factor in [0.5, 1.5) that differs per chat and turn (a cheap
@@ -512,6 +515,9 @@ async fn drive_chat(
                     if !ready && data.replayed != Some(replayed) {
                         out.error("seq_replay_count");
                     }
+                    // Live events go on from its `last_seq` (docs/protocol.md): the seqs up
+                    // to it that the replay skipped have no event for clients.
+                    last_seq = last_seq.max(data.last_seq.unwrap_or(0));
                     ready = true;
                 }
                 // The invitation, in the replay or after it: a cluster shows an event only

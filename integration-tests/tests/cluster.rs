@@ -53,8 +53,6 @@ struct ChatRun {
 /// opens a UI call (`confirm_form`); its answer ends the chat. The mock LLM answers each
 /// request from the request alone (see `tessera-loadgen mock-llm`).
 fn write_failover_workflow(dir: &std::path::Path, tool_url: &str) {
-    let wf = dir.join("Failover");
-    std::fs::create_dir_all(&wf).unwrap_or_else(|e| panic!("{e}"));
     let files = [
         (
             "workflow.json",
@@ -103,9 +101,7 @@ fn write_failover_workflow(dir: &std::path::Path, tool_url: &str) {
                  "timeout_s": 300}]}),
         ),
     ];
-    for (name, body) in files {
-        std::fs::write(wf.join(name), body.to_string()).unwrap_or_else(|e| panic!("{e}"));
-    }
+    write_workflow(dir, "Failover", &files);
 }
 
 /// The side-effect server behind the `echo` tool: a real HTTP server that keeps every request
@@ -780,8 +776,6 @@ async fn chats_whose_agent_speaks_first_move_to_their_socket_s_node_with_the_fir
 
 /// `AgentFirst`: one agent that greets the user first, then answers each message.
 fn write_agent_first_workflow(dir: &std::path::Path) {
-    let wf = dir.join("AgentFirst");
-    std::fs::create_dir_all(&wf).unwrap_or_else(|e| panic!("{e}"));
     let files = [
         (
             "workflow.json",
@@ -795,8 +789,15 @@ fn write_agent_first_workflow(dir: &std::path::Path) {
                                              "max_consecutive_auto_reply": 4}}}),
         ),
     ];
-    for (name, body) in files {
-        std::fs::write(wf.join(name), body.to_string()).unwrap_or_else(|e| panic!("{e}"));
+    write_workflow(dir, "AgentFirst", &files);
+}
+
+/// Writes workflow `name`'s manifest `files` (file name, JSON) into its folder under `dir`.
+fn write_workflow(dir: &std::path::Path, name: &str, files: &[(&str, Value)]) {
+    let wf = dir.join(name);
+    std::fs::create_dir_all(&wf).unwrap_or_else(|e| panic!("{e}"));
+    for (file, body) in files {
+        std::fs::write(wf.join(file), body.to_string()).unwrap_or_else(|e| panic!("{e}"));
     }
 }
 

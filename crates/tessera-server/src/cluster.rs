@@ -1072,6 +1072,13 @@ pub struct ClusterNode {
     /// Chats being rebuilt from the store, with whoever waits for them.
     restoring: HashMap<String, Vec<oneshot::Sender<Option<ChatHandle>>>>,
     draining: bool,
+    /// Chats handed over whose leases wait to be parked, with whoever waits for each: one
+    /// store call parks all that came while the previous one ran (see [`HandedOver`]).
+    parks_queued: Vec<(String, oneshot::Sender<bool>)>,
+    park_running: bool,
+    /// Chats whose park is queued or under way, with the claims here that wait for it: a
+    /// claim then finds the lease parked, never still held here.
+    parking: HashMap<String, Vec<oneshot::Sender<()>>>,
 }
 
 struct OwnedChat {
@@ -1096,6 +1103,9 @@ impl ClusterNode {
             owned: HashMap::new(),
             restoring: HashMap::new(),
             draining: false,
+            parks_queued: Vec::new(),
+            park_running: false,
+            parking: HashMap::new(),
         }
     }
 
@@ -1278,7 +1288,19 @@ enum ClaimStep {
 impl Handler<ClaimChat> for ClusterNode {
     type Result = ResponseActFuture<Self, Result<Claimed, String>>;
 
-    fn handle(&mut self, ClaimChat(chat_id): ClaimChat, _: &mut Self::Context) -> Self::Result {
+    fn handle(&mut self, ClaimChat(chat_id): ClaimChat, ctx: &mut Self::Context) -> Self::Result {
+        if let Some(claims) = self.parking.get_mut(&chat_id) {
+            // Handed over a moment ago, its park still queued: claimed once it is parked.
+            let (parked, wait) = oneshot::channel();
+            claims.push(parked);
+            let node = ctx.address();
+            return Box::pin(fut::wrap_future(async move {
+                let _ = wait.await;
+                node.send(ClaimChat(chat_id))
+                    .await
+                    .map_err(|_| "the node stopped".to_owned())?
+            }));
+        }
         if let Some(owned) = self.owned.get(&chat_id) {
             if owned.chat.addr.connected() {
                 return Box::pin(fut::ready(Ok(Claimed::Local(owned.chat.clone()))));
@@ -1376,32 +1398,65 @@ pub struct HandedOver {
 impl Handler<HandedOver> for ClusterNode {
     type Result = ResponseFuture<bool>;
 
-    fn handle(&mut self, msg: HandedOver, _: &mut Self::Context) -> Self::Result {
+    fn handle(&mut self, msg: HandedOver, ctx: &mut Self::Context) -> Self::Result {
         let HandedOver { chat_id, session } = msg;
         let still_ours = match self.owned.get(&chat_id) {
             Some(owned) => owned.chat.addr == session,
             // Taken out by the sweep (which parked it), or being rebuilt by a claim here.
-            None => !self.restoring.contains_key(&chat_id),
+            None => !self.restoring.contains_key(&chat_id) && !self.parking.contains_key(&chat_id),
         };
-        let Some(leases) = self.leases.clone().filter(|_| still_ours) else {
+        if !still_ours || self.leases.is_none() {
             return Box::pin(async { false });
-        };
+        }
         self.forget(&chat_id);
-        let bus = self.bus.clone();
-        Box::pin(async move {
-            let parked = leases
-                .send(ParkLeases {
-                    chat_ids: vec![chat_id],
-                })
-                .await
-                .unwrap_or(false);
-            if parked {
-                bus.metrics()
-                    .chats_handed_over
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (parked, answer) = oneshot::channel();
+        self.parking.insert(chat_id.clone(), Vec::new());
+        self.parks_queued.push((chat_id, parked));
+        self.park_next_batch(ctx);
+        Box::pin(async move { answer.await.unwrap_or(false) })
+    }
+}
+
+impl ClusterNode {
+    /// Parks the leases of the chats handed over since the last batch, in one store call,
+    /// unless one runs (it starts the next when done). One call per chat queued a burst of a
+    /// thousand moves behind each other for seconds: each holds the lease manager's mailbox.
+    fn park_next_batch(&mut self, ctx: &mut Context<Self>) {
+        if self.park_running || self.parks_queued.is_empty() {
+            return;
+        }
+        let batch = std::mem::take(&mut self.parks_queued);
+        let Some(leases) = self.leases.clone() else {
+            for (chat_id, waiter) in batch {
+                let _ = waiter.send(false);
+                self.claims_after_park(&chat_id);
             }
-            parked
-        })
+            return;
+        };
+        self.park_running = true;
+        let chat_ids = batch.iter().map(|(chat_id, _)| chat_id.clone()).collect();
+        let park = async move { leases.send(ParkLeases { chat_ids }).await.unwrap_or(false) };
+        ctx.spawn(park.into_actor(self).map(move |parked, act, ctx| {
+            act.park_running = false;
+            if parked {
+                act.bus
+                    .metrics()
+                    .chats_handed_over
+                    .fetch_add(batch.len() as u64, std::sync::atomic::Ordering::Relaxed);
+            }
+            for (chat_id, waiter) in batch {
+                let _ = waiter.send(parked);
+                act.claims_after_park(&chat_id);
+            }
+            act.park_next_batch(ctx);
+        }));
+    }
+
+    /// Lets the claims of `chat_id` that waited for its park go on.
+    fn claims_after_park(&mut self, chat_id: &str) {
+        for claim in self.parking.remove(chat_id).unwrap_or_default() {
+            let _ = claim.send(());
+        }
     }
 }
 

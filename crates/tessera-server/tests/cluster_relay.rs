@@ -1223,3 +1223,143 @@ async fn a_hand_over_is_asked_again_until_a_chat_created_a_moment_ago_is_served(
         "the hand-over was not asked again once the owner served the chat"
     );
 }
+
+/// A lease store that grants every acquire, logs its calls in order, and holds its first park
+/// until the test opens `gate`.
+struct GatedParks {
+    calls: std::sync::Mutex<Vec<String>>,
+    gate: std::sync::Mutex<Option<tokio::sync::oneshot::Receiver<()>>>,
+}
+impl GatedParks {
+    fn log(&self, call: String) {
+        if let Ok(mut calls) = self.calls.lock() {
+            calls.push(call);
+        }
+    }
+    fn calls(&self) -> Vec<String> {
+        self.calls.lock().map(|c| c.clone()).unwrap_or_default()
+    }
+}
+impl tessera_store::LeaseStore for GatedParks {
+    fn acquire_lease(
+        &self,
+        chat_id: &str,
+        node: &str,
+        _: i64,
+    ) -> tessera_store::StoreFuture<Option<tessera_store::Lease>> {
+        self.log(format!("acquire {chat_id}"));
+        let lease = tessera_store::Lease {
+            chat_id: chat_id.to_owned(),
+            node: node.to_owned(),
+            epoch: 1,
+            expires_at_ms: i64::MAX,
+            was_parked: false,
+        };
+        Box::pin(async move { Ok(Some(lease)) })
+    }
+    fn renew_leases(
+        &self,
+        _: &str,
+        _: &[(String, i64)],
+        _: i64,
+    ) -> tessera_store::StoreFuture<Vec<String>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
+    fn release_lease(&self, _: &str, _: &str, _: i64) -> tessera_store::StoreFuture<()> {
+        Box::pin(async { Ok(()) })
+    }
+    fn park_leases(&self, _: &str, leases: &[(String, i64)]) -> tessera_store::StoreFuture<()> {
+        let ids: Vec<&str> = leases.iter().map(|(id, _)| id.as_str()).collect();
+        self.log(format!("park {}", ids.join(",")));
+        let gate = self.gate.lock().ok().and_then(|mut g| g.take());
+        Box::pin(async move {
+            if let Some(gate) = gate {
+                let _ = gate.await;
+            }
+            Ok(())
+        })
+    }
+    fn orphaned_chats(&self, _: i64) -> tessera_store::StoreFuture<Vec<String>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
+}
+
+#[actix::test]
+async fn hand_overs_that_come_while_a_park_runs_are_parked_together_before_a_claim() {
+    use tessera_cluster::{AcquireLease, LeaseManager, LeaseManagerConfig};
+    use tessera_server::cluster::{ClaimChat, Claimed, ClusterNode, HandedOver};
+    let Some(url) = tessera_cluster::testing::test_nats_url("hand_overs_parked_together") else {
+        return;
+    };
+    let data = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let (engine, chat, _store) = todo_chat(data.path(), false).await;
+    let prefix = format!("t{}", uuid::Uuid::new_v4().simple());
+    let metrics = Arc::new(ClusterMetrics::default());
+    let node_bus = bus_counted(&url, "node", &prefix, metrics.clone()).await;
+    let (open, gate) = tokio::sync::oneshot::channel();
+    let store = Arc::new(GatedParks {
+        calls: std::sync::Mutex::new(Vec::new()),
+        gate: std::sync::Mutex::new(Some(gate)),
+    });
+    let (leases_tx, leases_rx) = std::sync::mpsc::channel();
+    let node = ClusterNode::create({
+        let (store, metrics) = (store.clone(), metrics.clone());
+        move |ctx| {
+            let leases = LeaseManager::new(
+                store,
+                LeaseManagerConfig {
+                    node_id: "node".into(),
+                    ttl: Duration::from_secs(60),
+                    takeover_batch: 1,
+                },
+                actix::AsyncContext::address(ctx).recipient(),
+                metrics,
+            )
+            .start();
+            let _ = leases_tx.send(leases.clone());
+            ClusterNode::new(engine, node_bus).with_leases(leases)
+        }
+    });
+    let leases = leases_rx.recv().unwrap_or_else(|e| panic!("{e}"));
+    for id in ["a", "b", "c"] {
+        let held = leases.send(AcquireLease { chat_id: id.into() }).await;
+        assert!(matches!(held, Ok(Ok(Some(1)))), "{held:?}");
+    }
+    let handed_over = |id: &str| {
+        node.send(HandedOver {
+            chat_id: id.into(),
+            session: chat.addr.clone(),
+        })
+    };
+    // The first park runs (held at the gate); two more hand-overs and a claim of one of them
+    // come meanwhile.
+    let first = handed_over("a");
+    while !store.calls().contains(&"park a".to_owned()) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (second, third) = (handed_over("b"), handed_over("c"));
+    let claim = node.send(ClaimChat("b".into()));
+    // Both in the node's mailbox and handled before the gate opens.
+    assert!(
+        node.send(tessera_server::cluster::FindOwned("x".into()))
+            .await
+            .is_ok()
+    );
+    let _ = open.send(());
+    assert_eq!(first.await.ok(), Some(true));
+    assert_eq!(second.await.ok(), Some(true));
+    assert_eq!(third.await.ok(), Some(true));
+    // "b" is no chat of the store: once claimed, it is not open.
+    assert!(matches!(claim.await, Ok(Ok(Claimed::NotOpen))));
+    assert_eq!(
+        store.calls()[3..],
+        ["park a", "park b,c", "acquire b"].map(String::from),
+        "one store call for the hand-overs that queued, and the claim after it"
+    );
+    assert_eq!(
+        metrics
+            .chats_handed_over
+            .load(std::sync::atomic::Ordering::Relaxed),
+        3
+    );
+}

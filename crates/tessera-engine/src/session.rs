@@ -1321,13 +1321,13 @@ impl Handler<SubscribeQuietly> for ChatSession {
 }
 
 impl ChatSession {
-    /// Attaches `recipient` after `after_seq`; its replay opens with `chat.session` and ends
-    /// with `chat.resume_boundary` when it is `greeted`.
+    /// Attaches `recipient` after `after_seq`; with `greet`, its replay opens with
+    /// `chat.session` and ends with `chat.resume_boundary`.
     fn subscribe(
         &mut self,
         recipient: Recipient<Deliver>,
         after_seq: u64,
-        greeted: bool,
+        greet: bool,
     ) -> ResponseActFuture<Self, u64> {
         self.last_active = std::time::Instant::now();
         let id = self.next_subscriber;
@@ -1352,7 +1352,7 @@ impl ChatSession {
                 })
                 .map(move |(pending, from, older), act, _ctx| {
                     let pending = act.visible_ui_calls(pending.unwrap_or_default());
-                    if greeted {
+                    if greet {
                         act.send_direct(&recipient, &act.session_event(pending.clone()));
                     }
                     // In a cluster, up to the last durable event: the held ones follow live.
@@ -1362,7 +1362,7 @@ impl ChatSession {
                     if !replay.is_empty() {
                         recipient.do_send(Deliver(replay));
                     }
-                    if greeted {
+                    if greet {
                         act.send_direct(
                             &recipient,
                             &ServerEvent::ResumeBoundary {

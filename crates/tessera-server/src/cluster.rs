@@ -1385,8 +1385,9 @@ impl Handler<ClaimFromOwner> for ClusterNode {
 }
 
 /// A chat's session left this node's memory for the node a client's socket reached (see
-/// [`ChatRelay::hand_over`]): park its lease now and answer once parked. `false` (nothing
-/// parked) when this node serves the chat again meanwhile (its own client claimed it back).
+/// [`ChatRelay::hand_over`]): park its lease (with the next batch of parks) and answer once
+/// parked. `false` (nothing parked) when this node serves the chat again meanwhile (its own
+/// client claimed it back).
 #[derive(Message)]
 #[rtype(result = "bool")]
 pub struct HandedOver {

@@ -774,6 +774,51 @@ async fn chats_whose_agent_speaks_first_move_to_their_socket_s_node_with_the_fir
     assert_eq!(b.metric("tessera_cluster_owned_chats").await, 200);
 }
 
+/// A socket on node B of an `AgentDriven` chat node A created finds it running (its greeting
+/// waits on a model that takes 300 ms), so it is served over NATS. As soon as the greeting
+/// asks the user, B asks for the chat, before the user types anything; the user's message
+/// then runs on B, and the socket sees every event once, in order.
+#[tokio::test]
+async fn a_socket_takes_its_chat_as_soon_as_the_chat_asks_its_user() {
+    let _turn = ONE_CLUSTER_AT_A_TIME.lock().await;
+    let workflows = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    write_agent_first_workflow(workflows.path());
+    let mock = MockLlm::start_with_latency(300).await;
+    let mut options = mock.options();
+    options.workflows_dir = Some(workflows.path().to_path_buf());
+    let Some(cluster) =
+        Cluster::start_with("cluster_moves_when_asked", 2, LEASE_TTL_S, options).await
+    else {
+        return;
+    };
+    let (a, b) = (cluster.node(0), cluster.node(1));
+    let chat = a.create_chat("AgentFirst", "alice").await;
+    let mut ws = WsClient::connect(&b.ws_url(&chat, 0), "alice").await;
+    let asked = ws.until("chat.input_request").await["seq"]
+        .as_u64()
+        .unwrap_or_default();
+    wait_until("B serves the chat", Duration::from_secs(10), async || {
+        b.metric("tessera_cluster_owned_chats").await == 1
+    })
+    .await;
+    assert_eq!(a.metric("tessera_cluster_chats_handed_over_total").await, 1);
+    ws.say("hello").await;
+    ws.until_match("chat.input_request", |e| e["seq"].as_u64() > Some(asked))
+        .await;
+    let seqs: Vec<u64> = ws
+        .events
+        .iter()
+        .filter_map(|e| e["seq"].as_u64())
+        .filter(|s| *s > 0)
+        .collect();
+    assert!(
+        seqs.windows(2).all(|w| w[0] < w[1]),
+        "in order, once: {seqs:?}"
+    );
+    assert_eq!(ws.of("chat.session").len(), 1, "{:?}", ws.types());
+    assert_eq!(ws.of("chat.resume_boundary").len(), 1, "{:?}", ws.types());
+}
+
 /// `AgentFirst`: one agent that greets the user first, then answers each message.
 fn write_agent_first_workflow(dir: &std::path::Path) {
     let files = [

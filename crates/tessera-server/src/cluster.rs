@@ -647,7 +647,16 @@ pub struct RemoteFeed {
     follow_asked: bool,
     /// Events delivered and not yet sent (see [`RemoteFeed::send_delivered`]).
     delivered: Vec<Arc<str>>,
+    /// Told once when a live event shows the chat waiting on its user (a socket asks for the
+    /// chat then, see `WsConnection::take_chat_here`).
+    waits_on_user: Option<Recipient<ChatWaitsOnUser>>,
 }
+
+/// A live event shows that the chat a [`RemoteFeed`] feeds waits on its user
+/// (`chat.input_request`).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ChatWaitsOnUser;
 
 /// The owner's answer to [`ChatCommand::Replay`].
 #[derive(Deserialize)]
@@ -689,7 +698,14 @@ impl RemoteFeed {
             followed: false,
             follow_asked: false,
             delivered: Vec::new(),
+            waits_on_user: None,
         }
+    }
+
+    /// Tells `recipient`, once, when a live event shows the chat waiting on its user.
+    pub fn telling_when_it_waits_on_user(mut self, recipient: Recipient<ChatWaitsOnUser>) -> Self {
+        self.waits_on_user = Some(recipient);
+        self
     }
 
     /// Checks between `soon` and `quiet` apart instead of between [`CHECK_SOON`] and
@@ -996,6 +1012,9 @@ impl Actor for RemoteFeed {
     }
 }
 
+/// How a `chat.input_request` envelope starts (the envelope's first field is its type).
+const INPUT_REQUEST_ENVELOPE: &[u8] = br#"{"type":"chat.input_request""#;
+
 /// Stop feeding (the socket closed, resumes from another seq, or moves to the chat's
 /// session on this node); answers where the feed left its subscriber.
 #[derive(Message)]
@@ -1031,6 +1050,14 @@ impl StreamHandler<Vec<LiveEvent>> for RemoteFeed {
             return;
         }
         self.on_activity(ctx);
+        if self.waits_on_user.is_some()
+            && burst
+                .iter()
+                .any(|e| e.envelope.starts_with(INPUT_REQUEST_ENVELOPE))
+            && let Some(waits) = self.waits_on_user.take()
+        {
+            waits.do_send(ChatWaitsOnUser);
+        }
         let mut holding = false;
         for event in burst {
             if event.seq < self.next_seq {
@@ -1789,6 +1816,26 @@ impl RemoteChat {
 
     /// Starts feeding `recipient` every event after `after_seq`.
     pub fn feed(&self, after_seq: u64, recipient: Recipient<Deliver>) -> Addr<RemoteFeed> {
+        self.new_feed(after_seq, recipient).start()
+    }
+
+    /// A [`RemoteChat::feed`] that also tells `waits` when the chat waits on its user, if the
+    /// socket may take the chat over (see [`RemoteChat::claim_here`]).
+    pub fn feed_telling(
+        &self,
+        after_seq: u64,
+        recipient: Recipient<Deliver>,
+        waits: Recipient<ChatWaitsOnUser>,
+    ) -> Addr<RemoteFeed> {
+        let feed = self.new_feed(after_seq, recipient);
+        if self.hand_over {
+            feed.telling_when_it_waits_on_user(waits).start()
+        } else {
+            feed.start()
+        }
+    }
+
+    fn new_feed(&self, after_seq: u64, recipient: Recipient<Deliver>) -> RemoteFeed {
         RemoteFeed::new(
             self.chat_id.to_string(),
             after_seq,
@@ -1796,14 +1843,29 @@ impl RemoteChat {
             self.bus.clone(),
             recipient,
         )
-        .start()
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::Followers;
+    use super::{Followers, INPUT_REQUEST_ENVELOPE};
     use std::time::{Duration, Instant};
+
+    #[test]
+    fn an_input_request_envelope_starts_as_the_feed_looks_for_it() {
+        let event = tessera_protocol::ServerEvent::InputRequest { agent: "A".into() };
+        let text = tessera_protocol::Envelope {
+            seq: 3,
+            chat_id: "c",
+            timestamp: "t",
+            event: &event,
+        }
+        .to_json();
+        assert!(
+            text.as_bytes().starts_with(INPUT_REQUEST_ENVELOPE),
+            "{text}"
+        );
+    }
 
     #[test]
     fn a_node_follows_beside_another_only_while_its_follow_lasts() {

@@ -334,7 +334,11 @@ impl WsConnection {
         let chat = match &self.chat {
             ChatLink::Local(chat) => chat,
             ChatLink::Remote(remote) => {
-                self.remote_feed = Some(remote.feed(after_seq, outbox.clone().recipient()));
+                self.remote_feed = Some(remote.feed_telling(
+                    after_seq,
+                    outbox.clone().recipient(),
+                    ctx.address().recipient(),
+                ));
                 return;
             }
         };
@@ -463,8 +467,7 @@ impl WsConnection {
                 let remote = remote.clone();
                 if !self.asked_for_the_chat && matches!(message, ClientMessage::UserMessage { .. })
                 {
-                    self.asked_for_the_chat = true;
-                    self.take_chat_here(remote, message, ctx);
+                    self.take_chat_here(remote, Some(message), ctx);
                 } else {
                     self.forward(remote, message, ctx);
                 }
@@ -537,19 +540,21 @@ impl WsConnection {
         }
     }
 
-    /// The user's first message through a chat another node serves. The chat waits on its
-    /// user, so its owner can hand it over unless someone there (or on a third node) watches
-    /// it: an `AgentDriven` chat runs its first turn when it is created, so its socket most
-    /// often finds it running and stays remote when it connects. Once the chat is here, the
-    /// socket moves from its feed to the session, after the last event the feed gave it
-    /// (without a second greeting), and the message goes to the session. Otherwise it is
-    /// forwarded. Later frames wait (`ctx.wait`), keeping their order.
+    /// Asks, once per socket, for a chat another node serves, when it waits on its user: when
+    /// the feed shows it asking (`ChatWaitsOnUser`), or else with the user's first `message`.
+    /// Its owner then hands it over unless someone there (or on a third node) watches it: an
+    /// `AgentDriven` chat runs its first turn when it is created, so its socket most often
+    /// finds it running and stays remote when it connects. Once the chat is here, the socket
+    /// moves from its feed to the session, after the last event the feed gave it (without a
+    /// second greeting), and the message goes to the session. Otherwise it is forwarded.
+    /// Frames wait meanwhile (`ctx.wait`), keeping their order.
     fn take_chat_here(
         &mut self,
         remote: crate::cluster::RemoteChat,
-        message: ClientMessage,
+        message: Option<ClientMessage>,
         ctx: &mut ws::WebsocketContext<Self>,
     ) {
+        self.asked_for_the_chat = true;
         let feed = self.remote_feed.clone();
         let claim = {
             let remote = remote.clone();
@@ -576,9 +581,15 @@ impl WsConnection {
                             // No feed (it could not subscribe): as a resume would.
                             None => act.subscribe(act.after_seq, ctx),
                         }
-                        act.carry_out(message, ctx);
+                        if let Some(message) = message {
+                            act.carry_out(message, ctx);
+                        }
                     }
-                    None => act.forward(remote, message, ctx),
+                    None => {
+                        if let Some(message) = message {
+                            act.forward(remote, message, ctx);
+                        }
+                    }
                 }),
         );
     }
@@ -735,6 +746,17 @@ impl Handler<Flush> for WsConnection {
         }
         for text in self.draining.drain(..) {
             ctx.text(&*text);
+        }
+    }
+}
+
+impl Handler<crate::cluster::ChatWaitsOnUser> for WsConnection {
+    type Result = ();
+
+    fn handle(&mut self, _: crate::cluster::ChatWaitsOnUser, ctx: &mut Self::Context) {
+        if let (ChatLink::Remote(remote), false) = (&self.chat, self.asked_for_the_chat) {
+            let remote = remote.clone();
+            self.take_chat_here(remote, None, ctx);
         }
     }
 }

@@ -24,6 +24,8 @@
 #                                                         # not create its chat (handed over;
 #                                                         # with TESSERA_HAND_OVER_SOCKETS=false
 #                                                         # followed and driven across nodes)
+#   AGENT_FIRST=1 CROSS=1 SETUPS=pg2 scripts/bench-cluster.sh  # chats whose agent speaks first
+#                                                         # (their first turn runs at creation)
 #
 # Needs: a release build (built here unless BUILD=0), PostgreSQL at $PG_URL (a scratch
 # database: it is dropped and re-created for each run), NATS with JetStream at $NATS_URL, `jq`
@@ -50,6 +52,18 @@ mkdir -p "$WORK"
 
 command -v jq >/dev/null || { echo "needs jq" >&2; exit 1; }
 command -v psql >/dev/null || { echo "needs psql (PostgreSQL client)" >&2; exit 1; }
+
+# AGENT_FIRST=1: the chats are of LoadTestAgentFirst, a copy of LoadTest written here whose
+# agent speaks first (`"startup_mode": "AgentDriven"`), served alone.
+if [ "${AGENT_FIRST:-0}" = 1 ]; then
+  agent_first=$WORK/workflows/LoadTestAgentFirst
+  mkdir -p "$agent_first"
+  cp workflows/LoadTest/*.json "$agent_first/"
+  jq '.name = "LoadTestAgentFirst" | .startup_mode = "AgentDriven"' \
+    workflows/LoadTest/workflow.json >"$agent_first/workflow.json"
+  export TESSERA_WORKFLOWS_DIR=$WORK/workflows
+  RUN_ARGS="$RUN_ARGS --workflow LoadTestAgentFirst"
+fi
 
 if [ "$BUILD" = 1 ]; then
   cargo build --release -p tessera-loadgen -p tessera-server

@@ -1323,9 +1323,7 @@ impl Handler<ClaimChat> for ClusterNode {
             let node = ctx.address();
             return Box::pin(fut::wrap_future(async move {
                 let _ = wait.await;
-                node.send(ClaimChat(chat_id))
-                    .await
-                    .map_err(|_| "the node stopped".to_owned())?
+                claim_through(&node, chat_id).await
             }));
         }
         if let Some(owned) = self.owned.get(&chat_id) {
@@ -1404,11 +1402,16 @@ impl Handler<ClaimFromOwner> for ClusterNode {
             if !remote.ask_owner_to_hand_over().await {
                 return Ok(Claimed::Remote);
             }
-            node.send(ClaimChat(remote.chat_id.to_string()))
-                .await
-                .map_err(|_| "the node stopped".to_owned())?
+            claim_through(&node, remote.chat_id.to_string()).await
         })
     }
+}
+
+/// [`ClaimChat`] through `node`'s mailbox (from a future of its own).
+async fn claim_through(node: &Addr<ClusterNode>, chat_id: String) -> Result<Claimed, String> {
+    node.send(ClaimChat(chat_id))
+        .await
+        .map_err(|_| "the node stopped".to_owned())?
 }
 
 /// A chat's session left this node's memory for the node a client's socket reached (see
@@ -1814,35 +1817,27 @@ impl RemoteChat {
         }
     }
 
-    /// Starts feeding `recipient` every event after `after_seq`.
-    pub fn feed(&self, after_seq: u64, recipient: Recipient<Deliver>) -> Addr<RemoteFeed> {
-        self.new_feed(after_seq, recipient).start()
-    }
-
-    /// A [`RemoteChat::feed`] that also tells `waits` when the chat waits on its user, if the
-    /// socket may take the chat over (see [`RemoteChat::claim_here`]).
-    pub fn feed_telling(
+    /// Starts feeding `recipient` every event after `after_seq`, telling `waits` when the
+    /// chat waits on its user if the socket may take the chat over (see
+    /// [`RemoteChat::claim_here`]).
+    pub fn feed(
         &self,
         after_seq: u64,
         recipient: Recipient<Deliver>,
         waits: Recipient<ChatWaitsOnUser>,
     ) -> Addr<RemoteFeed> {
-        let feed = self.new_feed(after_seq, recipient);
-        if self.hand_over {
-            feed.telling_when_it_waits_on_user(waits).start()
-        } else {
-            feed.start()
-        }
-    }
-
-    fn new_feed(&self, after_seq: u64, recipient: Recipient<Deliver>) -> RemoteFeed {
-        RemoteFeed::new(
+        let feed = RemoteFeed::new(
             self.chat_id.to_string(),
             after_seq,
             self.store.clone(),
             self.bus.clone(),
             recipient,
-        )
+        );
+        if self.hand_over {
+            feed.telling_when_it_waits_on_user(waits).start()
+        } else {
+            feed.start()
+        }
     }
 }
 

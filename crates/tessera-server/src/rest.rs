@@ -931,7 +931,7 @@ async fn websocket(
     let mut chat = locate_chat(&state, &caller, &path).await?;
     // A socket is long-lived: its chat had rather run here than cross NATS for each event.
     // (The caller's right to the chat was checked above, from the store.) A chat that is
-    // running stays with its owner; the socket asks again with its user's first message.
+    // running stays with its owner; the socket asks again once the chat asks its user.
     if let ChatLink::Remote(remote) = &chat
         && let Some(here) = remote.claim_here().await
     {

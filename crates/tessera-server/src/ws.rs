@@ -334,7 +334,7 @@ impl WsConnection {
         let chat = match &self.chat {
             ChatLink::Local(chat) => chat,
             ChatLink::Remote(remote) => {
-                self.remote_feed = Some(remote.feed_telling(
+                self.remote_feed = Some(remote.feed(
                     after_seq,
                     outbox.clone().recipient(),
                     ctx.address().recipient(),
